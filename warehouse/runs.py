@@ -1,0 +1,306 @@
+"""Run records and atomic stage commits.
+
+A stage runs inside `run_stage`: if a successful run with the same stage and inputs fingerprint
+exists it is skipped (unless forced); otherwise the stage body writes its outputs into a staging
+area, and only when the body returns are the staged files renamed into place and the run row,
+metrics and views written, all under the warehouse's exclusive lock. A body that raises (bad input,
+a crash, Ctrl-C) leaves every table as it was; a failed run row records the error. A process killed
+outright leaves only staging files behind, which the next run of that table sweeps away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from warehouse.store import Warehouse, check_partition
+
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.cache
+def code_version() -> str:
+    """The git commit of the code (with `-dirty` for uncommitted changes), else the package version."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=_PACKAGE_ROOT,
+                             capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=_PACKAGE_ROOT,
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            return "nkb-pipeline " + version("nkb-pipeline")
+        except PackageNotFoundError:
+            return "unknown"
+
+
+def file_digest(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """sha256 of a file's bytes, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fingerprint(stage: str, config: dict[str, Any], inputs: Iterable[str] = ()) -> str:
+    """The identity of a stage's work: its name, its config, and digests of everything it reads."""
+    payload = json.dumps({"stage": stage, "config": config, "inputs": list(inputs)}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    stage: str
+    status: str
+    inputs_fingerprint: str
+    config: dict[str, Any]
+    code_version: str
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    host: str | None = None
+    device: str | None = None
+    checkpoint: str | None = None
+    outputs: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        if self.started_at and self.finished_at:
+            return (self.finished_at - self.started_at).total_seconds()
+        return None
+
+
+@dataclass
+class StageResult:
+    """What `run_stage` returns: the run that did the work, or the earlier one it was skipped for."""
+    run: RunRecord
+    skipped: bool
+    value: Any = None
+
+
+class StagedRun:
+    """The handle a stage body writes through. Nothing it writes is visible until commit."""
+
+    def __init__(self, wh: Warehouse, run: RunRecord):
+        self.wh = wh
+        self.run = run
+        self.run_id = run.run_id
+        self._staged: list[tuple[Path, Path]] = []  # (staging file, final path)
+        self._metrics: list[tuple] = []
+        self._staging_dirs: set[Path] = set()
+
+    # -- Parquet outputs --
+
+    def _staging_file(self, table: str, partition: str) -> tuple[Path, Path]:
+        final = self.wh.partition_path(table, partition)
+        # The pid in the name lets a later run tell a live writer's files from a killed one's.
+        staging_dir = final.parent / ".staging" / f"{self.run_id}.{os.getpid()}"
+        staging_dir.mkdir(parents=True, exist_ok=True)
+        self._staging_dirs.add(staging_dir)
+        staged = staging_dir / final.name
+        if any(f == final for _, f in self._staged):
+            raise ValueError(f"run {self.run_id} writes {table}/{partition} twice")
+        self._staged.append((staged, final))
+        return staged, final
+
+    @contextlib.contextmanager
+    def writer(self, table: str, partition: str) -> Iterator["PartitionWriter"]:
+        """Stream record batches into one partition of `table` (memory stays flat)."""
+        staged, _ = self._staging_file(table, partition)
+        w = PartitionWriter(staged, self.wh.schema(table), self.run_id)
+        try:
+            yield w
+        finally:
+            w.close()
+        self.run.outputs[table] = self.run.outputs.get(table, 0) + w.rows
+
+    def write(self, table: str, partition: str, data: pa.Table | dict[str, list]) -> int:
+        """Write a whole partition at once; returns the number of rows."""
+        with self.writer(table, partition) as w:
+            w.write(data)
+        return w.rows
+
+    # -- metrics --
+
+    def metric(self, metric: str, value: float, dataset: str | None = None,
+               split: str | None = None, step: int | None = None) -> None:
+        self._metrics.append((self.run_id, dataset, split, metric, float(value), step))
+
+    # -- commit / abort --
+
+    def commit(self) -> None:
+        with self.wh.write_connection() as con:
+            for staged, final in self._staged:
+                os.replace(staged, final)
+            if self._metrics:
+                con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)", self._metrics)
+            self.run.status = "success"
+            self.run.finished_at = _now()
+            _insert_run(con, self.run)
+        self._cleanup()
+
+    def abort(self, error: BaseException) -> None:
+        self._cleanup()
+        self.run.status = "failed"
+        self.run.finished_at = _now()
+        self.run.error = f"{type(error).__name__}: {error}"
+        self.run.outputs = {}
+        with self.wh.write_connection() as con:
+            _insert_run(con, self.run)
+
+    def _cleanup(self) -> None:
+        for d in self._staging_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class PartitionWriter:
+    """Writes batches conforming to a table schema; the `run_id` column is filled in."""
+
+    def __init__(self, path: Path, schema: pa.Schema, run_id: str):
+        self.path, self.schema, self.run_id = path, schema, run_id
+        self.rows = 0
+        self._writer = pq.ParquetWriter(path, schema, compression="zstd")
+
+    def write(self, data: pa.Table | pa.RecordBatch | dict[str, list]) -> None:
+        if isinstance(data, dict):
+            n = len(next(iter(data.values()))) if data else 0
+            data = dict(data)
+            data.setdefault("run_id", [self.run_id] * n)
+            data = pa.table(data)
+        elif "run_id" not in data.schema.names:
+            data = data.append_column("run_id", pa.array([self.run_id] * data.num_rows, pa.string()))
+        table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
+        table = table.select(self.schema.names).cast(self.schema)
+        self._writer.write_table(table)
+        self.rows += table.num_rows
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def new_run_id(stage: str) -> str:
+    return f"{stage}-{_now().strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerprint: str,
+              body: Callable[[StagedRun], Any], force: bool = False, device: str | None = None,
+              still_valid: Callable[[RunRecord], bool] | None = None) -> StageResult:
+    """Run `body` as one atomic stage run, or skip it if the same inputs already succeeded.
+
+    `still_valid(previous_run)` can veto a skip, e.g. when the files a run produced were deleted.
+    """
+    if not force:
+        previous = find_successful_run(wh, stage, inputs_fingerprint)
+        if previous is not None and (still_valid is None or still_valid(previous)):
+            return StageResult(run=previous, skipped=True)
+    _sweep_stale_staging(wh)
+    run = RunRecord(run_id=new_run_id(stage), stage=stage, status="running", inputs_fingerprint=inputs_fingerprint,
+                    config=config, code_version=code_version(), started_at=_now(), host=socket.gethostname(),
+                    device=device)
+    staged = StagedRun(wh, run)
+    try:
+        value = body(staged)
+    except BaseException as exc:
+        staged.abort(exc)
+        raise
+    staged.commit()
+    return StageResult(run=run, skipped=False, value=value)
+
+
+def find_successful_run(wh: Warehouse, stage: str, inputs_fingerprint: str) -> RunRecord | None:
+    rows = _select_runs(wh, "WHERE stage = ? AND inputs_fingerprint = ? AND status = 'success' "
+                            "ORDER BY finished_at DESC LIMIT 1", [stage, inputs_fingerprint])
+    return rows[0] if rows else None
+
+
+def list_runs(wh: Warehouse, stage: str | None = None, limit: int | None = None) -> list[RunRecord]:
+    where, params = ("WHERE stage = ?", [stage]) if stage else ("", [])
+    tail = f" LIMIT {int(limit)}" if limit else ""
+    return _select_runs(wh, f"{where} ORDER BY started_at DESC{tail}", params)
+
+
+def get_run(wh: Warehouse, run_id: str) -> RunRecord | None:
+    rows = _select_runs(wh, "WHERE run_id = ?", [run_id])
+    return rows[0] if rows else None
+
+
+_RUN_COLUMNS = ["run_id", "stage", "config", "code_version", "inputs_fingerprint", "status", "started_at",
+                "finished_at", "host", "device", "checkpoint", "outputs", "error"]
+
+
+def _select_runs(wh: Warehouse, tail: str, params: list) -> list[RunRecord]:
+    with wh.read_connection() as con:
+        rows = con.execute(f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs {tail}", params).fetchall()
+    out = []
+    for row in rows:
+        rec = dict(zip(_RUN_COLUMNS, row))
+        rec["config"] = json.loads(rec["config"]) if rec["config"] else {}
+        rec["outputs"] = json.loads(rec["outputs"]) if rec["outputs"] else {}
+        out.append(RunRecord(**rec))
+    return out
+
+
+def _insert_run(con, run: RunRecord) -> None:
+    con.execute(
+        f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))})",
+        [run.run_id, run.stage, json.dumps(run.config, sort_keys=True, default=str), run.code_version,
+         run.inputs_fingerprint, run.status, run.started_at, run.finished_at, run.host, run.device,
+         run.checkpoint, json.dumps(run.outputs, sort_keys=True), run.error],
+    )
+
+
+def _sweep_stale_staging(wh: Warehouse) -> None:
+    """Remove staging folders of runs that were killed before they could clean up.
+
+    A staging folder whose writer process is still alive is left alone."""
+    for table_dir in wh.tables_dir.iterdir():
+        stale = table_dir / ".staging"
+        if stale.is_dir():
+            with contextlib.suppress(OSError):
+                for d in stale.iterdir():
+                    if _staging_owner_dead(d):
+                        shutil.rmtree(d, ignore_errors=True)
+
+
+def _staging_owner_dead(staging_dir: Path) -> bool:
+    """Staging dirs are named `<run_id>.<pid>`; the run is gone when that process is."""
+    try:
+        pid = int(staging_dir.name.rsplit(".", 1)[1])
+    except (IndexError, ValueError):
+        return True
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now()
+
+
+__all__ = ["RunRecord", "StageResult", "StagedRun", "run_stage", "fingerprint", "file_digest", "code_version",
+           "list_runs", "get_run", "find_successful_run", "check_partition"]

@@ -1,0 +1,136 @@
+"""Table contracts (DESIGN.md §4): one pyarrow schema per Parquet table, DDL for the native tables.
+
+Parquet tables live under `tables/<name>/<partition>.parquet` and are seen through DuckDB views.
+Every Parquet row carries the `run_id` of the run that wrote it.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+RUN_ID = pa.field("run_id", pa.string(), nullable=False)
+
+PARQUET_TABLES: dict[str, pa.Schema] = {
+    "documents": pa.schema([
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("title", pa.string()),
+        pa.field("text", pa.string()),
+        pa.field("corpus", pa.string(), nullable=False),
+        RUN_ID,
+    ]),
+    "questions": pa.schema([
+        pa.field("question_id", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("question", pa.string()),
+        pa.field("answers", pa.list_(pa.string())),
+        RUN_ID,
+    ]),
+    "retrievals": pa.schema([
+        pa.field("question_id", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("score", pa.float32()),
+        pa.field("index_id", pa.string()),
+        RUN_ID,
+    ]),
+    "segments": pa.schema([
+        pa.field("segment_id", pa.string(), nullable=False),
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("text", pa.string()),
+        RUN_ID,
+    ]),
+    "salient_spans": pa.schema([
+        pa.field("segment_id", pa.string(), nullable=False),
+        pa.field("start_char", pa.int32(), nullable=False),
+        pa.field("end_char", pa.int32(), nullable=False),
+        pa.field("label", pa.string()),
+        pa.field("text", pa.string()),
+        RUN_ID,
+    ]),
+    "predictions": pa.schema([
+        RUN_ID,
+        pa.field("question_id", pa.string(), nullable=False),
+        pa.field("dataset", pa.string()),
+        pa.field("split", pa.string()),
+        pa.field("prediction", pa.string()),
+        pa.field("exact_match", pa.bool_()),
+    ]),
+    "nkb_values": pa.schema([
+        RUN_ID,
+        pa.field("layer", pa.string()),
+        pa.field("slot", pa.int32(), nullable=False),
+        pa.field("top_tokens", pa.list_(pa.string())),
+        pa.field("top_probs", pa.list_(pa.float32())),
+        pa.field("category", pa.string()),
+    ]),
+    "nkb_keys": pa.schema([
+        RUN_ID,
+        pa.field("layer", pa.string()),
+        pa.field("slot", pa.int32(), nullable=False),
+        pa.field("top_questions", pa.list_(pa.string())),
+        pa.field("weights", pa.list_(pa.float32())),
+    ]),
+    "edits": pa.schema([
+        RUN_ID,
+        pa.field("question_id", pa.string()),
+        pa.field("slot", pa.int32()),
+        pa.field("lambda", pa.float64()),
+        pa.field("original", pa.string()),
+        pa.field("target", pa.string()),
+        pa.field("success", pa.bool_()),
+        pa.field("change_rate", pa.float64()),
+    ]),
+}
+
+# Small, frequently updated tables are native DuckDB tables rather than Parquet.
+NATIVE_TABLES: dict[str, str] = {
+    "runs": """
+        CREATE TABLE IF NOT EXISTS runs (
+            run_id VARCHAR PRIMARY KEY,
+            stage VARCHAR NOT NULL,
+            config JSON,
+            code_version VARCHAR,
+            inputs_fingerprint VARCHAR,
+            status VARCHAR NOT NULL,          -- success | failed
+            started_at TIMESTAMP,
+            finished_at TIMESTAMP,
+            host VARCHAR,
+            device VARCHAR,
+            checkpoint VARCHAR,
+            outputs JSON,                     -- {table: rows written, ...}
+            error VARCHAR
+        )""",
+    "metrics": """
+        CREATE TABLE IF NOT EXISTS metrics (
+            run_id VARCHAR NOT NULL,
+            dataset VARCHAR,
+            split VARCHAR,
+            metric VARCHAR NOT NULL,
+            value DOUBLE,
+            step BIGINT                       -- for curves (loss per step); NULL for single values
+        )""",
+}
+
+_DUCKDB_TYPES = {
+    pa.string(): "VARCHAR",
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.float32(): "FLOAT",
+    pa.float64(): "DOUBLE",
+    pa.bool_(): "BOOLEAN",
+}
+
+
+def duckdb_type(arrow_type: pa.DataType) -> str:
+    """The DuckDB type name for an Arrow type used in the schemas above."""
+    if pa.types.is_list(arrow_type):
+        return duckdb_type(arrow_type.value_type) + "[]"
+    return _DUCKDB_TYPES[arrow_type]
+
+
+def empty_select(schema: pa.Schema) -> str:
+    """A typed, row-less SELECT, so a table with no Parquet files yet still has its columns."""
+    cols = ", ".join(f'CAST(NULL AS {duckdb_type(f.type)}) AS "{f.name}"' for f in schema)
+    return f"SELECT {cols} WHERE false"

@@ -1,0 +1,167 @@
+"""The warehouse directory: Parquet tables, the DuckDB file with views over them, and the write lock.
+
+Layout of a warehouse home (default `./.nkb`, or `$NKB_HOME`):
+
+    tables/<table>/<partition>.parquet   one file per partition (e.g. a corpus, a dataset split)
+    tables/<table>/.staging/<run_id>/    files being written by a run that has not committed yet
+    warehouse.duckdb                     views over the Parquet tables + native `runs` and `metrics`
+    warehouse.lock                       flock: exclusive for writers, shared for readers
+    files/                               other stage outputs (generated dumps, indexes, checkpoints)
+
+DuckDB allows one read-write process at a time, so connections are short-lived and taken under the
+lock; a reader waits for a writer's commit to finish instead of failing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+from pathlib import Path
+from typing import Iterator
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from warehouse.schemas import NATIVE_TABLES, PARQUET_TABLES, empty_select
+
+DEFAULT_HOME = ".nkb"
+# Written so the plain `duckdb` CLI from PyPI (duckdb-cli 1.5.x) can open the file.
+STORAGE_VERSION = "v1.5.0"
+_PARTITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]*$")
+
+
+class WarehouseError(Exception):
+    """A problem with the warehouse itself (bad table name, bad partition key, locked database...)."""
+
+
+def resolve_home(home: str | os.PathLike | None = None) -> Path:
+    """`home` if given, else `$NKB_HOME`, else `./.nkb` — always absolute."""
+    chosen = home or os.environ.get("NKB_HOME") or DEFAULT_HOME
+    return Path(chosen).expanduser().resolve()
+
+
+def check_partition(key: str) -> str:
+    if not _PARTITION_RE.match(key):
+        raise WarehouseError(
+            f"partition name {key!r} must start with a letter or digit and use only letters, digits, '.', '_', '=', '-'"
+        )
+    return key
+
+
+class Warehouse:
+    """One warehouse home. Cheap to construct; opens DuckDB only for the duration of a call."""
+
+    def __init__(self, home: str | os.PathLike | None = None):
+        self.home = resolve_home(home)
+        self.tables_dir = self.home / "tables"
+        self.files_dir = self.home / "files"
+        self.db_path = self.home / "warehouse.duckdb"
+        self.lock_path = self.home / "warehouse.lock"
+        for d in (self.home, self.tables_dir, self.files_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        for name in PARQUET_TABLES:
+            (self.tables_dir / name).mkdir(exist_ok=True)
+        if not self.db_path.exists():
+            with self.write_connection():
+                pass  # creates the file, the native tables and the views
+
+    # ---- locking and connections -------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def lock(self, exclusive: bool) -> Iterator[None]:
+        with open(self.lock_path, "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def write_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-write connection under the exclusive lock; views are refreshed on the way out."""
+        with self.lock(exclusive=True):
+            con = duckdb.connect(":memory:")
+            try:
+                con.execute(f"ATTACH '{_sql_str(self.db_path)}' AS wh (STORAGE_VERSION '{STORAGE_VERSION}')")
+                con.execute("USE wh")
+                for ddl in NATIVE_TABLES.values():
+                    con.execute(ddl)
+                yield con
+                self._refresh_views(con)
+                con.execute("CHECKPOINT wh")
+            finally:
+                con.close()
+
+    @contextlib.contextmanager
+    def read_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-only connection under the shared lock; extensions are never installed or loaded."""
+        with self.lock(exclusive=False):
+            con = duckdb.connect(
+                str(self.db_path),
+                read_only=True,
+                config={"autoinstall_known_extensions": False, "autoload_known_extensions": False},
+            )
+            try:
+                yield con
+            finally:
+                con.close()
+
+    def _refresh_views(self, con: duckdb.DuckDBPyConnection) -> None:
+        for name, schema in PARQUET_TABLES.items():
+            files = self.partition_files(name)
+            if files:
+                glob = _sql_str(self.tables_dir / name / "*.parquet")
+                body = f"SELECT * FROM read_parquet('{glob}', union_by_name = true)"
+            else:
+                body = empty_select(schema)
+            con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {body}')
+
+    # ---- Parquet tables -------------------------------------------------------------------
+
+    def schema(self, table: str) -> pa.Schema:
+        try:
+            return PARQUET_TABLES[table]
+        except KeyError:
+            raise WarehouseError(f"unknown table {table!r}; tables: {', '.join(PARQUET_TABLES)}") from None
+
+    def partition_path(self, table: str, partition: str) -> Path:
+        self.schema(table)
+        return self.tables_dir / table / f"{check_partition(partition)}.parquet"
+
+    def partition_files(self, table: str) -> list[Path]:
+        self.schema(table)
+        return sorted((self.tables_dir / table).glob("*.parquet"))
+
+    def read(self, table: str, columns: list[str] | None = None, filter=None) -> pa.Table:
+        """A Parquet table (all partitions) as Arrow, optionally projected and filtered."""
+        schema = self.schema(table)
+        files = self.partition_files(table)
+        if not files:
+            return schema.empty_table().select(columns) if columns else schema.empty_table()
+        return ds.dataset(files, schema=schema, format="parquet").to_table(columns=columns, filter=filter)
+
+    def read_partition(self, table: str, partition: str) -> pa.Table | None:
+        path = self.partition_path(table, partition)
+        if not path.exists():
+            return None
+        return ds.dataset(path, schema=self.schema(table), format="parquet").to_table()
+
+    # ---- queries ------------------------------------------------------------------------
+
+    def row_counts(self) -> list[tuple[str, str, int]]:
+        """(table, kind, rows) for every table, Parquet views and native tables alike."""
+        with self.read_connection() as con:
+            out = []
+            for name in PARQUET_TABLES:
+                out.append((name, "parquet", con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]))
+            for name in NATIVE_TABLES:
+                out.append((name, "native", con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]))
+            return out
+
+
+def _sql_str(value) -> str:
+    """A value quoted for use inside a single-quoted SQL string literal."""
+    return str(value).replace("'", "''")
