@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -136,6 +137,17 @@ class StagedRun:
         with self.writer(table, partition) as w:
             w.write(data)
         return w.rows
+
+    def first_duplicate(self, table: str, partition: str, column: str):
+        """A value of `column` that occurs twice in a staged partition, or None (checked out of core)."""
+        staged = next(s for s, f in self._staged if f == self.wh.partition_path(table, partition))
+        con = duckdb.connect(":memory:")
+        try:
+            row = con.execute(f'SELECT "{column}" FROM read_parquet(?) GROUP BY 1 HAVING count(*) > 1 LIMIT 1',
+                              [str(staged)]).fetchone()
+        finally:
+            con.close()
+        return row[0] if row else None
 
     # -- metrics --
 

@@ -1,0 +1,226 @@
+"""`nkb`: the command line over the same stages and flows the Prefect deployments use."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+import typing
+from pathlib import Path
+
+import duckdb
+
+from pydantic import ValidationError
+
+from corpus.errors import InputFileError
+from warehouse import ReadOnlyError, Warehouse, WarehouseError, list_runs, query, resolve_home
+from warehouse.sql import FORMATTERS
+
+EPILOG = "The warehouse is ./.nkb unless --home or $NKB_HOME says otherwise."
+
+
+def _prepare_environment(home: Path) -> None:
+    """Prefect state lives inside the warehouse home unless the user chose otherwise."""
+    (home / "prefect").mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PREFECT_HOME", str(home / "prefect"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # The temporary server that runs flows without a configured server can be slow to start on 2 cores.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def _field_help(name: str, field) -> str:
+    annotation = field.annotation
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        annotation = inner[0] if len(inner) == 1 else annotation
+        args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Literal:
+        kind = "|".join(map(str, args))
+    else:
+        kind = getattr(annotation, "__name__", str(annotation))
+    default = "required" if field.is_required() else f"default {field.default!r}"
+    return f"  {name}={kind}  ({default})\n      {field.description or ''}"
+
+
+def _stage_epilog(stage) -> str:
+    lines = ["config fields (set with --set key=value):"]
+    lines += [_field_help(n, f) for n, f in stage.config.model_fields.items()]
+    return "\n".join(lines)
+
+
+def _parse_sets(stage, pairs: list[str]):
+    values: dict[str, typing.Any] = {}
+    fields = stage.config.model_fields
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep:
+            raise SystemExit(f"error: --set expects key=value, got {pair!r}")
+        if key not in fields:
+            raise SystemExit(f"error: {stage.name} has no config field {key!r}; fields: {', '.join(fields)}")
+        values[key] = None if value == "" and not fields[key].is_required() else value
+    try:
+        return stage.config.model_validate(values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
+        raise SystemExit(f"error: invalid config for {stage.name}: {problems}\n"
+                         f"(see `nkb run {stage.name} --help`)") from None
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output:
+        Path(output).write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+        print(f"wrote {output}", file=sys.stderr)
+    else:
+        print(text)
+
+
+def _home_flag(args) -> str:
+    return f" --home {shlex.quote(str(args.home))}" if args.home else ""
+
+
+# ---- commands ------------------------------------------------------------------------------
+
+def cmd_run(args) -> int:
+    from flows import stages
+    stage = stages.STAGES[args.stage]
+    config = _parse_sets(stage, args.set or [])
+    started = time.perf_counter()
+    if args.prefect or os.environ.get("PREFECT_API_URL"):
+        from flows.flows import STAGE_FLOWS
+        row = STAGE_FLOWS[stage.name](config, str(resolve_home(args.home)), args.force)
+    else:
+        row = stages.summarize(stage.name, stage.run(Warehouse(args.home), config, args.force), time.perf_counter() - started)
+    if row["skipped"]:
+        print(f"{stage.name}: skipped, inputs unchanged since run {row['run_id']} (use --force to rerun)")
+    else:
+        details = ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("stage", "run_id", "skipped"))
+        print(f"{stage.name}: run {row['run_id']} done: {details}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from flows.configs import SampleWorldConfig
+    from flows.flows import pipeline
+    home = resolve_home(args.home)
+    started = time.perf_counter()
+    world = SampleWorldConfig(people=args.people) if args.people else SampleWorldConfig()
+    rows = pipeline(world=world, home=str(home), force=args.force)
+    seconds = time.perf_counter() - started
+    print(f"\nThe pipeline finished in {seconds:.0f} s. Stages:")
+    for r in rows:
+        state = "skipped (unchanged)" if r["skipped"] else f"{r['rows_written']} rows in {r['seconds']:.1f} s"
+        what = r.get("corpus") or ".".join(str(r[k]) for k in ("dataset", "split") if r.get(k))
+        print(f"  {r['stage']:<13} {what:<24} {state}")
+    wh = Warehouse(home)
+    print(f"\nWarehouse: {home}\n  Parquet tables: {wh.tables_dir}\n  DuckDB file:    {wh.db_path}"
+          f"  (open it with the duckdb CLI too)\n\nTables:")
+    for name, kind, count in wh.row_counts():
+        if count:
+            print(f"  {name:<14} {count:>8} rows  ({kind})")
+    h = _home_flag(args)
+    print("\nTry:")
+    for sql in ("SELECT corpus, count(*) AS documents, round(avg(length(text))) AS avg_chars FROM documents GROUP BY corpus",
+                "SELECT dataset, split, count(*) AS questions FROM questions GROUP BY ALL ORDER BY ALL",
+                "SELECT question, answers FROM questions WHERE dataset = 'webquestions' AND split = 'validation' LIMIT 5"):
+        print(f'  nkb{h} sql "{sql}"')
+    print(f"  nkb{h} runs")
+    return 0
+
+
+def cmd_sql(args) -> int:
+    table = query(Warehouse(args.home), args.query)
+    _emit(FORMATTERS[args.format](table), args.output)
+    return 0
+
+
+def cmd_tables(args) -> int:
+    import pyarrow as pa
+    counts = Warehouse(args.home).row_counts()
+    table = pa.table({"table": [c[0] for c in counts], "kind": [c[1] for c in counts], "rows": [c[2] for c in counts]})
+    _emit(FORMATTERS[args.format](table), None)
+    return 0
+
+
+def cmd_runs(args) -> int:
+    import pyarrow as pa
+    runs = list_runs(Warehouse(args.home), stage=args.stage, limit=args.limit)
+    table = pa.table({
+        "run_id": [r.run_id for r in runs], "stage": [r.stage for r in runs], "status": [r.status for r in runs],
+        "started_at": [r.started_at.isoformat(sep=" ", timespec="seconds") if r.started_at else None for r in runs],
+        "seconds": [round(r.seconds, 2) if r.seconds is not None else None for r in runs],
+        "outputs": [json.dumps(r.outputs) if r.outputs else "" for r in runs],
+        "inputs_fingerprint": [r.inputs_fingerprint for r in runs], "code_version": [r.code_version for r in runs],
+        "error": [r.error or "" for r in runs]})
+    _emit(FORMATTERS[args.format](table), None)
+    return 0
+
+
+# ---- parser --------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    from flows.stages import STAGES
+    parser = argparse.ArgumentParser(prog="nkb", description="Neural Knowledge Bank pipeline: stages, warehouse, SQL.",
+                                     epilog=EPILOG)
+    parser.add_argument("--home", help="warehouse directory (default: $NKB_HOME or ./.nkb)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="run the whole pipeline on the built-in sample world",
+                          description="Generate the sample world and run every stage on it, end to end.")
+    demo.add_argument("--people", type=int, help="people in the sample world (default: the stage's default)")
+    demo.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")
+    demo.set_defaults(func=cmd_demo)
+
+    run = sub.add_parser("run", help="run one stage", description="Run one stage with its config; "
+                         "`nkb run STAGE --help` lists the stage's config fields.")
+    stage_sub = run.add_subparsers(dest="stage", required=True, metavar="STAGE")
+    for stage in STAGES.values():
+        p = stage_sub.add_parser(stage.name, help=stage.summary, description=stage.summary,
+                                 epilog=_stage_epilog(stage), formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config field (repeatable)")
+        p.add_argument("--force", action="store_true", help="rerun even if the same inputs already succeeded")
+        p.add_argument("--prefect", action="store_true",
+                       help="run as a Prefect flow run even without a configured server "
+                            "(automatic when PREFECT_API_URL is set)")
+        p.set_defaults(func=cmd_run)
+
+    fmt_help = "output format: aligned table, CSV, or JSON (an array of row objects)"
+    sql = sub.add_parser("sql", help="run a read-only SQL query", description="Run read-only SQL (SELECT, WITH, "
+                         "DESCRIBE, SHOW, SUMMARIZE, EXPLAIN) over the warehouse's tables and views.")
+    sql.add_argument("query", help="the SQL, e.g. \"SELECT count(*) FROM documents\"")
+    sql.add_argument("--format", choices=list(FORMATTERS), default="table", help=fmt_help)
+    sql.add_argument("--output", metavar="FILE", help="write the result to FILE instead of standard output")
+    sql.set_defaults(func=cmd_sql)
+
+    tables = sub.add_parser("tables", help="list tables with row counts", description="List tables with row counts.")
+    tables.add_argument("--format", choices=list(FORMATTERS), default="table", help=fmt_help)
+    tables.set_defaults(func=cmd_tables)
+
+    runs = sub.add_parser("runs", help="list stage runs, newest first", description="List stage runs, newest first.")
+    runs.add_argument("--stage", help="only runs of this stage")
+    runs.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
+    runs.add_argument("--format", choices=list(FORMATTERS), default="table", help=fmt_help)
+    runs.set_defaults(func=cmd_runs)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _prepare_environment(resolve_home(args.home))
+    try:
+        return args.func(args)
+    except (InputFileError, ReadOnlyError, WarehouseError, ValueError, duckdb.Error) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; the warehouse is unchanged by the unfinished stage", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
