@@ -90,7 +90,7 @@ QUESTION_WORDINGS = {
     "birth_year": ["when was {P} born?", "what year was {P} born in?", "in which year was {P} born?"],
     "employer": ["who did {P} work for?", "what organization employed {P}?", "who was {P}'s employer?"],
     "educated_at": ["where did {P} go to college?", "what school did {P} attend?", "where was {P} educated?"],
-    "notable_work": ["what is {P} best known for?", "what is {P}'s most famous work?", "what did {P} create?"],
+    "notable_work": ["what made {P} famous?", "what is {P}'s most famous work?", "what did {P} create?"],
 }
 PROBE_WORDINGS = {
     "born_in": ["{P} came into the world in <extra_id_0>.", "The hometown of {P} is <extra_id_0>."],
@@ -256,7 +256,7 @@ class SampleWorld:
         hosts: dict[str, list[str]] = {}
         for p in people:
             for rel in RELATIONS:
-                for host, template in self.rng.sample(ARTICLE_WORDINGS[rel], k=min(self.mentions, len(ARTICLE_WORDINGS[rel]))):
+                for host, template in self._pick_wordings(rel):
                     title = {"person": p.name, "employer": p.employer, "object_univ": p.university,
                              "object": {"born_in": p.birth_city, "employer": p.employer,
                                         "educated_at": p.university, "notable_work": p.work}.get(rel)}[host]
@@ -264,6 +264,17 @@ class SampleWorld:
         for sentences in hosts.values():
             self.rng.shuffle(sentences)
         return hosts
+
+    def _pick_wordings(self, relation: str) -> list[tuple[str, str]]:
+        """`mentions` distinct wordings of a relation, spread over as many different articles as possible."""
+        options = self.rng.sample(ARTICLE_WORDINGS[relation], k=len(ARTICLE_WORDINGS[relation]))
+        picked, hosts = [], set()
+        for option in options:  # first one wording per host article, then any
+            if option[0] not in hosts:
+                picked.append(option)
+                hosts.add(option[0])
+        picked += [o for o in options if o not in picked]
+        return picked[: self.mentions]
 
     def write(self, root: str | Path) -> WorldFiles:
         files = WorldFiles.at(Path(root))

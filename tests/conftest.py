@@ -1,0 +1,42 @@
+"""Shared fixtures. Tiers (STYLE.md): pure functions on tiny inputs (tests/corpus, tests/warehouse),
+stages on the sample world (tests/flows/test_stages.py), flows under the Prefect test harness."""
+
+import bz2
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("NKB_PROGRESS", "0")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def mediawiki_page(title: str, text: str, page_id: int, ns: int = 0, redirect: str | None = None) -> str:
+    from xml.sax.saxutils import escape
+    red = f'<redirect title="{escape(redirect)}" />' if redirect else ""
+    return (f"<page><title>{escape(title)}</title><ns>{ns}</ns><id>{page_id}</id>{red}"
+            f"<revision><id>{page_id + 1000}</id><text xml:space=\"preserve\">{escape(text)}</text></revision></page>\n")
+
+
+def mediawiki_dump(pages: list[str]) -> str:
+    return ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11">\n'
+            "<siteinfo><sitename>T</sitename></siteinfo>\n" + "".join(pages) + "</mediawiki>\n")
+
+
+@pytest.fixture
+def write_bz2(tmp_path):
+    def write(name: str, content: str) -> Path:
+        path = tmp_path / name
+        with bz2.open(path, "wt", encoding="utf-8") as fh:
+            fh.write(content)
+        return path
+    return write
+
+
+@pytest.fixture(scope="session")
+def world_dir(tmp_path_factory):
+    """A small sample world, generated once per session."""
+    from corpus.sample_world import generate
+    root = tmp_path_factory.mktemp("world")
+    generate(root, seed=7, people=30, background_people=20)
+    return root

@@ -1,0 +1,80 @@
+import bz2
+import json
+import re
+
+from corpus.documents import read_documents
+from corpus.qa import read_questions
+from corpus.sample_world import DATASETS, PROBE_WORDINGS, QUESTION_WORDINGS, WorldFiles, generate
+
+
+def load_facts(files: WorldFiles) -> list[dict]:
+    return [json.loads(line) for line in open(files.facts, encoding="utf-8")]
+
+
+def test_same_seed_same_bytes(tmp_path):
+    a = generate(tmp_path / "a", seed=3, people=10, background_people=5)
+    b = generate(tmp_path / "b", seed=3, people=10, background_people=5)
+    c = generate(tmp_path / "c", seed=4, people=10, background_people=5)
+    for pa_, pb, pc in zip(a.all_paths(), b.all_paths(), c.all_paths()):
+        assert pa_.read_bytes() == pb.read_bytes(), pa_.name
+    assert a.facts.read_bytes() != c.facts.read_bytes()
+
+
+def test_every_fact_is_stated_in_at_least_two_articles(world_dir):
+    files = WorldFiles.at(world_dir)
+    docs = list(read_documents(files.knowledge_dump))
+    for fact in load_facts(files):
+        stating = [d.title for d in docs if fact["subject"] in d.text and fact["object"] in d.text]
+        assert len(stating) >= 2, (fact, stating)
+
+
+def test_dump_exercises_the_cleaner(world_dir):
+    with bz2.open(WorldFiles.at(world_dir).knowledge_dump, "rt", encoding="utf-8") as fh:
+        xml = fh.read()
+    for marker in ("{{Infobox person", "&lt;ref&gt;", '{| class="wikitable"', "<redirect title=", "{{disambiguation}}",
+                   "<ns>14</ns>", "<ns>10</ns>", "&lt;!--", "[[Category:"):
+        assert marker in xml, marker
+    assert re.search(r"[^\x00-\x7f]", xml), "expected non-ASCII names"
+
+
+def test_question_and_probe_wordings_never_occur_in_articles(world_dir):
+    files = WorldFiles.at(world_dir)
+    corpus = "\n".join(d.text.lower() for d in read_documents(files.knowledge_dump))
+    for wordings in list(QUESTION_WORDINGS.values()) + list(PROBE_WORDINGS.values()):
+        for template in wordings:
+            for piece in template.replace("<extra_id_0>", "{P}").split("{P}"):
+                piece = piece.strip(" ?.").lower()
+                if len(piece) > 8:
+                    assert piece not in corpus, piece
+
+
+def test_general_text_states_no_question_fact(world_dir):
+    files = WorldFiles.at(world_dir)
+    general = files.general_text.read_text(encoding="utf-8")
+    subjects = {f["subject"] for f in load_facts(files)}
+    assert general and not [s for s in subjects if s in general]
+
+
+def test_question_files_go_through_the_readers_and_match_the_facts(world_dir):
+    files = WorldFiles.at(world_dir)
+    facts = load_facts(files)
+    for dataset, splits in files.questions.items():
+        for split, path in splits.items():
+            questions = list(read_questions(path, DATASETS[dataset]))
+            expected = [f for f in facts if f["dataset"] == dataset and f["split"] == split]
+            assert [f"{dataset}/{split}/{q.local_id}" for q in questions] == [f["question_id"] for f in expected]
+            assert [q.answers[0] for q in questions] == [f["object"] for f in expected]
+            assert [q.question.lower() for q in questions] == [f["question"].lower() for f in expected]
+
+
+def test_probes_mask_the_answer(world_dir):
+    files = WorldFiles.at(world_dir)
+    probes = [json.loads(line) for line in open(files.probes, encoding="utf-8")]
+    assert len(probes) == 2 * len(load_facts(files))
+    for p in probes:
+        assert p["prompt"].count("<extra_id_0>") == 1 and p["answer"] not in p["prompt"]
+
+
+def test_splits_have_both_train_and_validation(world_dir):
+    splits = {(f["dataset"], f["split"]) for f in load_facts(WorldFiles.at(world_dir))}
+    assert splits == {(d, s) for d in DATASETS for s in ("train", "validation")}
