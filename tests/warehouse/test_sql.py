@@ -53,7 +53,7 @@ def test_text_table_is_aligned(wh):
     lines = to_text_table(query(wh, "SELECT question_id, length(question) AS n FROM questions ORDER BY 1")).splitlines()
     assert lines[0].split() == ["question_id", "n"]
     assert len({len(line) for line in lines[:4]}) == 1  # right-aligned last column: equal widths
-    assert lines[2].endswith("15") and lines[3].endswith(" 5")  # numbers right-aligned
+    assert lines[2].endswith("14") and lines[3].endswith(" 5")  # numbers right-aligned
     assert lines[-1] == "(2 rows)"
 
 
