@@ -1,0 +1,69 @@
+import json
+
+import pytest
+
+from flows.cli import main
+
+
+@pytest.fixture
+def home(tmp_path):
+    return str(tmp_path / "wh")
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_stage_help_lists_config_fields(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "questions", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for field in ("path=str", "format=nq_open|webquestions|headqa|jsonl", "dataset=str", "split=str",
+                  "max_answer_tokens=int  (default 5)", "Drop answers longer than"):
+        assert field in out
+
+
+def test_run_ingest_then_skip(capsys, home, tmp_path):
+    path = tmp_path / "wiki.jsonl"
+    path.write_text('{"id": "a", "title": "A", "text": "Ada."}\n')
+    code, out, _ = run_cli(capsys, "--home", home, "run", "ingest", "--set", f"path={path}")
+    assert code == 0 and "ingest: run ingest-" in out and "documents=1" in out
+    code, out, _ = run_cli(capsys, "--home", home, "run", "ingest", "--set", f"path={path}")
+    assert code == 0 and "skipped" in out
+    code, out, _ = run_cli(capsys, "--home", home, "run", "ingest", "--set", f"path={path}", "--force")
+    assert code == 0 and "skipped" not in out
+    code, out, _ = run_cli(capsys, "--home", home, "sql", "SELECT corpus, title FROM documents", "--format", "json")
+    assert json.loads(out) == [{"corpus": "wiki", "title": "A"}]
+    code, out, _ = run_cli(capsys, "--home", home, "runs")
+    assert out.count("ingest-") == 2 and "success" in out
+    code, out, _ = run_cli(capsys, "--home", home, "tables")
+    assert any(line.split()[:3] == ["documents", "parquet", "1"] for line in out.splitlines())
+
+
+def test_unknown_field_and_bad_value(capsys, home):
+    with pytest.raises(SystemExit, match="has no config field 'nope'"):
+        main(["--home", home, "run", "ingest", "--set", "nope=1"])
+    with pytest.raises(SystemExit, match="people: Input should be greater than or equal to 5"):
+        main(["--home", home, "run", "sample-world", "--set", "people=2"])
+
+
+def test_missing_file_is_one_line(capsys, home, tmp_path):
+    code, _, err = run_cli(capsys, "--home", home, "run", "ingest", "--set", f"path={tmp_path}/none.xml.bz2")
+    assert code == 1 and err.strip() == f"error: {tmp_path}/none.xml.bz2: no such file"
+
+
+def test_sql_refuses_writes_and_writes_output_files(capsys, home, tmp_path):
+    code, _, err = run_cli(capsys, "--home", home, "sql", "DELETE FROM runs")
+    assert code == 1 and "refused" in err and "read-only" in err
+    target = tmp_path / "out.csv"
+    code, _, _ = run_cli(capsys, "--home", home, "sql", "SELECT 1 AS one, [2, 3] AS l", "--format", "csv",
+                         "--output", str(target))
+    assert code == 0 and target.read_text() == 'one,l\n1,"[2, 3]"\n'
+
+
+def test_sql_error_is_reported_not_raised(capsys, home):
+    code, _, err = run_cli(capsys, "--home", home, "sql", "SELECT * FROM no_such_table")
+    assert code == 1 and "no_such_table" in err

@@ -1,0 +1,35 @@
+"""The Prefect flows, run for real under Prefect's test harness (a temporary local server)."""
+
+import pytest
+from prefect.testing.utilities import prefect_test_harness
+
+from flows.configs import IngestConfig, SampleWorldConfig
+from flows.flows import ingest_flow, pipeline
+from warehouse import Warehouse, list_runs, query
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_harness():
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def test_pipeline_flow_runs_every_stage_and_then_skips(tmp_path):
+    home = str(tmp_path / "wh")
+    world = SampleWorldConfig(people=10, background_people=5)
+    rows = pipeline(world=world, home=home)
+    assert [r["stage"] for r in rows] == ["sample-world", "ingest", "ingest"] + ["questions"] * 6
+    assert not any(r["skipped"] for r in rows)
+    counts = {t: n for t, _, n in Warehouse(home).row_counts()}
+    assert counts["documents"] > 20 and counts["questions"] == 50 and counts["runs"] == 9
+    again = pipeline(world=world, home=home)
+    assert all(r["skipped"] for r in again)
+    assert len(list_runs(Warehouse(home))) == 9
+
+
+def test_stage_flow_validates_and_fails_on_bad_input(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{oops\n")
+    with pytest.raises(Exception, match="line 1: not valid JSON"):
+        ingest_flow(IngestConfig(path=str(bad)), home=str(tmp_path / "wh"))
+    assert query(Warehouse(tmp_path / "wh"), "SELECT count(*) AS n FROM documents").to_pylist() == [{"n": 0}]

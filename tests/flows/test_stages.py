@@ -1,0 +1,147 @@
+"""Stages on the sample world: outputs, reruns, and bad input leaving the warehouse untouched."""
+
+import json
+import shutil
+
+import pytest
+
+from corpus.errors import InputFileError
+from corpus.sample_world import WorldFiles
+from flows import stages
+from flows.configs import IngestConfig, QuestionsConfig, SampleWorldConfig
+from warehouse import Warehouse, list_runs, query
+
+SMALL = SampleWorldConfig(people=12, background_people=6)
+
+
+@pytest.fixture
+def wh(tmp_path):
+    return Warehouse(tmp_path / "wh")
+
+
+@pytest.fixture
+def loaded(wh):
+    """A warehouse holding a small sample world's documents and questions."""
+    stages.generate_sample_world(wh, SMALL)
+    ingests, questions = stages.sample_world_inputs(wh)
+    for config in ingests:
+        stages.ingest(wh, config)
+    for config in questions:
+        stages.load_questions(wh, config)
+    return wh
+
+
+def snapshot(wh):
+    files = {str(p.relative_to(wh.home)): p.read_bytes() for p in wh.tables_dir.rglob("*") if p.is_file()}
+    rows = {t: query(wh, f'SELECT * EXCLUDE (run_id) FROM "{t}"' if kind == "parquet" else f'SELECT * FROM "{t}"')
+            .to_pylist() for t, kind, _ in wh.row_counts() if t != "runs"}
+    return files, rows
+
+
+def test_sample_world_stage_reruns_only_when_needed(wh):
+    first = stages.generate_sample_world(wh, SMALL)
+    assert not first.skipped and (stages.world_dir(wh) / "knowledge.xml.bz2").exists()
+    assert stages.generate_sample_world(wh, SMALL).skipped
+    shutil.rmtree(stages.world_dir(wh))
+    assert not stages.generate_sample_world(wh, SMALL).skipped, "deleted files must be regenerated"
+    assert not stages.generate_sample_world(wh, SMALL.model_copy(update={"seed": 99})).skipped
+
+
+def test_pipeline_inputs_fill_documents_and_questions(loaded):
+    counts = dict((r["corpus"], r["n"]) for r in query(loaded, "SELECT corpus, count(*) AS n FROM documents GROUP BY 1").to_pylist())
+    assert set(counts) == {"sampleworld", "general"} and min(counts.values()) > 10
+    facts = [json.loads(l) for l in open(WorldFiles.at(stages.world_dir(loaded)).facts)]
+    got = query(loaded, "SELECT question_id, answers[1] AS answer FROM questions").to_pylist()
+    assert sorted((r["question_id"], r["answer"]) for r in got) == sorted((f["question_id"], f["object"]) for f in facts)
+    titles = set(query(loaded, "SELECT title FROM documents WHERE corpus = 'sampleworld'").column("title").to_pylist())
+    assert not any(t.startswith(("Category:", "Template:")) or t.endswith(" City") for t in titles)
+
+
+def test_ingest_skip_force_and_changed_input(tmp_path, wh):
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"id": 1, "title": "A", "text": "x"}\n')
+    config = IngestConfig(path=str(path))
+    first = stages.ingest(wh, config)
+    assert first.run.outputs == {"documents": 1} and first.value["corpus"] == "c"
+    assert stages.ingest(wh, config).skipped
+    assert not stages.ingest(wh, config, force=True).skipped
+    path.write_text('{"id": 1, "title": "A", "text": "x"}\n{"id": 2, "title": "B", "text": "y"}\n')
+    changed = stages.ingest(wh, config)
+    assert not changed.skipped and changed.run.outputs == {"documents": 2}
+    assert query(wh, "SELECT count(*) AS n FROM documents").to_pylist() == [{"n": 2}]
+
+
+def test_ingest_limit(loaded):
+    dump = WorldFiles.at(stages.world_dir(loaded)).knowledge_dump
+    stages.ingest(loaded, IngestConfig(path=str(dump), corpus="firstfive", limit=5))
+    assert query(loaded, "SELECT count(*) AS n FROM documents WHERE corpus = 'firstfive'").to_pylist() == [{"n": 5}]
+
+
+def test_questions_stage_reports_filtered_answers(tmp_path, wh):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question": "a?", "answer": ["one"]}\n{"question": "b?", "answer": ["a b c d e f"]}\n')
+    result = stages.load_questions(wh, QuestionsConfig(path=str(path), format="nq_open", dataset="d", split="train"))
+    assert result.value["questions"] == 1 and result.value["filtered"] == 1
+    metrics = query(wh, "SELECT metric, value FROM metrics WHERE split = 'train' ORDER BY metric").to_pylist()
+    assert metrics == [{"metric": "filtered_long_answers", "value": 1.0}, {"metric": "questions", "value": 1.0}]
+
+
+def _truncated_bz2(tmp_path, world):
+    data = world.knowledge_dump.read_bytes()
+    path = tmp_path / "cut.xml.bz2"
+    path.write_bytes(data[: len(data) // 2])
+    return IngestConfig(path=str(path), corpus="sampleworld"), "byte "
+
+
+def _invalid_xml(tmp_path, world):
+    path = tmp_path / "bad.xml"
+    path.write_text('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/">\n<page><title>A</title>\n</mediawiki>')
+    return IngestConfig(path=str(path), corpus="sampleworld"), "line 3, column"
+
+
+def _jsonl_not_json(tmp_path, world):
+    path = tmp_path / "general.jsonl"
+    lines = world.general_text.read_text().splitlines()
+    path.write_text("\n".join(lines[:3] + ["{not json"] + lines[3:]) + "\n")
+    return IngestConfig(path=str(path), corpus="general"), "line 4"
+
+
+def _webq_no_target(tmp_path, world):
+    records = json.loads(world.questions["webquestions"]["train"].read_text())
+    del records[2]["targetValue"]
+    path = tmp_path / "wq.json"
+    path.write_text(json.dumps(records))
+    return QuestionsConfig(path=str(path), format="webquestions", dataset="webquestions", split="train"), "record 3"
+
+
+def _empty(tmp_path, world):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    return QuestionsConfig(path=str(path), format="nq_open", dataset="nq", split="train"), "file is empty"
+
+
+def _missing(tmp_path, world):
+    return IngestConfig(path=str(tmp_path / "missing.xml.bz2"), corpus="sampleworld"), "no such file"
+
+
+def _duplicate_ids(tmp_path, world):
+    path = tmp_path / "dup.jsonl"
+    path.write_text('{"id": 1, "title": "A", "text": "x"}\n{"id": 1, "title": "B", "text": "y"}\n')
+    return IngestConfig(path=str(path), corpus="general"), "doc id '1' occurs more than once"
+
+
+@pytest.mark.parametrize("make_bad", [_truncated_bz2, _invalid_xml, _jsonl_not_json, _webq_no_target, _empty,
+                                      _missing, _duplicate_ids])
+def test_bad_input_gives_one_clear_error_and_changes_nothing(tmp_path, loaded, make_bad):
+    config, where = make_bad(tmp_path, WorldFiles.at(stages.world_dir(loaded)))
+    before = snapshot(loaded)
+    runs_before = len(list_runs(loaded))
+    run = stages.ingest if isinstance(config, IngestConfig) else stages.load_questions
+    with pytest.raises(InputFileError) as err:
+        run(loaded, config)
+    assert config.path in str(err.value) and where in str(err.value)
+    assert snapshot(loaded) == before
+    runs = list_runs(loaded)
+    assert len(runs) - runs_before in (0, 1)  # at most a failed-run record, naming the error
+    if len(runs) > runs_before:
+        assert runs[0].status == "failed" and where in runs[0].error
