@@ -7,7 +7,10 @@ Each reader yields `Document`s one at a time, so memory does not grow with the i
 from __future__ import annotations
 
 import bz2
+import collections
 import csv
+import itertools
+import multiprocessing
 import json
 import os
 import sys
@@ -43,11 +46,15 @@ def infer_format(path: str | os.PathLike) -> str:
                                      f"give format= one of {', '.join(FORMATS)}")
 
 
-def read_documents(path: str | os.PathLike, format: str | None = None) -> Iterator[Document]:
-    """Documents of a corpus file, in file order; `format` is inferred from the name when None."""
+def read_documents(path: str | os.PathLike, format: str | None = None, workers: int = 1) -> Iterator[Document]:
+    """Documents of a corpus file, in file order; `format` is inferred from the name when None.
+
+    `workers` > 1 cleans MediaWiki pages in that many processes (the wikitext parser is the bottleneck)."""
     require_file(path)
     fmt = format or infer_format(path)
-    readers = {"mediawiki": read_mediawiki, "dpr_tsv": read_dpr_tsv, "jsonl": read_jsonl_documents}
+    if fmt == "mediawiki":
+        return read_mediawiki(path, workers)
+    readers = {"dpr_tsv": read_dpr_tsv, "jsonl": read_jsonl_documents}
     if fmt not in readers:
         raise InputFileError(path, None, f"unknown corpus format {fmt!r}; expected one of {', '.join(FORMATS)}")
     return readers[fmt](path)
@@ -73,10 +80,39 @@ def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
 
 
-def read_mediawiki(path: str | os.PathLike) -> Iterator[Document]:
+def read_mediawiki(path: str | os.PathLike, workers: int = 1) -> Iterator[Document]:
     """Main-namespace articles of a MediaWiki export (`.xml` or `.xml.bz2`), wikitext cleaned.
 
     Skips other namespaces, redirects and disambiguation pages."""
+    pages = _mediawiki_pages(path)
+    if workers <= 1:
+        for page in pages:
+            yield Document(page.doc_id, page.title, wikitext_to_text(page.text))
+        return
+    # Batches go to a pool with a bounded number in flight, so memory stays flat and order is kept.
+    # `spawn`: forking a process that holds DuckDB/Arrow threads is unsafe.
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        in_flight: collections.deque = collections.deque()
+        for batch in _batched(pages, 64):
+            in_flight.append((batch, pool.map_async(wikitext_to_text, [p.text for p in batch], chunksize=16)))
+            if len(in_flight) > 2 * workers:
+                yield from _cleaned(*in_flight.popleft())
+        while in_flight:
+            yield from _cleaned(*in_flight.popleft())
+
+
+def _cleaned(batch: list[Document], texts) -> Iterator[Document]:
+    for page, text in zip(batch, texts.get()):
+        yield Document(page.doc_id, page.title, text)
+
+
+def _batched(items: Iterator, n: int) -> Iterator[list]:
+    while batch := list(itertools.islice(items, n)):
+        yield batch
+
+
+def _mediawiki_pages(path: str | os.PathLike) -> Iterator[Document]:
+    """Article pages with their raw wikitext (not yet cleaned)."""
     require_file(path)
     with open(path, "rb") as raw:
         stream = bz2.BZ2File(raw) if str(path).endswith(".bz2") else raw
@@ -124,7 +160,7 @@ def _page_document(page: ET.Element) -> Document | None:
         return None
     if is_disambiguation(text, title):
         return None
-    return Document(doc_id=fields["id"] or title, title=title, text=wikitext_to_text(text))
+    return Document(doc_id=fields["id"] or title, title=title, text=text)
 
 
 # ---- DPR passages TSV -------------------------------------------------------------------------

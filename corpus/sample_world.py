@@ -41,6 +41,7 @@ OCCUPATIONS = {
     "poet": ("poetry collection", "wrote"), "architect": ("building", "designed"),
     "playwright": ("play", "wrote"), "sculptor": ("sculpture", "carved"), "filmmaker": ("film", "directed"),
 }
+_YEARS = [str(y) for y in range(1890, 1991)]
 _ADJ = ["Silver", "Quiet", "Hollow", "Crimson", "Distant", "Broken", "Golden", "Winter", "Amber", "Sleeping",
         "Hidden", "Northern", "Pale", "Restless", "Iron", "Velvet", "Burning", "Lonely", "Glass", "Seventh"]
 _NOUN = ["Lantern", "Harbour", "Orchard", "Tide", "Citadel", "Meadow", "Bell", "Mirror", "River", "Garden",
@@ -205,8 +206,11 @@ class SampleWorld:
                                "{n} Studios", "{n} Company"])
             city = rng.choice(list(self.cities))
             self.organisations[kind.format(n=names.word(2), c=city)] = (city, rng.randint(1820, 1930))
+        self._city_list, self._org_list = list(self.cities), list(self.organisations)
+        self._univ_list = list(self.universities)
         self.people = [self._person(names) for _ in range(people)]
         self.background = [self._person(names) for _ in range(background_people)]
+        self._work_list = [p.work for p in self.people]
         self.facts = self._facts(validation_share)
 
     def _person(self, names: _Names) -> Person:
@@ -214,9 +218,9 @@ class SampleWorld:
         occ = rng.choice(list(OCCUPATIONS))
         year = rng.randint(1890, 1990)
         return Person(name=f"{names.word(2)} {names.word(rng.choice((2, 3)))}", gender=rng.choice("mf"),
-                      occupation=occ, birth_city=rng.choice(list(self.cities)),
+                      occupation=occ, birth_city=rng.choice(self._city_list),
                       birth_date=(rng.randint(1, 28), rng.randint(1, 12), year),
-                      employer=rng.choice(list(self.organisations)), university=rng.choice(list(self.universities)),
+                      employer=rng.choice(self._org_list), university=rng.choice(self._univ_list),
                       work=names.title(), work_year=year + rng.randint(22, 60))
 
     def _facts(self, validation_share: float) -> list[Fact]:
@@ -237,10 +241,10 @@ class SampleWorld:
         return facts
 
     def _distractors(self, relation: str, answer: str) -> list[str]:
-        pool = {"born_in": list(self.cities), "employer": list(self.organisations),
-                "educated_at": list(self.universities), "notable_work": [p.work for p in self.people],
-                "birth_year": [str(y) for y in range(1890, 1991)]}[relation]
-        return self.rng.sample([x for x in pool if x != answer], k=3)
+        """Three wrong options of the answer's kind (sampling 4 and dropping the answer keeps this O(1))."""
+        pool = {"born_in": self._city_list, "employer": self._org_list, "educated_at": self._univ_list,
+                "notable_work": self._work_list, "birth_year": _YEARS}[relation]
+        return [x for x in self.rng.sample(pool, k=4) if x != answer][:3]
 
     # ---- rendering ---------------------------------------------------------------------------
 

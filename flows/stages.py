@@ -86,12 +86,13 @@ def ingest(wh: Warehouse, config: IngestConfig, force: bool = False) -> StageRes
     path = os.path.abspath(config.path)
     params = config.model_dump() | {"format": fmt, "corpus": corpus, "path": path}
     # The file's content, not its path, identifies the input: a moved file is not ingested again.
-    fp = fingerprint("ingest", params | {"path": None}, [file_digest(path)])
+    fp = fingerprint("ingest", params | {"path": None, "workers": None}, [file_digest(path)])
+    workers = config.workers or ((os.cpu_count() or 1) if os.path.getsize(path) > 20e6 else 1)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
         size = os.path.getsize(path)
-        pages = docs.read_documents(path, fmt)
+        pages = docs.read_documents(path, fmt, workers=workers)
         if config.limit:
             pages = itertools.islice(pages, config.limit)
         rows = 0
