@@ -10,9 +10,10 @@ import bz2
 import collections
 import csv
 import itertools
-import multiprocessing
 import json
+import multiprocessing
 import os
+import re
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -133,7 +134,8 @@ def _mediawiki_pages(path: str | os.PathLike) -> Iterator[Document]:
                     yield doc
         except ET.ParseError as exc:
             line, col = exc.position
-            raise InputFileError(path, f"line {line}, column {col}", f"invalid XML: {exc.msg if hasattr(exc, 'msg') else exc}") from None
+            reason = re.sub(r": line \d+, column \d+$", "", str(exc))
+            raise InputFileError(path, f"line {line}, column {col}", f"invalid XML ({reason})") from None
         except EOFError:
             raise InputFileError(path, f"byte {reader.offset}",
                                  "compressed stream ends early (truncated .bz2 file?)") from None

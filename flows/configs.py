@@ -35,7 +35,7 @@ class IngestConfig(StageConfig):
                                   description="Name of the corpus (the partition it replaces); default: the file name without extensions.")
     limit: Optional[int] = Field(None, ge=1, description="Stop after this many documents (for trials).")
     workers: Optional[int] = Field(None, ge=1, description="Processes cleaning wikitext; default: one per CPU core "
-                                                           "for dumps over 20 MB, else 1. Does not change the output.")
+                                                           "for files over 1 MB, else 1. Does not change the output.")
 
     def corpus_name(self) -> str:
         if self.corpus:

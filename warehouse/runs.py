@@ -192,13 +192,13 @@ class PartitionWriter:
 
     def write(self, data: pa.Table | pa.RecordBatch | dict[str, list]) -> None:
         if isinstance(data, dict):
-            n = len(next(iter(data.values()))) if data else 0
-            data = dict(data)
-            data.setdefault("run_id", [self.run_id] * n)
-            data = pa.table(data)
-        elif "run_id" not in data.schema.names:
-            data = data.append_column("run_id", pa.array([self.run_id] * data.num_rows, pa.string()))
-        table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
+            table = pa.table(data)
+        elif isinstance(data, pa.RecordBatch):
+            table = pa.Table.from_batches([data])
+        else:
+            table = data
+        if "run_id" not in table.schema.names:
+            table = table.append_column("run_id", pa.array([self.run_id] * table.num_rows, pa.string()))
         table = table.select(self.schema.names).cast(self.schema)
         self._writer.write_table(table)
         self.rows += table.num_rows
