@@ -1,0 +1,73 @@
+"""Salient span masking (SSM): training pairs that hide one named entity or date of a segment.
+
+Input: the segment with one salient span replaced by T5's first sentinel. Target: the sentinel, the
+span, and the closing sentinel — T5's span-corruption target format. One span is masked per example,
+chosen at random per segment from a seed and the epoch number, so each epoch redraws which fact is
+asked for while any (seed, epoch) always gives the same examples.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+MASK = "<extra_id_0>"
+END = "<extra_id_1>"
+
+SSM_SCHEMA = pa.schema([("segment_id", pa.string()), ("input", pa.string()), ("target", pa.string()),
+                        ("start_char", pa.int32()), ("end_char", pa.int32())])
+
+
+def mask_span(text: str, start: int, end: int) -> tuple[str, str]:
+    """(input, target) for masking text[start:end]."""
+    return text[:start] + MASK + text[end:], f"{MASK} {text[start:end]} {END}"
+
+
+def unmask(input_text: str, target: str) -> str:
+    """The original segment back from an SSM pair (inverse of `mask_span`)."""
+    span = target.removeprefix(MASK + " ").removesuffix(" " + END)
+    return input_text.replace(MASK, span, 1)
+
+
+def draw_spans(spans: pa.Table, seed: int, epoch: int) -> pa.Table:
+    """One row of `spans` per segment, chosen uniformly at random for this (seed, epoch)."""
+    if spans.num_rows == 0:
+        return spans
+    spans = spans.sort_by([("segment_id", "ascending"), ("start_char", "ascending")])
+    ids = spans.column("segment_id").combine_chunks()
+    # Start offset and size of each segment's run of spans.
+    boundaries = np.flatnonzero(pc.not_equal(ids[1:], ids[:-1]).to_numpy(zero_copy_only=False)) + 1
+    starts = np.concatenate([[0], boundaries])
+    counts = np.diff(np.concatenate([starts, [len(ids)]]))
+    rng = np.random.default_rng([seed, epoch])
+    picks = starts + (rng.random(len(starts)) * counts).astype(np.int64)
+    return spans.take(pa.array(picks))
+
+
+def ssm_examples(segments: pa.Table, spans: pa.Table, seed: int = 0, epoch: int = 0) -> pa.Table:
+    """One SSM example per segment that has at least one salient span (SSM_SCHEMA)."""
+    chosen = draw_spans(spans.select(["segment_id", "start_char", "end_char"]), seed, epoch)
+    texts = dict(zip(segments.column("segment_id").to_pylist(), segments.column("text").to_pylist()))
+    rows = {name: [] for name in SSM_SCHEMA.names}
+    for seg, start, end in zip(*(chosen.column(c).to_pylist() for c in ("segment_id", "start_char", "end_char"))):
+        text = texts.get(seg)
+        if text is None:
+            continue
+        inp, tgt = mask_span(text, start, end)
+        for name, value in zip(SSM_SCHEMA.names, (seg, inp, tgt, start, end)):
+            rows[name].append(value)
+    return pa.table(rows, schema=SSM_SCHEMA)
+
+
+def ssm_batches(segments: pa.Table, spans: pa.Table, seed: int = 0, epochs: int = 1, batch_size: int = 256,
+                shuffle: bool = True) -> Iterator[pa.RecordBatch]:
+    """Arrow batches of SSM examples for training: every epoch redraws the masked spans (and the order)."""
+    for epoch in range(epochs):
+        examples = ssm_examples(segments, spans, seed, epoch)
+        if shuffle and examples.num_rows:
+            order = np.random.default_rng([seed, epoch, 1]).permutation(examples.num_rows)
+            examples = examples.take(pa.array(order))
+        yield from examples.to_batches(max_chunksize=batch_size)

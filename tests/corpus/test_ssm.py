@@ -1,0 +1,36 @@
+import pyarrow as pa
+
+from corpus.ssm import MASK, draw_spans, mask_span, ssm_batches, ssm_examples, unmask
+
+SEGMENTS = pa.table({"segment_id": ["a#0", "b#0", "c#0"],
+                     "text": ["Ada Quint was born in Velmora in 1901.", "Orvel Works hired her.", "No entities here."]})
+SPANS = pa.table({"segment_id": ["a#0", "a#0", "a#0", "b#0"], "start_char": [0, 22, 33, 0],
+                  "end_char": [9, 29, 37, 11], "label": ["PERSON", "GPE", "DATE", "ORG"],
+                  "text": ["Ada Quint", "Velmora", "1901", "Orvel Works"]})
+
+
+def test_mask_span_format():
+    assert mask_span("Ada Quint was born in Velmora.", 22, 29) == (
+        f"Ada Quint was born in {MASK}.", "<extra_id_0> Velmora <extra_id_1>")
+
+
+def test_pairs_reconstruct_their_segment():
+    texts = dict(zip(SEGMENTS["segment_id"].to_pylist(), SEGMENTS["text"].to_pylist()))
+    for epoch in range(5):
+        ex = ssm_examples(SEGMENTS, SPANS, seed=1, epoch=epoch)
+        assert ex["segment_id"].to_pylist() == ["a#0", "b#0"]  # segments without spans yield nothing
+        for row in ex.to_pylist():
+            assert row["input"].count(MASK) == 1
+            assert unmask(row["input"], row["target"]) == texts[row["segment_id"]]
+
+
+def test_draw_is_seeded_and_redrawn_per_epoch():
+    draws = [tuple(draw_spans(SPANS, seed=3, epoch=e)["start_char"].to_pylist()) for e in range(30)]
+    assert draws == [tuple(draw_spans(SPANS, seed=3, epoch=e)["start_char"].to_pylist()) for e in range(30)]
+    assert len({d[0] for d in draws}) == 3, "every span of a#0 is masked in some epoch"
+    assert all(d[1] == 0 for d in draws)
+
+
+def test_batches_cover_every_epoch():
+    batches = list(ssm_batches(SEGMENTS, SPANS, seed=0, epochs=3, batch_size=1))
+    assert len(batches) == 6 and all(b.num_rows == 1 for b in batches)
