@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 import typing
@@ -79,6 +80,12 @@ def _emit(text: str, output: str | None) -> None:
         print(text)
 
 
+def _program() -> str:
+    """How to call this command again: `nkb` when it is on PATH, else the path it was run by."""
+    me = os.path.abspath(sys.argv[0])
+    return "nkb" if shutil.which("nkb") == me or not os.path.exists(me) else os.path.relpath(me)
+
+
 def _home_flag(args) -> str:
     return f" --home {shlex.quote(str(args.home))}" if args.home else ""
 
@@ -98,7 +105,7 @@ def cmd_run(args) -> int:
     if row["skipped"]:
         print(f"{stage.name}: skipped, inputs unchanged since run {row['run_id']} (use --force to rerun)")
     else:
-        details = ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("stage", "run_id", "skipped"))
+        details = ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("stage", "run_id", "skipped", "written"))
         print(f"{stage.name}: run {row['run_id']} done: {details}")
     return 0
 
@@ -113,7 +120,7 @@ def cmd_demo(args) -> int:
     seconds = time.perf_counter() - started
     print(f"\nThe pipeline finished in {seconds:.0f} s. Stages:")
     for r in rows:
-        state = "skipped (unchanged)" if r["skipped"] else f"{r['rows_written']} rows in {r['seconds']:.1f} s"
+        state = "skipped (unchanged)" if r["skipped"] else f"{r['written']} in {r['seconds']:.1f} s"
         what = r.get("corpus") or ".".join(str(r[k]) for k in ("dataset", "split") if r.get(k))
         print(f"  {r['stage']:<13} {what:<24} {state}")
     wh = Warehouse(home)
@@ -122,13 +129,13 @@ def cmd_demo(args) -> int:
     for name, kind, count in wh.row_counts():
         if count:
             print(f"  {name:<14} {count:>8} rows  ({kind})")
-    h = _home_flag(args)
+    h = _program() + _home_flag(args)
     print("\nTry:")
     for sql in ("SELECT corpus, count(*) AS documents, round(avg(length(text))) AS avg_chars FROM documents GROUP BY corpus",
                 "SELECT dataset, split, count(*) AS questions FROM questions GROUP BY ALL ORDER BY ALL",
                 "SELECT question, answers FROM questions WHERE dataset = 'webquestions' AND split = 'validation' LIMIT 5"):
-        print(f'  nkb{h} sql "{sql}"')
-    print(f"  nkb{h} runs")
+        print(f'  {h} sql "{sql}"')
+    print(f"  {h} runs")
     return 0
 
 

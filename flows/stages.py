@@ -154,6 +154,7 @@ def summarize(stage: str, result: StageResult, seconds: float) -> dict[str, Any]
     value = result.value if isinstance(result.value, dict) else {}
     row: dict[str, Any] = {"stage": stage, "run_id": run.run_id, "skipped": result.skipped,
                            "rows_written": sum(v for v in run.outputs.values() if isinstance(v, int)),
+                           "written": ", ".join(f"{v} {k}" for k, v in run.outputs.items()),
                            "seconds": round(seconds, 3)}
     row.update({k: v for k, v in value.items() if k not in row and not isinstance(v, (list, dict))})
     if not result.skipped and row["rows_written"] and seconds > 0:
