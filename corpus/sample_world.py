@@ -58,7 +58,7 @@ ARTICLE_WORDINGS = {
         ("person", "{P} was born in [[{C}]]."),
         ("person", "{P} spent {pos} childhood in [[{C}]], the city of {pos} birth."),
         ("object", "The {occ} [[{P}]] was born in {C}."),
-        ("object", "{C} is the birthplace of [[{P}]], a {occ}."),
+        ("object", "{C} is the birthplace of [[{P}]], {a_occ}."),
         ("employer", "[[{P}]], a native of [[{C}]], worked for {O}."),
     ],
     "birth_year": [
@@ -252,7 +252,8 @@ class SampleWorld:
         day, month, year = p.birth_date
         kind, verb = OCCUPATIONS[p.occupation]
         return template.format(P=p.name, C=p.birth_city, Y=year, date=f"{day} {MONTHS[month - 1]} {year}",
-                               O=p.employer, U=p.university, W=p.work, occ=p.occupation, kind=kind, verb=verb,
+                               O=p.employer, U=p.university, W=p.work, occ=p.occupation, a_occ=_a(p.occupation),
+                               kind=kind, verb=verb,
                                pro="he" if p.gender == "m" else "she", pos="his" if p.gender == "m" else "her")
 
     def article_sentences(self, people: list[Person]) -> dict[str, list[str]]:
@@ -314,7 +315,7 @@ class SampleWorld:
                        f"| employer = [[{p.employer}]]\n| alma_mater = [[{p.university}]]\n}}}}\n")
             body = " ".join(sentences.pop(p.name, []))
             cite = ref.format(k=country, y=self.rng.randint(1950, 2020), pg=self.rng.randint(1, 900))
-            text = (f"{infobox}'''{p.name}''' is a {p.occupation} from [[{country}]].{cite} {body}\n"
+            text = (f"{infobox}'''{p.name}''' is {_a(p.occupation)} from [[{country}]].{cite} {body}\n"
                     f"<!-- please add a photograph -->\n== Works ==\n{{| class=\"wikitable\"\n! Year !! Title\n|-\n"
                     f"| {p.work_year} || ''{p.work}''\n|}}\n== References ==\n<references />\n"
                     f"[[Category:{country} {p.occupation}s]]\n")
@@ -332,7 +333,7 @@ class SampleWorld:
             yield country, 0, text, None
         first = self.people[0]
         yield first.name.split()[0], 0, (f"'''{first.name.split()[0]}''' may refer to:\n* [[{first.name}]], "
-                                         f"a {first.occupation}\n* {first.name.split()[0]} River\n{{{{disambiguation}}}}\n"), None
+                                         f"{_a(first.occupation)}\n* {first.name.split()[0]} River\n{{{{disambiguation}}}}\n"), None
         yield f"{first.birth_city} City", 0, f"#REDIRECT [[{first.birth_city}]]", first.birth_city
         yield "Category:Sample world", 14, "Articles about the sample world.", None
         yield "Template:Infobox person", 10, "{{{name}}} was born {{{birth_date}}}.", None
@@ -407,6 +408,10 @@ class SampleWorld:
                             "questions": questions}
                     data = {"version": "1.0", "language": "en", "exams": {exam["name"]: exam}}
                     path.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
+
+
+def _a(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun
 
 
 def _webq_value(answer: str) -> str:

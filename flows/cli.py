@@ -41,6 +41,8 @@ def _field_help(name: str, field) -> str:
         args = typing.get_args(annotation)
     if typing.get_origin(annotation) is typing.Literal:
         kind = "|".join(map(str, args))
+    elif _is_list(annotation):
+        kind = "a,b,..."
     else:
         kind = getattr(annotation, "__name__", str(annotation))
     default = "required" if field.is_required() else f"default {field.default!r}"
@@ -53,6 +55,12 @@ def _stage_epilog(stage) -> str:
     return "\n".join(lines)
 
 
+def _is_list(annotation) -> bool:
+    if typing.get_origin(annotation) is typing.Union:
+        return any(_is_list(a) for a in typing.get_args(annotation))
+    return typing.get_origin(annotation) is list
+
+
 def _parse_sets(stage, pairs: list[str]):
     values: dict[str, typing.Any] = {}
     fields = stage.config.model_fields
@@ -63,7 +71,12 @@ def _parse_sets(stage, pairs: list[str]):
             raise SystemExit(f"error: --set expects key=value, got {pair!r}")
         if key not in fields:
             raise SystemExit(f"error: {stage.name} has no config field {key!r}; fields: {', '.join(fields)}")
-        values[key] = None if value == "" and not fields[key].is_required() else value
+        if value == "" and not fields[key].is_required():
+            values[key] = None
+        elif _is_list(fields[key].annotation):
+            values[key] = [v.strip() for v in value.split(",") if v.strip()]
+        else:
+            values[key] = value
     try:
         return stage.config.model_validate(values)
     except ValidationError as exc:

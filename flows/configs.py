@@ -65,3 +65,37 @@ class QuestionsConfig(StageConfig):
         if not v.strip():
             raise ValueError("path is empty")
         return v
+
+
+class IndexConfig(StageConfig):
+    """Build a BM25 Lucene index over one corpus of `documents` (reused while the corpus is unchanged)."""
+
+    corpus: str = Field("sampleworld", pattern=_NAME, description="The `documents` corpus to index.")
+    k1: float = Field(0.9, gt=0, description="BM25 term-frequency saturation (Anserini's default 0.9).")
+    b: float = Field(0.4, ge=0, le=1, description="BM25 length normalisation (Anserini's default 0.4).")
+    threads: int = Field(2, ge=1, description="Lucene indexing threads.")
+
+
+class RetrieveConfig(StageConfig):
+    """Retrieve the top-k documents for every question from a corpus's BM25 index into `retrievals`."""
+
+    corpus: str = Field("sampleworld", pattern=_NAME, description="Corpus whose newest index to search.")
+    k: int = Field(3, ge=1, le=1000, description="Documents per question (the NKB paper uses the top 3).")
+    datasets: Optional[list[str]] = Field(None, description="Datasets to retrieve for; default: all in `questions`.")
+    threads: int = Field(2, ge=1, description="Lucene search threads for batch search.")
+    batch_size: int = Field(2000, ge=1, description="Questions per batch-search call.")
+
+
+class SalientSpansConfig(StageConfig):
+    """Segment the retrieved documents on sentence boundaries and find salient spans with spaCy NER."""
+
+    corpus: str = Field("sampleworld", pattern=_NAME, description="Corpus of the retrieved documents.")
+    max_words: int = Field(300, ge=8, description="Longest segment in words (300 words fit T5's 512-token input).")
+    labels: list[str] = Field(
+        default_factory=lambda: ["PERSON", "NORP", "FAC", "ORG", "GPE", "LOC", "PRODUCT", "EVENT", "WORK_OF_ART",
+                                 "LAW", "LANGUAGE", "DATE"],
+        description="spaCy entity labels kept as salient spans (named entities and dates).")
+    batch_size: int = Field(64, ge=1, description="Segments per spaCy batch (nlp.pipe batch_size).")
+    n_process: int = Field(1, ge=1, description="spaCy worker processes (nlp.pipe n_process).")
+    shard_size: int = Field(5000, ge=1, description="Segments per Parquet shard; a crash loses at most one shard.")
+    model: Optional[str] = Field(None, description="spaCy model name; default en_core_web_sm, else its re-upload.")

@@ -11,7 +11,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from flows import stages
-from flows.configs import SampleWorldConfig
+from flows.configs import IndexConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig
 from warehouse import StageResult, Warehouse
 
 
@@ -40,18 +40,26 @@ def _stage_flow(stage: stages.Stage):
 sample_world_flow = _stage_flow(stages.STAGES["sample-world"])
 ingest_flow = _stage_flow(stages.STAGES["ingest"])
 questions_flow = _stage_flow(stages.STAGES["questions"])
+index_flow = _stage_flow(stages.STAGES["index"])
+retrieve_flow = _stage_flow(stages.STAGES["retrieve"])
+salient_spans_flow = _stage_flow(stages.STAGES["salient-spans"])
 
 
 @flow(name="pipeline", description="The whole pipeline on the sample world.", log_prints=True)
 def pipeline(world: SampleWorldConfig = SampleWorldConfig(), home: Optional[str] = None,
              force: bool = False) -> list[dict]:
-    """Generate the sample world, ingest its corpora and load its QA datasets (later stages follow)."""
+    """Generate the sample world, ingest its corpora, load its QA datasets, index the knowledge corpus,
+    retrieve the top-3 documents per question and find their salient spans (later stages follow)."""
     rows = [sample_world_flow(world, home, force)]
     ingests, question_sets = stages.sample_world_inputs(Warehouse(home))
     rows += [ingest_flow(config, home, force) for config in ingests]
     rows += [questions_flow(config, home, force) for config in question_sets]
+    rows.append(index_flow(IndexConfig(), home, force))
+    rows.append(retrieve_flow(RetrieveConfig(), home, force))
+    rows.append(salient_spans_flow(SalientSpansConfig(), home, force))
     create_table_artifact(key="pipeline-run", table=rows, description="Stages of this pipeline run")
     return rows
 
 
-STAGE_FLOWS = {"sample-world": sample_world_flow, "ingest": ingest_flow, "questions": questions_flow}
+STAGE_FLOWS = {"sample-world": sample_world_flow, "ingest": ingest_flow, "questions": questions_flow,
+               "index": index_flow, "retrieve": retrieve_flow, "salient-spans": salient_spans_flow}

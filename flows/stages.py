@@ -8,6 +8,7 @@ Each stage computes its inputs fingerprint (config + digests of what it reads), 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import tempfile
@@ -16,14 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+import pyarrow.compute as pc
 from tqdm import tqdm
 
 from corpus import documents as docs
 from corpus import qa
 from corpus import sample_world
 from corpus.errors import InputFileError, require_file
-from flows.configs import IngestConfig, QuestionsConfig, SampleWorldConfig, StageConfig
-from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, run_stage
+from flows.configs import (IndexConfig, IngestConfig, QuestionsConfig, RetrieveConfig, SalientSpansConfig,
+                           SampleWorldConfig, StageConfig)
+from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs, run_stage
 
 BATCH_ROWS = 2000
 
@@ -148,6 +151,191 @@ def load_questions(wh: Warehouse, config: QuestionsConfig, force: bool = False) 
     return run_stage(wh, "questions", params, fp, body, force=force)
 
 
+# ---- index ----------------------------------------------------------------------------------
+
+INDEX_META = "nkb-index.json"
+
+
+def _corpus_lineage(wh: Warehouse, corpus: str) -> str:
+    found = [fp for name, fp in wh.lineage("documents", corpus) if name == corpus]
+    if not found:
+        corpora = sorted({name for name, _ in wh.lineage("documents")})
+        raise ValueError(f"no documents for corpus {corpus!r} (corpora: {', '.join(corpora) or 'none'}); "
+                         "run the ingest stage first")
+    return found[0]
+
+
+def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> StageResult:
+    """Export a corpus to a JsonCollection and build a Lucene index under `files/indexes/`."""
+    from corpus import bm25
+    params = config.model_dump(exclude={"threads"})
+    fp = fingerprint("index", params, [_corpus_lineage(wh, config.corpus)])
+    target = wh.files_dir / "indexes" / f"{config.corpus}-{fp[:12]}"
+
+    def body(run: StagedRun) -> dict:
+        started = time.perf_counter()
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-index-", dir=target.parent))
+        try:
+            docs = ((d, f"{t}\n{x}") for batch in wh.scan("documents", ["doc_id", "title", "text"],
+                                                           filter=pc.field("corpus") == config.corpus)
+                    for d, t, x in zip(*(batch.column(c).to_pylist() for c in ("doc_id", "title", "text"))))
+            with _progress(desc=f"export {config.corpus}", unit=" docs") as bar:
+                n = bm25.write_json_collection(_counting(docs, bar), tmp / "collection")
+            bm25.build_index(tmp / "collection", tmp / "index", threads=config.threads, log_path=tmp / "index.log")
+            seconds = time.perf_counter() - started
+            meta = {"index_id": fp[:12], "corpus": config.corpus, "k1": config.k1, "b": config.b, "documents": n,
+                    "built_by": run.run_id, "seconds": seconds}
+            (tmp / "index" / INDEX_META).write_text(json.dumps(meta, indent=1))
+            shutil.rmtree(target, ignore_errors=True)
+            (tmp / "index").rename(target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        run.run.checkpoint = str(target)
+        run.run.outputs["indexed_documents"] = n
+        run.metric("index_docs_per_second", n / seconds, dataset=config.corpus)
+        return {"index_id": fp[:12], "corpus": config.corpus, "documents": n, "seconds": seconds,
+                "docs_per_second": round(n / seconds, 1)}
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return run_stage(wh, "index", config.model_dump(), fp, body, force=force,
+                     still_valid=lambda run: (Path(run.checkpoint or "") / INDEX_META).exists())
+
+
+def _counting(items, bar):
+    for item in items:
+        bar.update(1)
+        yield item
+
+
+def latest_index(wh: Warehouse, corpus: str) -> tuple[Path, dict]:
+    """The directory and metadata of the newest successfully built index of a corpus."""
+    for run in list_runs(wh, stage="index"):
+        if run.status == "success" and run.config.get("corpus") == corpus and run.checkpoint:
+            directory = Path(run.checkpoint)
+            meta_path = directory / INDEX_META
+            if not meta_path.exists():
+                raise ValueError(f"index {directory} (run {run.run_id}) is missing or incomplete; "
+                                 f"rebuild it with `nkb run index --set corpus={corpus} --force`")
+            return directory, json.loads(meta_path.read_text())
+    raise ValueError(f"no index for corpus {corpus!r}; build one with `nkb run index --set corpus={corpus}`")
+
+
+# ---- retrieve ---------------------------------------------------------------------------------
+
+def retrieve(wh: Warehouse, config: RetrieveConfig, force: bool = False) -> StageResult:
+    """Top-k BM25 documents per question, one `retrievals` partition per dataset; answer recall@k."""
+    from corpus import bm25
+    directory, meta = latest_index(wh, config.corpus)
+    question_parts = wh.lineage("questions")
+    datasets = config.datasets or sorted({name.split(".")[0] for name, _ in question_parts})
+    if not datasets:
+        raise ValueError("no questions loaded; run the questions stage first")
+    inputs = [meta["index_id"]] + [f"{n}:{fp}" for n, fp in question_parts if n.split(".")[0] in datasets]
+    fp = fingerprint("retrieve", config.model_dump(exclude={"threads", "batch_size"}) | {"datasets": datasets}, inputs)
+
+    def body(run: StagedRun) -> dict:
+        started = time.perf_counter()
+        n_questions, search_seconds = 0, 0.0
+        with bm25.Searcher(directory, k1=meta["k1"], b=meta["b"]) as searcher:
+            for dataset in datasets:
+                qs = wh.read("questions", ["question_id", "split", "question", "answers"],
+                             filter=pc.field("dataset") == dataset)
+                if qs.num_rows == 0:
+                    raise ValueError(f"no questions for dataset {dataset!r}")
+                ids, texts = qs.column("question_id").to_pylist(), qs.column("question").to_pylist()
+                rows = {"question_id": [], "dataset": [], "rank": [], "doc_id": [], "score": [], "index_id": []}
+                t = time.perf_counter()
+                with _progress(desc=f"retrieve {dataset}", unit=" q", total=len(ids)) as bar:
+                    for lo in range(0, len(ids), config.batch_size):
+                        hits = searcher.batch_search(texts[lo:lo + config.batch_size], ids[lo:lo + config.batch_size],
+                                                     k=config.k, threads=config.threads)
+                        for qid in ids[lo:lo + config.batch_size]:
+                            for rank, hit in enumerate(hits.get(qid, []), start=1):
+                                for key, value in zip(rows, (qid, dataset, rank, hit.doc_id, hit.score, meta["index_id"])):
+                                    rows[key].append(value)
+                        bar.update(min(config.batch_size, len(ids) - lo))
+                search_seconds += time.perf_counter() - t
+                n_questions += len(ids)
+                run.write("retrievals", dataset, rows)
+                for split, recall in _answer_recall(wh, config.corpus, qs, rows).items():
+                    run.metric(f"answer_recall@{config.k}", recall, dataset=dataset, split=split)
+        run.metric("queries_per_second", n_questions / search_seconds)
+        return {"index_id": meta["index_id"], "questions": n_questions, "seconds": time.perf_counter() - started,
+                "queries_per_second": round(n_questions / search_seconds, 1)}
+
+    return run_stage(wh, "retrieve", config.model_dump(), fp, body, force=force)
+
+
+def _answer_recall(wh: Warehouse, corpus: str, questions, rows: dict) -> dict[str, float]:
+    """Per split: the share of questions with a gold answer string (case-insensitive) in a retrieved document."""
+    doc_ids = sorted(set(rows["doc_id"]))
+    docs = wh.read("documents", ["doc_id", "title", "text"],
+                   filter=(pc.field("corpus") == corpus) & pc.field("doc_id").isin(doc_ids))
+    text = {d: f"{t}\n{x}".lower() for d, t, x in zip(*(docs.column(c).to_pylist() for c in ("doc_id", "title", "text")))}
+    retrieved: dict[str, list[str]] = {}
+    for qid, doc in zip(rows["question_id"], rows["doc_id"]):
+        retrieved.setdefault(qid, []).append(text.get(doc, ""))
+    hits: dict[str, list[bool]] = {}
+    for qid, split, answers in zip(*(questions.column(c).to_pylist() for c in ("question_id", "split", "answers"))):
+        found = any(a.lower() in t for a in answers for t in retrieved.get(qid, []))
+        hits.setdefault(split, []).append(found)
+    return {split: sum(v) / len(v) for split, v in hits.items()}
+
+
+# ---- salient spans --------------------------------------------------------------------------
+
+def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = False) -> StageResult:
+    """Segment every retrieved document once, then run NER in resumable shards."""
+    from corpus import ner
+    from corpus.segment import segment
+    retrieval_parts = wh.lineage("retrievals")
+    if not retrieval_parts:
+        raise ValueError("no retrievals; run the retrieve stage first")
+    inputs = [_corpus_lineage(wh, config.corpus), ner.model_id(config.model)] + [f"{n}:{f}" for n, f in retrieval_parts]
+    fp = fingerprint("salient-spans", config.model_dump(exclude={"batch_size", "n_process"}), inputs)
+
+    def body(run: StagedRun) -> dict:
+        started = time.perf_counter()
+        doc_ids = sorted(set(wh.read("retrievals", ["doc_id"]).column("doc_id").to_pylist()))
+        docs = wh.read("documents", ["doc_id", "text"],
+                       filter=(pc.field("corpus") == config.corpus) & pc.field("doc_id").isin(doc_ids)).sort_by("doc_id")
+        seg_ids, seg_texts, seg_docs = [], [], []
+        for doc_id, text in zip(docs.column("doc_id").to_pylist(), docs.column("text").to_pylist()):
+            for i, piece in enumerate(segment(text, config.max_words)):
+                seg_ids.append(f"{doc_id}#{i}")
+                seg_texts.append(piece)
+                seg_docs.append(doc_id)
+        run.write("segments", config.corpus, {"segment_id": seg_ids, "doc_id": seg_docs, "text": seg_texts})
+        shards = run.shards("salient_spans", config.corpus)
+        resumed = shards.done_count()
+        words = 0
+        ner_seconds = 0.0
+        with _progress(desc="salient spans", unit=" seg", total=len(seg_ids)) as bar:
+            for index, lo in enumerate(range(0, len(seg_ids), config.shard_size)):
+                hi = min(lo + config.shard_size, len(seg_ids))
+                if shards.is_done(index):
+                    bar.update(hi - lo)
+                    continue
+                t = time.perf_counter()
+                rows = {"segment_id": [], "start_char": [], "end_char": [], "label": [], "text": []}
+                pairs = zip(seg_texts[lo:hi], seg_ids[lo:hi])
+                for seg_id, spans in ner.salient_spans(pairs, config.labels, config.batch_size, config.n_process,
+                                                       config.model):
+                    for sp in spans:
+                        for key, value in zip(rows, (seg_id, sp.start_char, sp.end_char, sp.label, sp.text)):
+                            rows[key].append(value)
+                    bar.update(1)
+                shards.write(index, rows)
+                ner_seconds += time.perf_counter() - t
+                words += sum(len(x.split()) for x in seg_texts[lo:hi])
+        if ner_seconds:
+            run.metric("ner_words_per_second", words / ner_seconds)
+        return {"documents": docs.num_rows, "segments": len(seg_ids), "resumed_shards": resumed,
+                "seconds": time.perf_counter() - started}
+
+    return run_stage(wh, "salient-spans", config.model_dump(), fp, body, force=force, resumable=True)
+
+
 def summarize(stage: str, result: StageResult, seconds: float) -> dict[str, Any]:
     """One row describing a stage run: what it wrote, how long it took, how fast."""
     run = result.run
@@ -180,6 +368,9 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("sample-world", SampleWorldConfig, generate_sample_world),
     Stage("ingest", IngestConfig, ingest),
     Stage("questions", QuestionsConfig, load_questions),
+    Stage("index", IndexConfig, build_index),
+    Stage("retrieve", RetrieveConfig, retrieve),
+    Stage("salient-spans", SalientSpansConfig, find_salient_spans),
 ]}
 
 

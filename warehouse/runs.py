@@ -31,6 +31,8 @@ import pyarrow.parquet as pq
 from warehouse.store import Warehouse, check_partition
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+LINEAGE_RUN_ID = "nkb.run_id"
+LINEAGE_FINGERPRINT = "nkb.inputs_fingerprint"
 
 
 @functools.cache
@@ -106,6 +108,8 @@ class StagedRun:
         self._staged: list[tuple[Path, Path]] = []  # (staging file, final path)
         self._metrics: list[tuple] = []
         self._staging_dirs: set[Path] = set()
+        self._shard_sets: list[ShardSet] = []
+        self._replaced: list[tuple[str, str]] = []  # (table, partition prefix) whose old files go at commit
 
     # -- Parquet outputs --
 
@@ -125,7 +129,7 @@ class StagedRun:
     def writer(self, table: str, partition: str) -> Iterator["PartitionWriter"]:
         """Stream record batches into one partition of `table` (memory stays flat)."""
         staged, _ = self._staging_file(table, partition)
-        w = PartitionWriter(staged, self.wh.schema(table), self.run_id)
+        w = PartitionWriter(staged, self.wh.schema(table), self.run_id, self.run.inputs_fingerprint)
         try:
             yield w
         finally:
@@ -137,6 +141,18 @@ class StagedRun:
         with self.writer(table, partition) as w:
             w.write(data)
         return w.rows
+
+    def replace_partitions(self, table: str, prefix: str) -> None:
+        """At commit, remove the table's existing partitions named `prefix*` that this run did not write."""
+        check_partition(prefix)
+        self._replaced.append((table, prefix))
+
+    def shards(self, table: str, prefix: str) -> "ShardSet":
+        """Numbered partitions `prefix-00000`, ... that survive a crash of this run (see ShardSet)."""
+        shard_set = ShardSet(self, table, prefix)
+        self._shard_sets.append(shard_set)
+        self.replace_partitions(table, prefix + "-")
+        return shard_set
 
     def first_duplicate(self, table: str, partition: str, column: str):
         """A value of `column` that occurs twice in a staged partition, or None (checked out of core)."""
@@ -158,7 +174,14 @@ class StagedRun:
     # -- commit / abort --
 
     def commit(self) -> None:
+        for shard_set in self._shard_sets:
+            self._staged += shard_set.files()
         with self.wh.write_connection() as con:
+            finals = {final for _, final in self._staged}
+            for table, prefix in self._replaced:
+                for old in self.wh.partition_files(table):
+                    if old.name.startswith(prefix) and old not in finals:
+                        old.unlink()
             for staged, final in self._staged:
                 os.replace(staged, final)
             if self._metrics:
@@ -167,8 +190,12 @@ class StagedRun:
             self.run.finished_at = _now()
             _insert_run(con, self.run)
         self._cleanup()
+        for shard_set in self._shard_sets:
+            shutil.rmtree(shard_set.directory, ignore_errors=True)
+        _resume_marker(self.wh, self.run).unlink(missing_ok=True)
 
     def abort(self, error: BaseException) -> None:
+        """Drop what this run staged — except finished shards, which a rerun with the same inputs resumes from."""
         self._cleanup()
         self.run.status = "failed"
         self.run.finished_at = _now()
@@ -182,13 +209,56 @@ class StagedRun:
             shutil.rmtree(d, ignore_errors=True)
 
 
+class ShardSet:
+    """Resumable, sharded output of one run.
+
+    Finished shards wait in `tables/<table>/.staging/resume-<run_id>/`. If the run dies, a rerun
+    of the same stage with the same inputs fingerprint gets the same run id back (see `run_stage`),
+    finds those shards done, and only writes the rest; nothing is visible in the table until commit."""
+
+    def __init__(self, run: StagedRun, table: str, prefix: str):
+        self.run, self.table, self.prefix = run, table, check_partition(prefix)
+        self.schema = run.wh.schema(table)
+        self.directory = run.wh.tables_dir / table / ".staging" / f"resume-{run.run_id}"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for tmp in self.directory.glob("*.tmp"):
+            tmp.unlink()  # a shard that was being written when the run died
+
+    def name(self, index: int) -> str:
+        return f"{self.prefix}-{index:05d}"
+
+    def is_done(self, index: int) -> bool:
+        return (self.directory / f"{self.name(index)}.parquet").exists()
+
+    def done_count(self) -> int:
+        return len(list(self.directory.glob(f"{self.prefix}-*.parquet")))
+
+    def write(self, index: int, data: pa.Table | dict[str, list]) -> int:
+        final = self.directory / f"{self.name(index)}.parquet"
+        tmp = final.with_suffix(".parquet.tmp")
+        writer = PartitionWriter(tmp, self.schema, self.run.run_id, self.run.run.inputs_fingerprint)
+        try:
+            writer.write(data)
+        finally:
+            writer.close()
+        os.replace(tmp, final)
+        self.run.run.outputs[self.table] = self.run.run.outputs.get(self.table, 0) + writer.rows
+        return writer.rows
+
+    def files(self) -> list[tuple[Path, Path]]:
+        """(staged, final) for every finished shard."""
+        return [(p, self.run.wh.partition_path(self.table, p.stem)) for p in sorted(self.directory.glob("*.parquet"))]
+
+
 class PartitionWriter:
     """Writes batches conforming to a table schema; the `run_id` column is filled in."""
 
-    def __init__(self, path: Path, schema: pa.Schema, run_id: str):
+    def __init__(self, path: Path, schema: pa.Schema, run_id: str, inputs_fingerprint: str):
         self.path, self.schema, self.run_id = path, schema, run_id
         self.rows = 0
-        self._writer = pq.ParquetWriter(path, schema, compression="zstd")
+        # Lineage in the file's metadata: what a downstream stage fingerprints instead of the bytes.
+        meta = {LINEAGE_RUN_ID: run_id, LINEAGE_FINGERPRINT: inputs_fingerprint}
+        self._writer = pq.ParquetWriter(path, schema.with_metadata(meta), compression="zstd")
 
     def write(self, data: pa.Table | pa.RecordBatch | dict[str, list]) -> None:
         if isinstance(data, dict):
@@ -215,10 +285,12 @@ def new_run_id(stage: str) -> str:
 
 def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerprint: str,
               body: Callable[[StagedRun], Any], force: bool = False, device: str | None = None,
-              still_valid: Callable[[RunRecord], bool] | None = None) -> StageResult:
+              still_valid: Callable[[RunRecord], bool] | None = None, resumable: bool = False) -> StageResult:
     """Run `body` as one atomic stage run, or skip it if the same inputs already succeeded.
 
     `still_valid(previous_run)` can veto a skip, e.g. when the files a run produced were deleted.
+    `resumable`: an interrupted run's finished shards (`StagedRun.shards`) are picked up by the next
+    run of the same stage and inputs, which continues under the interrupted run's id.
     """
     if not force:
         previous = find_successful_run(wh, stage, inputs_fingerprint)
@@ -228,6 +300,13 @@ def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerpr
     run = RunRecord(run_id=new_run_id(stage), stage=stage, status="running", inputs_fingerprint=inputs_fingerprint,
                     config=config, code_version=code_version(), started_at=_now(), host=socket.gethostname(),
                     device=device)
+    if resumable:
+        marker = _resume_marker(wh, run)
+        if marker.exists():
+            run.run_id = marker.read_text().strip()
+        else:
+            _drop_other_resumes(wh, stage)
+            marker.write_text(run.run_id)
     staged = StagedRun(wh, run)
     try:
         value = body(staged)
@@ -236,6 +315,19 @@ def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerpr
         raise
     staged.commit()
     return StageResult(run=run, skipped=False, value=value)
+
+
+def _resume_marker(wh: Warehouse, run: RunRecord) -> Path:
+    return wh.tables_dir / f".resume-{run.stage}-{run.inputs_fingerprint}"
+
+
+def _drop_other_resumes(wh: Warehouse, stage: str) -> None:
+    """Shards left by an interrupted run whose inputs have since changed can never be resumed."""
+    for marker in wh.tables_dir.glob(f".resume-{stage}-*"):
+        run_id = marker.read_text().strip()
+        for d in wh.tables_dir.glob(f"*/.staging/resume-{run_id}"):
+            shutil.rmtree(d, ignore_errors=True)
+        marker.unlink(missing_ok=True)
 
 
 def find_successful_run(wh: Warehouse, stage: str, inputs_fingerprint: str) -> RunRecord | None:
@@ -272,8 +364,9 @@ def _select_runs(wh: Warehouse, tail: str, params: list) -> list[RunRecord]:
 
 
 def _insert_run(con, run: RunRecord) -> None:
+    # OR REPLACE: a resumed run finishes under the id of the failed attempt it continues.
     con.execute(
-        f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))})",
+        f"INSERT OR REPLACE INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))})",
         [run.run_id, run.stage, json.dumps(run.config, sort_keys=True, default=str), run.code_version,
          run.inputs_fingerprint, run.status, run.started_at, run.finished_at, run.host, run.device,
          run.checkpoint, json.dumps(run.outputs, sort_keys=True), run.error],
@@ -289,7 +382,7 @@ def _sweep_stale_staging(wh: Warehouse) -> None:
         if stale.is_dir():
             with contextlib.suppress(OSError):
                 for d in stale.iterdir():
-                    if _staging_owner_dead(d):
+                    if not d.name.startswith("resume-") and _staging_owner_dead(d):
                         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -113,6 +113,22 @@ NATIVE_TABLES: dict[str, str] = {
         )""",
 }
 
+# Views derived from the Parquet tables, created after them.
+DERIVED_VIEWS: dict[str, str] = {
+    # Salient span masking with one fixed draw per segment (training redraws per epoch in Python,
+    # see corpus/ssm.py); for looking at what the model is asked to fill in.
+    "ssm_examples": """
+        WITH pick AS (
+            SELECT segment_id, start_char, end_char, label, text AS span
+            FROM salient_spans
+            QUALIFY row_number() OVER (PARTITION BY segment_id ORDER BY hash(segment_id, start_char)) = 1)
+        SELECT p.segment_id, p.label,
+               substr(s.text, 1, p.start_char) || '<extra_id_0>' || substr(s.text, p.end_char + 1) AS input,
+               '<extra_id_0> ' || p.span || ' <extra_id_1>' AS target,
+               p.start_char, p.end_char
+        FROM pick AS p JOIN segments AS s USING (segment_id)""",
+}
+
 _DUCKDB_TYPES = {
     pa.string(): "VARCHAR",
     pa.int32(): "INTEGER",

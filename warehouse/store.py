@@ -24,8 +24,9 @@ from typing import Iterator
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
-from warehouse.schemas import NATIVE_TABLES, PARQUET_TABLES, empty_select
+from warehouse.schemas import DERIVED_VIEWS, NATIVE_TABLES, PARQUET_TABLES, empty_select
 
 DEFAULT_HOME = ".nkb"
 # Written so the plain `duckdb` CLI from PyPI (duckdb-cli 1.5.x) can open the file.
@@ -118,6 +119,8 @@ class Warehouse:
             else:
                 body = empty_select(schema)
             con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {body}')
+        for name, body in DERIVED_VIEWS.items():
+            con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {body}')
 
     # ---- Parquet tables -------------------------------------------------------------------
 
@@ -142,6 +145,24 @@ class Warehouse:
         if not files:
             return schema.empty_table().select(columns) if columns else schema.empty_table()
         return ds.dataset(files, schema=schema, format="parquet").to_table(columns=columns, filter=filter)
+
+    def scan(self, table: str, columns: list[str] | None = None, filter=None,
+             batch_size: int = 10_000) -> Iterator[pa.RecordBatch]:
+        """A Parquet table's rows as a stream of batches (memory does not grow with the table)."""
+        files = self.partition_files(table)
+        if files:
+            dataset = ds.dataset(files, schema=self.schema(table), format="parquet")
+            yield from dataset.to_batches(columns=columns, filter=filter, batch_size=batch_size)
+
+    def lineage(self, table: str, prefix: str = "") -> list[tuple[str, str]]:
+        """(partition, inputs fingerprint of the run that wrote it) for the table's partitions named
+        `prefix*`: what a downstream stage fingerprints, instead of hashing the data itself."""
+        out = []
+        for path in self.partition_files(table):
+            if path.stem.startswith(prefix):
+                meta = pq.read_schema(path).metadata or {}
+                out.append((path.stem, meta.get(b"nkb.inputs_fingerprint", b"?").decode()))
+        return out
 
     def read_partition(self, table: str, partition: str) -> pa.Table | None:
         path = self.partition_path(table, partition)

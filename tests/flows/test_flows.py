@@ -18,13 +18,15 @@ def test_pipeline_flow_runs_every_stage_and_then_skips(tmp_path):
     home = str(tmp_path / "wh")
     world = SampleWorldConfig(people=10, background_people=5)
     rows = pipeline(world=world, home=home)
-    assert [r["stage"] for r in rows] == ["sample-world", "ingest", "ingest"] + ["questions"] * 6
+    assert [r["stage"] for r in rows] == (["sample-world", "ingest", "ingest"] + ["questions"] * 6
+                                          + ["index", "retrieve", "salient-spans"])
     assert not any(r["skipped"] for r in rows)
     counts = {t: n for t, _, n in Warehouse(home).row_counts()}
-    assert counts["documents"] > 20 and counts["questions"] == 50 and counts["runs"] == 9
+    assert counts["documents"] > 20 and counts["questions"] == 50 and counts["runs"] == 12
+    assert counts["retrievals"] > 100 and counts["segments"] > 20 and counts["salient_spans"] > 100
     again = pipeline(world=world, home=home)
     assert all(r["skipped"] for r in again)
-    assert len(list_runs(Warehouse(home))) == 9
+    assert len(list_runs(Warehouse(home))) == 12
 
 
 def test_stage_flow_validates_and_fails_on_bad_input(tmp_path):

@@ -1,0 +1,77 @@
+"""A real Lucene index built in a temp dir; expected ids and scores are kept in data/bm25_tiny.json."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from corpus import bm25
+
+DATA = json.loads((Path(__file__).parent / "data" / "bm25_tiny.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny_index(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bm25")
+    bm25.write_json_collection(DATA["documents"], root / "collection")
+    bm25.build_index(root / "collection", root / "index", threads=1)
+    return root / "index"
+
+
+def test_exact_top_docs_and_scores(tiny_index):
+    with bm25.Searcher(tiny_index, k1=DATA["k1"], b=DATA["b"]) as searcher:
+        assert searcher.num_docs == len(DATA["documents"])
+        for qid, query in DATA["queries"].items():
+            got = [[h.doc_id, h.score] for h in searcher.search(query, DATA["k"])]
+            expected = DATA["expected"][qid]
+            assert [d for d, _ in got] == [d for d, _ in expected], qid
+            assert [s for _, s in got] == pytest.approx([s for _, s in expected], abs=1e-4), qid
+
+
+def test_batch_search_equals_one_by_one(tiny_index):
+    with bm25.Searcher(tiny_index) as searcher:
+        qids, queries = list(DATA["queries"]), list(DATA["queries"].values())
+        batch = searcher.batch_search(queries, qids, k=3, threads=2)
+        for qid, query in zip(qids, queries):
+            assert batch.get(qid, []) == searcher.search(query, 3)
+
+
+def test_scores_follow_the_bm25_formula(tmp_path):
+    """Lucene's BM25 (no k1+1 factor) recomputed by hand for a one-term query on short documents."""
+    docs = [("a", "velmora harbour velmora"), ("b", "velmora city"), ("c", "orvel works harbour"),
+            ("d", "quint painter velmora born"), ("e", "zixthalkel")]
+    bm25.write_json_collection(docs, tmp_path / "c")
+    bm25.build_index(tmp_path / "c", tmp_path / "i", threads=1)
+    k1, b = 1.2, 0.75
+    avgdl = sum(len(t.split()) for _, t in docs) / len(docs)
+    n = sum("velmora" in t.split() for _, t in docs)
+    idf = math.log(1 + (len(docs) - n + 0.5) / (n + 0.5))
+    expected = {d: idf * t.split().count("velmora") / (t.split().count("velmora") + k1 * (1 - b + b * len(t.split()) / avgdl))
+                for d, t in docs if "velmora" in t.split()}
+    with bm25.Searcher(tmp_path / "i", k1=k1, b=b) as searcher:
+        got = {h.doc_id: h.score for h in searcher.search("velmora", 10)}
+    assert got == pytest.approx(expected, abs=1e-4)
+
+
+def test_missing_index_directory(tmp_path):
+    with pytest.raises(bm25.LuceneIndexError, match="no such index directory"):
+        bm25.Searcher(tmp_path / "nope")
+
+
+def test_directory_that_is_not_an_index(tmp_path):
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "file.txt").write_text("x")
+    with pytest.raises(bm25.LuceneIndexError, match="not a Lucene index"):
+        bm25.Searcher(tmp_path / "junk")
+
+
+def test_corrupt_index(tiny_index, tmp_path):
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_index, broken)
+    for f in broken.iterdir():
+        if f.name.startswith("segments_"):
+            f.write_bytes(b"garbage")
+    with pytest.raises(bm25.LuceneIndexError, match="cannot open the Lucene index"):
+        bm25.Searcher(broken)
