@@ -144,9 +144,10 @@ def cmd_demo(args) -> int:
             print(f"  {name:<14} {count:>8} rows  ({kind})")
     h = _program() + _home_flag(args)
     print("\nTry:")
-    for sql in ("SELECT corpus, count(*) AS documents, round(avg(length(text))) AS avg_chars FROM documents GROUP BY corpus",
-                "SELECT dataset, split, count(*) AS questions FROM questions GROUP BY ALL ORDER BY ALL",
-                "SELECT question, answers FROM questions WHERE dataset = 'webquestions' AND split = 'validation' LIMIT 5"):
+    for sql in ("SELECT label, count(*) AS spans FROM salient_spans GROUP BY label ORDER BY spans DESC",
+                "SELECT dataset, split, round(100 * value, 1) AS recall_at_3 FROM metrics "
+                "WHERE metric = 'answer_recall@3' ORDER BY ALL",
+                "SELECT input, target FROM ssm_examples LIMIT 5"):
         print(f'  {h} sql "{sql}"')
     print(f"  {h} runs")
     return 0

@@ -96,6 +96,7 @@ class SalientSpansConfig(StageConfig):
                                  "LAW", "LANGUAGE", "DATE"],
         description="spaCy entity labels kept as salient spans (named entities and dates).")
     batch_size: int = Field(64, ge=1, description="Segments per spaCy batch (nlp.pipe batch_size).")
-    n_process: int = Field(1, ge=1, description="spaCy worker processes (nlp.pipe n_process).")
+    n_process: Optional[int] = Field(None, ge=1, description="spaCy worker processes (nlp.pipe n_process); "
+                                     "default: one per CPU core above 2,000 segments, else 1 (start-up costs ~2 s).")
     shard_size: int = Field(5000, ge=1, description="Segments per Parquet shard; a crash loses at most one shard.")
     model: Optional[str] = Field(None, description="spaCy model name; default en_core_web_sm, else its re-upload.")

@@ -306,6 +306,7 @@ def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = 
                 seg_texts.append(piece)
                 seg_docs.append(doc_id)
         run.write("segments", config.corpus, {"segment_id": seg_ids, "doc_id": seg_docs, "text": seg_texts})
+        n_process = config.n_process or ((os.cpu_count() or 1) if len(seg_ids) > 2000 else 1)
         shards = run.shards("salient_spans", config.corpus)
         resumed = shards.done_count()
         words = 0
@@ -319,8 +320,7 @@ def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = 
                 t = time.perf_counter()
                 rows = {"segment_id": [], "start_char": [], "end_char": [], "label": [], "text": []}
                 pairs = zip(seg_texts[lo:hi], seg_ids[lo:hi])
-                for seg_id, spans in ner.salient_spans(pairs, config.labels, config.batch_size, config.n_process,
-                                                       config.model):
+                for seg_id, spans in ner.salient_spans(pairs, config.labels, config.batch_size, n_process, config.model):
                     for sp in spans:
                         for key, value in zip(rows, (seg_id, sp.start_char, sp.end_char, sp.label, sp.text)):
                             rows[key].append(value)

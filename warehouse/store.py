@@ -173,13 +173,15 @@ class Warehouse:
     # ---- queries ------------------------------------------------------------------------
 
     def row_counts(self) -> list[tuple[str, str, int]]:
-        """(table, kind, rows) for every table, Parquet views and native tables alike."""
+        """(table, kind, rows) for every table: Parquet (through views), native, and derived views."""
         with self.read_connection() as con:
             out = []
             for name in PARQUET_TABLES:
                 out.append((name, "parquet", con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]))
             for name in NATIVE_TABLES:
                 out.append((name, "native", con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]))
+            for name in DERIVED_VIEWS:
+                out.append((name, "view", con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]))
             return out
 
 

@@ -1,0 +1,33 @@
+"""A sample world scaled up for benchmarks, loaded through the real stages (reruns are skipped)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from flows import stages
+from flows.configs import IndexConfig, SampleWorldConfig
+from warehouse import Warehouse, run_stage
+
+DEFAULT_HOME = Path("bench/results/world")
+
+
+def scaled_world(home: str | os.PathLike = DEFAULT_HOME, people: int = 50_000) -> Warehouse:
+    """Sample world with `people` people (about 2 documents each), ingested, questions loaded, indexed."""
+    os.environ.setdefault("NKB_PROGRESS", "0")
+    wh = Warehouse(home)
+    stages.generate_sample_world(wh, SampleWorldConfig(people=people, background_people=0))
+    ingests, question_sets = stages.sample_world_inputs(wh)
+    stages.ingest(wh, ingests[0])
+    for config in question_sets:
+        stages.load_questions(wh, config)
+    stages.build_index(wh, IndexConfig())
+    return wh
+
+
+def record(wh: Warehouse, name: str, metrics: dict[str, float], config: dict) -> str:
+    """Record benchmark figures as `metrics` rows of a `bench-<name>` run; returns the run id."""
+    def body(run):
+        for metric, value in metrics.items():
+            run.metric(f"bench.{name}.{metric}", value)
+    return run_stage(wh, f"bench-{name}", config, "bench", body, force=True).run.run_id
