@@ -1,0 +1,184 @@
+"""The Neural Knowledge Bank, mounted on a Hugging Face T5 — not a fork of it.
+
+T5's feed-forward block is `T5LayerFF`: layer_norm → DenseReluDense → dropout → residual add, where
+DenseReluDense is `T5DenseActDense` (wi → act → dropout → wo) or `T5DenseGatedActDense`
+(act(wi_0 x) * wi_1 x → dropout → wo). Read as a key-value memory (Geva et al.), `wi` holds keys and
+`wo` values. The NKB adds `slots` more key-value pairs beside them:
+
+    FFN'(x) = FFN(x) + nkb_values(act(nkb_keys(x)))
+
+inside the same residual branch (same layer norm, same outer dropout), with the FFN's own activation
+and no dropout of its own by default. `NKBFeedForward` wraps the original module as `base_layer` and is
+swapped in with `setattr`, so T5's code is untouched and unmounting restores the original object.
+
+T5's rules carry over: keys are initialised like `wi` (std d_model^-0.5), values like `wo`
+(std d_ff^-0.5, here slots^-0.5), and values keep the dtype of `wo`, which T5 keeps in fp32 under
+bf16 (`_keep_in_fp32_modules`), casting the activations to it first. With zero values the model's
+outputs are bit-identical to the base model's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+NKB_PREFIX = "nkb_"
+WEIGHTS_FILE = "nkb.safetensors"
+CONFIG_FILE = "nkb_config.json"
+
+
+@dataclass
+class NKBConfig:
+    layers: list[str] = field(default_factory=lambda: ["decoder.-1"])  # "encoder.N" / "decoder.N", N may be negative
+    slots: int | None = None          # default: the FFN width d_ff
+    dropout: float = 0.0              # dropout on the slot weights (the paper uses none)
+    zero_values: bool = False         # start as an exact no-op (outputs bit-identical to the base)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+
+class NKBFeedForward(nn.Module):
+    """T5's DenseReluDense plus NKB slots: `base_layer(x) + nkb_values(act(nkb_keys(x)))`."""
+
+    def __init__(self, base_layer: nn.Module, slots: int, dropout: float = 0.0, zero_values: bool = False):
+        super().__init__()
+        self.base_layer = base_layer
+        wi = base_layer.wi_0 if hasattr(base_layer, "wi_0") else base_layer.wi
+        d_model = wi.in_features
+        self.act = base_layer.act
+        self.nkb_keys = nn.Linear(d_model, slots, bias=False, device=wi.weight.device, dtype=wi.weight.dtype)
+        self.nkb_dropout = nn.Dropout(dropout)
+        self.nkb_values = nn.Linear(slots, d_model, bias=False, device=base_layer.wo.weight.device,
+                                    dtype=base_layer.wo.weight.dtype)
+        with torch.no_grad():
+            self.nkb_keys.weight.normal_(0.0, d_model ** -0.5)
+            if zero_values:
+                self.nkb_values.weight.zero_()
+            else:
+                self.nkb_values.weight.normal_(0.0, slots ** -0.5)
+
+    def slot_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """How strongly each slot fires: act(x · keysᵀ), shape (batch, seq, slots)."""
+        return self.act(self.nkb_keys(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:     # x: (batch, seq, d_model), already layer-normed
+        out = self.base_layer(x)                              # (batch, seq, d_model)
+        weights = self.nkb_dropout(self.slot_weights(x))      # (batch, seq, slots)
+        if weights.dtype != self.nkb_values.weight.dtype:     # T5's fp32-`wo` rule, for the values too
+            weights = weights.to(self.nkb_values.weight.dtype)
+        return out + self.nkb_values(weights).to(out.dtype)
+
+
+# ---- mounting --------------------------------------------------------------------------------
+
+def _stack(model: nn.Module, side: str) -> nn.ModuleList:
+    part = {"encoder": getattr(model, "encoder", None), "decoder": getattr(model, "decoder", None)}.get(side)
+    if part is None:
+        raise ValueError(f"layer spec must start with 'encoder' or 'decoder', got {side!r}")
+    return part.block
+
+
+def resolve_layers(model: nn.Module, specs: list[str]) -> list[str]:
+    """Canonical names ("decoder.5") for specs such as "decoder.-1", "encoder.0", "decoder.block.3"."""
+    names = []
+    for spec in specs:
+        m = re.fullmatch(r"(encoder|decoder)\.(?:block\.)?(-?\d+)", spec.strip())
+        if not m:
+            raise ValueError(f"bad layer spec {spec!r}; use e.g. 'decoder.-1' or 'encoder.3'")
+        blocks = _stack(model, m.group(1))
+        index = int(m.group(2))
+        if not -len(blocks) <= index < len(blocks):
+            raise ValueError(f"{spec!r}: the {m.group(1)} has {len(blocks)} blocks")
+        names.append(f"{m.group(1)}.{index % len(blocks)}")
+    return list(dict.fromkeys(names))
+
+
+def _ffn_parent(model: nn.Module, name: str) -> nn.Module:
+    """The T5LayerFF of block `name`: always the last layer of a T5Block."""
+    side, index = name.split(".")
+    return _stack(model, side)[int(index)].layer[-1]
+
+
+def mount_nkb(model: nn.Module, config: NKBConfig | None = None) -> list[str]:
+    """Mount NKB slots on the given layers' FFNs (in place); returns the canonical layer names."""
+    config = config or NKBConfig()
+    names = resolve_layers(model, config.layers)
+    slots = config.slots or model.config.d_ff
+    for name in names:
+        parent = _ffn_parent(model, name)
+        if isinstance(parent.DenseReluDense, NKBFeedForward):
+            raise ValueError(f"{name} already has an NKB mounted")
+        parent.DenseReluDense = NKBFeedForward(parent.DenseReluDense, slots, config.dropout, config.zero_values)
+    model.nkb_config = NKBConfig(layers=names, slots=slots, dropout=config.dropout, zero_values=config.zero_values)
+    return names
+
+
+def mounted_layers(model: nn.Module) -> dict[str, NKBFeedForward]:
+    out = {}
+    for side in ("encoder", "decoder"):
+        for i, block in enumerate(_stack(model, side)):
+            ffn = block.layer[-1].DenseReluDense
+            if isinstance(ffn, NKBFeedForward):
+                out[f"{side}.{i}"] = ffn
+    return out
+
+
+def unmount_nkb(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Put the original FFN modules back; returns the removed NKB weights."""
+    removed = nkb_state_dict(model)
+    for name, ffn in mounted_layers(model).items():
+        _ffn_parent(model, name).DenseReluDense = ffn.base_layer
+    if hasattr(model, "nkb_config"):
+        del model.nkb_config
+    return removed
+
+
+def nkb_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
+    return ((n, p) for n, p in model.named_parameters() if n.rsplit(".", 2)[-2].startswith(NKB_PREFIX))
+
+
+def nkb_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in nkb_parameters(model)}
+
+
+def mark_only_nkb_trainable(model: nn.Module) -> int:
+    """Freeze everything but the NKB; returns the number of trainable parameters."""
+    for name, param in model.named_parameters():
+        param.requires_grad = name.rsplit(".", 2)[-2].startswith(NKB_PREFIX)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+# ---- saving and loading, apart from the base ------------------------------------------------
+
+def save_nkb(model: nn.Module, directory: str | Path) -> Path:
+    """Write the NKB weights (safetensors) and their config, nothing of the base model."""
+    from safetensors.torch import save_file
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({n: t.contiguous() for n, t in nkb_state_dict(model).items()}, str(directory / WEIGHTS_FILE))
+    (directory / CONFIG_FILE).write_text(model.nkb_config.to_json())
+    return directory
+
+
+def load_nkb(model: nn.Module, directory: str | Path) -> list[str]:
+    """Mount an NKB saved by `save_nkb` on a base model and load its weights exactly."""
+    from safetensors.torch import load_file
+    directory = Path(directory)
+    config = NKBConfig(**json.loads((directory / CONFIG_FILE).read_text()))
+    names = mount_nkb(model, config)
+    weights = load_file(str(directory / WEIGHTS_FILE))
+    params = dict(nkb_parameters(model))
+    if set(weights) != set(params):
+        raise ValueError(f"{directory}: NKB weights do not match the mounted layers "
+                         f"(file has {sorted(weights)[:3]}..., model expects {sorted(params)[:3]}...)")
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            params[name].copy_(tensor)
+    return names

@@ -1,0 +1,126 @@
+"""The NKB mounted on real Hugging Face T5 modules (tiny random configs, CPU)."""
+
+import pytest
+import torch
+from transformers import T5Config, T5ForConditionalGeneration
+
+from nkb_model.nkb import (NKBConfig, NKBFeedForward, load_nkb, mark_only_nkb_trainable, mount_nkb, mounted_layers,
+                           nkb_parameters, resolve_layers, save_nkb, unmount_nkb)
+
+VARIANTS = {"relu": "relu", "gated-gelu": "gated-gelu"}
+
+
+def tiny_t5(ffn: str, seed: int = 0) -> T5ForConditionalGeneration:
+    torch.manual_seed(seed)
+    config = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
+                      feed_forward_proj=ffn, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0,
+                      eos_token_id=1)
+    return T5ForConditionalGeneration(config).eval()
+
+
+def batch(seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return {"input_ids": torch.randint(2, 64, (3, 7), generator=g), "labels": torch.randint(2, 64, (3, 5), generator=g)}
+
+
+@pytest.mark.parametrize("ffn", VARIANTS)
+def test_zero_values_give_bit_identical_logits(ffn):
+    model = tiny_t5(ffn)
+    with torch.no_grad():
+        before = model(**batch()).logits
+        mount_nkb(model, NKBConfig(layers=["decoder.-1", "encoder.0"], zero_values=True))
+        mounted = model(**batch()).logits
+        unmount_nkb(model)
+        after = model(**batch()).logits
+    assert torch.equal(before, mounted) and torch.equal(before, after)
+
+
+@pytest.mark.parametrize("ffn", VARIANTS)
+def test_nonzero_values_change_outputs_and_wrap_the_original(ffn):
+    model = tiny_t5(ffn)
+    original = model.decoder.block[-1].layer[-1].DenseReluDense
+    with torch.no_grad():
+        before = model(**batch()).logits
+        names = mount_nkb(model)
+        after = model(**batch()).logits
+    assert names == ["decoder.1"] and not torch.equal(before, after)
+    ffn_module = model.decoder.block[-1].layer[-1].DenseReluDense
+    assert isinstance(ffn_module, NKBFeedForward) and ffn_module.base_layer is original
+    assert ffn_module.nkb_keys.weight.shape == (48, 32) and ffn_module.nkb_values.weight.shape == (32, 48)
+    unmount_nkb(model)
+    assert model.decoder.block[-1].layer[-1].DenseReluDense is original
+
+
+def test_init_follows_t5_scales():
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=64, d_model=256, d_ff=1024, num_layers=1, num_heads=4, d_kv=64)
+    model = T5ForConditionalGeneration(config)
+    mount_nkb(model, NKBConfig(slots=4096))
+    ffn = mounted_layers(model)["decoder.0"]
+    assert ffn.nkb_keys.weight.std().item() == pytest.approx(256 ** -0.5, rel=0.02)
+    assert ffn.nkb_values.weight.std().item() == pytest.approx(4096 ** -0.5, rel=0.02)
+
+
+def test_layer_specs():
+    model = tiny_t5("relu")
+    assert resolve_layers(model, ["decoder.-1", "decoder.block.1", "encoder.0"]) == ["decoder.1", "encoder.0"]
+    with pytest.raises(ValueError, match="has 2 blocks"):
+        resolve_layers(model, ["encoder.5"])
+    with pytest.raises(ValueError, match="bad layer spec"):
+        resolve_layers(model, ["middle.1"])
+    mount_nkb(model)
+    with pytest.raises(ValueError, match="already has an NKB"):
+        mount_nkb(model)
+
+
+@pytest.mark.parametrize("ffn", VARIANTS)
+def test_only_nkb_trains_and_base_stays_bit_identical(ffn):
+    model = tiny_t5(ffn)
+    base_before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    mount_nkb(model)
+    nkb_before = {n: p.detach().clone() for n, p in nkb_parameters(model)}
+    trainable = mark_only_nkb_trainable(model)
+    assert trainable == sum(p.numel() for _, p in nkb_parameters(model)) == 2 * 32 * 48
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model.train()
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(**batch()).loss.backward()
+        optimizer.step()
+    after = dict(model.named_parameters())
+    base_after = {n.replace(".base_layer", ""): p for n, p in after.items() if ".nkb_" not in n}
+    assert base_after.keys() == base_before.keys()
+    assert all(torch.equal(base_after[n], t) for n, t in base_before.items())
+    assert all(not torch.equal(after[n], t) for n, t in nkb_before.items())
+
+
+@pytest.mark.parametrize("ffn", VARIANTS)
+def test_save_load_round_trip_is_exact(ffn, tmp_path):
+    model = tiny_t5(ffn)
+    model.save_pretrained(tmp_path / "base")
+    mount_nkb(model, NKBConfig(layers=["decoder.-1", "encoder.1"], slots=20))
+    save_nkb(model, tmp_path / "nkb")
+    fresh = T5ForConditionalGeneration.from_pretrained(tmp_path / "base").eval()
+    assert load_nkb(fresh, tmp_path / "nkb") == ["decoder.1", "encoder.1"]
+    with torch.no_grad():
+        assert torch.equal(model(**batch()).logits, fresh(**batch()).logits)
+    assert sorted(p.name for p in (tmp_path / "nkb").iterdir()) == ["nkb.safetensors", "nkb_config.json"]
+
+
+def test_generate_works_with_the_nkb_mounted():
+    model = tiny_t5("gated-gelu")
+    mount_nkb(model)
+    out = model.generate(input_ids=batch()["input_ids"], max_new_tokens=4, do_sample=False)
+    assert out.shape[0] == 3 and out.shape[1] <= 5
+
+
+def test_bf16_keeps_values_in_fp32_like_wo(tmp_path):
+    tiny_t5("gated-gelu").save_pretrained(tmp_path / "base")
+    model = T5ForConditionalGeneration.from_pretrained(tmp_path / "base", dtype=torch.bfloat16).eval()
+    mount_nkb(model)
+    ffn = mounted_layers(model)["decoder.1"]
+    assert ffn.base_layer.wo.weight.dtype == ffn.nkb_values.weight.dtype
+    assert ffn.nkb_keys.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        logits = model(**batch()).logits
+    assert torch.isfinite(logits).all()
