@@ -16,11 +16,7 @@ def scaled_world(home: str | os.PathLike = DEFAULT_HOME, people: int = 50_000) -
     """Sample world with `people` people (about 2 documents each), ingested, questions loaded, indexed."""
     os.environ.setdefault("NKB_PROGRESS", "0")
     wh = Warehouse(home)
-    stages.generate_sample_world(wh, SampleWorldConfig(people=people, background_people=0))
-    ingests, question_sets = stages.sample_world_inputs(wh)
-    stages.ingest(wh, ingests[0])
-    for config in question_sets:
-        stages.load_questions(wh, config)
+    stages.load_sample_world(wh, SampleWorldConfig(people=people, background_people=0), general=False)
     stages.build_index(wh, IndexConfig())
     return wh
 

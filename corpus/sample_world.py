@@ -372,11 +372,13 @@ class SampleWorld:
     def _write_general(self, path: Path) -> None:
         from corpus.wikitext import wikitext_to_text
         sentences = self.article_sentences(self.background)
+        places = [*self.cities, *self.organisations, *self.universities]
+        for title in places:  # every place gets an article, with or without background people
+            sentences.setdefault(title, [])
         with open(path, "w", encoding="utf-8") as fh:
             for i, (title, lines) in enumerate(sorted(sentences.items()), start=1):
-                text = wikitext_to_text(" ".join(lines))
-                if title in self.cities or title in self.organisations or title in self.universities:
-                    text = wikitext_to_text(f"{title} {self._intro(title)}") + "\n" + text
+                parts = [f"{title} {self._intro(title)}"] if title in places else []
+                text = wikitext_to_text("\n".join(parts + [" ".join(lines)]))
                 fh.write(json.dumps({"id": f"g{i}", "title": title, "text": text}, ensure_ascii=False) + "\n")
 
     # -- questions in three dataset formats --

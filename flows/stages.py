@@ -374,6 +374,15 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
 ]}
 
 
+def load_sample_world(wh: Warehouse, config: SampleWorldConfig, general: bool = True) -> list[StageResult]:
+    """Generate a sample world and load its corpora and questions (the pipeline's first stages, in-process)."""
+    results = [generate_sample_world(wh, config)]
+    ingests, questions = sample_world_inputs(wh)
+    results += [ingest(wh, c) for c in (ingests if general else ingests[:1])]
+    results += [load_questions(wh, c) for c in questions]
+    return results
+
+
 def sample_world_inputs(wh: Warehouse) -> tuple[list[IngestConfig], list[QuestionsConfig]]:
     """The ingest and questions configs that load a generated sample world."""
     files = sample_world.WorldFiles.at(world_dir(wh))

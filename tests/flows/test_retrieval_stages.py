@@ -14,12 +14,7 @@ WORLD = SampleWorldConfig(people=15, background_people=5)
 
 def load_world(home) -> Warehouse:
     wh = Warehouse(home)
-    stages.generate_sample_world(wh, WORLD)
-    ingests, question_sets = stages.sample_world_inputs(wh)
-    for config in ingests:
-        stages.ingest(wh, config)
-    for config in question_sets:
-        stages.load_questions(wh, config)
+    stages.load_sample_world(wh, WORLD)
     return wh
 
 

@@ -22,12 +22,7 @@ def wh(tmp_path):
 @pytest.fixture
 def loaded(wh):
     """A warehouse holding a small sample world's documents and questions."""
-    stages.generate_sample_world(wh, SMALL)
-    ingests, questions = stages.sample_world_inputs(wh)
-    for config in ingests:
-        stages.ingest(wh, config)
-    for config in questions:
-        stages.load_questions(wh, config)
+    stages.load_sample_world(wh, SMALL)
     return wh
 
 
