@@ -45,7 +45,7 @@ def _field_help(name: str, field) -> str:
         kind = "a,b,..."
     else:
         kind = getattr(annotation, "__name__", str(annotation))
-    default = "required" if field.is_required() else f"default {field.default!r}"
+    default = "required" if field.is_required() else f"default {field.get_default(call_default_factory=True)!r}"
     return f"  {name}={kind}  ({default})\n      {field.description or ''}"
 
 
