@@ -1,0 +1,148 @@
+"""The training loop shared by pretraining, NKB injection and fine-tuning.
+
+Batches are a pure function of the step number (`batch_for_step`), so a run resumed from its
+checkpoint sees exactly the batches an uninterrupted run would have seen; the checkpoint holds the
+trainable weights, optimizer and scheduler state, RNG state and the loss curve so far. On CPU the
+resumed run is bit-identical to the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+CHECKPOINT = "trainer.pt"
+
+
+@dataclass
+class TrainConfig:
+    steps: int
+    batch_size: int                    # examples per optimizer step
+    micro_batch_size: int | None = None  # examples per forward pass; gradients accumulate up to batch_size
+    lr: float = 1e-3
+    warmup_steps: int = 0              # linear warm-up, then constant (the NKB paper's schedule)
+    optimizer: str = "adafactor"       # "adafactor" (the paper's) or "adamw"
+    weight_decay: float = 0.0
+    clip: float = 1.0                  # gradient norm clip
+    checkpoint_every: int = 200
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where and in what precision training runs; chosen once, at a stage's entry."""
+    device: torch.device
+    autocast_dtype: torch.dtype | None   # bf16 autocast on CUDA, none (fp32) on CPU
+
+    @property
+    def name(self) -> str:
+        kind = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        return f"{kind} ({'bf16' if self.autocast_dtype else 'fp32'})"
+
+
+def choose_device(preference: str = "auto") -> Device:
+    """CUDA with bf16 autocast when available (or asked for), else CPU in fp32 with flush-denormal on."""
+    if preference not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, not {preference!r}")
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda was asked for but no CUDA GPU is available")
+    if preference != "cpu" and torch.cuda.is_available():
+        return Device(torch.device("cuda"), torch.bfloat16 if torch.cuda.is_bf16_supported() else None)
+    # Freshly initialised models produce denormal gradients that make CPU steps several times slower.
+    torch.set_flush_denormal(True)
+    return Device(torch.device("cpu"), None)
+
+
+def make_optimizer(params: list[nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:
+    if config.optimizer == "adafactor":
+        from transformers.optimization import Adafactor
+        return Adafactor(params, lr=config.lr, scale_parameter=False, relative_step=False, warmup_init=False,
+                         weight_decay=config.weight_decay)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    raise ValueError(f"optimizer must be adafactor or adamw, not {config.optimizer!r}")
+
+
+def _schedule(config: TrainConfig) -> Callable[[int], float]:
+    return lambda step: min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
+
+
+def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tensor]], config: TrainConfig,
+          device: Device, checkpoint_dir: str | os.PathLike | None = None, desc: str = "train") -> list[tuple[int, float]]:
+    """Train the parameters that require grad for `config.steps` steps; returns [(step, loss), ...].
+
+    Resumes from `checkpoint_dir` when it holds a checkpoint. The caller sets train/eval modes (so
+    frozen parts can stay without dropout)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise ValueError("no parameter requires grad; nothing to train")
+    params = [p for _, p in named]
+    optimizer = make_optimizer(params, config)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config))
+    losses: list[tuple[int, float]] = []
+    start = 0
+    path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir else None
+    if path and path.exists():
+        start, losses = _load_checkpoint(path, dict(named), optimizer, scheduler, device)
+    micro = config.micro_batch_size or config.batch_size
+    disabled = os.environ.get("NKB_PROGRESS", "1") == "0"
+    with tqdm(total=config.steps, initial=start, desc=desc, unit=" step", disable=disabled, mininterval=1.0) as bar:
+        for step in range(start, config.steps):
+            started = time.perf_counter()
+            batch = batch_for_step(step)
+            n = next(iter(batch.values())).shape[0]
+            total, tokens = 0.0, 0
+            for lo in range(0, n, micro):
+                part = {k: v[lo:lo + micro].to(device.device, non_blocking=True) for k, v in batch.items()}
+                with torch.autocast(device.device.type, dtype=device.autocast_dtype or torch.float32,
+                                    enabled=device.autocast_dtype is not None):
+                    loss = model(**part).loss * (part["labels"].shape[0] / n)
+                loss.backward()
+                total += loss.item()
+                tokens += int(part["attention_mask"].sum()) + int((part["labels"] != -100).sum())
+            torch.nn.utils.clip_grad_norm_(params, config.clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if not math.isfinite(total):
+                raise FloatingPointError(f"loss became {total} at step {step + 1}")
+            losses.append((step + 1, total))
+            bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{tokens / (time.perf_counter() - started):.0f}")
+            bar.update(1)
+            if path and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
+                _save_checkpoint(path, step + 1, dict(named), optimizer, scheduler, losses, config)
+    return losses
+
+
+def _save_checkpoint(path: Path, step: int, named: dict, optimizer, scheduler, losses, config: TrainConfig) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"step": step, "params": {n: p.detach().cpu() for n, p in named.items()},
+             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "losses": losses,
+             "torch_rng": torch.get_rng_state(), "config": asdict(config),
+             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # a crash while saving leaves the previous checkpoint
+
+
+def _load_checkpoint(path: Path, named: dict, optimizer, scheduler, device: Device) -> tuple[int, list]:
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    missing = set(named) ^ set(state["params"])
+    if missing:
+        raise ValueError(f"{path}: checkpoint does not match the trainable parameters ({sorted(missing)[:3]}...)")
+    with torch.no_grad():
+        for name, tensor in state["params"].items():
+            named[name].copy_(tensor)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["torch_rng"])
+    if state.get("cuda_rng") is not None and device.device.type == "cuda":
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return state["step"], [tuple(x) for x in state["losses"]]

@@ -1,0 +1,61 @@
+import pytest
+import torch
+
+from nkb_model.nkb import mark_only_nkb_trainable, mount_nkb, nkb_state_dict
+from nkb_model.train import TrainConfig, choose_device, train
+from tests.nkb_model.test_nkb import tiny_t5
+
+
+def batch_for_step(step: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + step)
+    ids = torch.randint(2, 64, (4, 9), generator=g)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.randint(2, 64, (4, 5), generator=g)}
+
+
+def nkb_model():
+    model = tiny_t5("gated-gelu")
+    mount_nkb(model)
+    mark_only_nkb_trainable(model)
+    return model
+
+
+@pytest.mark.parametrize("optimizer", ["adafactor", "adamw"])
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, optimizer):
+    device = choose_device("cpu")
+    config = TrainConfig(steps=6, batch_size=4, micro_batch_size=2, lr=1e-2, warmup_steps=2, optimizer=optimizer,
+                         checkpoint_every=3)
+    straight = nkb_model()
+    losses = train(straight, batch_for_step, config, device, tmp_path / "a")
+
+    first = nkb_model()
+    train(first, batch_for_step, TrainConfig(**{**config.__dict__, "steps": 3}), device, tmp_path / "b")
+    resumed = nkb_model()  # a new process would start from fresh weights and the checkpoint
+    resumed_losses = train(resumed, batch_for_step, config, device, tmp_path / "b")
+
+    assert resumed_losses == losses and [s for s, _ in losses] == list(range(1, 7))
+    a, b = nkb_state_dict(straight), nkb_state_dict(resumed)
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_gradient_accumulation_matches_one_big_batch(tmp_path):
+    device = choose_device("cpu")
+    whole, split = nkb_model(), nkb_model()
+    train(whole, batch_for_step, TrainConfig(steps=2, batch_size=4, optimizer="adamw"), device)
+    train(split, batch_for_step, TrainConfig(steps=2, batch_size=4, micro_batch_size=1, optimizer="adamw"), device)
+    a, b = nkb_state_dict(whole), nkb_state_dict(split)
+    assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)
+
+
+def test_nothing_to_train():
+    model = tiny_t5("relu")
+    for p in model.parameters():
+        p.requires_grad = False
+    with pytest.raises(ValueError, match="nothing to train"):
+        train(model, batch_for_step, TrainConfig(steps=1, batch_size=4), choose_device("cpu"))
+
+
+def test_device_choice():
+    assert choose_device("cpu").device.type == "cpu" and choose_device("cpu").autocast_dtype is None
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="no CUDA GPU"):
+            choose_device("cuda")
