@@ -107,7 +107,8 @@ def _home_flag(args) -> str:
 
 def cmd_run(args) -> int:
     from flows import stages
-    stage = stages.STAGES[args.stage]
+    from flows.registry import STAGES
+    stage = STAGES[args.stage]
     config = _parse_sets(stage, args.set or [])
     started = time.perf_counter()
     if args.prefect or os.environ.get("PREFECT_API_URL"):
@@ -184,7 +185,7 @@ def cmd_runs(args) -> int:
 # ---- parser --------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    from flows.stages import STAGES
+    from flows.registry import STAGES
     parser = argparse.ArgumentParser(prog="nkb", description="Neural Knowledge Bank pipeline: stages, warehouse, SQL.",
                                      epilog=EPILOG)
     parser.add_argument("--home", help="warehouse directory (default: $NKB_HOME or ./.nkb)")

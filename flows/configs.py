@@ -100,3 +100,26 @@ class SalientSpansConfig(StageConfig):
                                      "default: one per CPU core above 2,000 segments, else 1 (start-up costs ~2 s).")
     shard_size: int = Field(5000, ge=1, description="Segments per Parquet shard; a crash loses at most one shard.")
     model: Optional[str] = Field(None, description="spaCy model name; default en_core_web_sm, else its re-upload.")
+
+
+class BaseModelConfig(StageConfig):
+    """Train a T5-style tokenizer on warehouse text and pretrain a small T5 with span corruption."""
+
+    name: str = Field("base", pattern=_NAME, description="Name of the model in reports, e.g. base or large.")
+    size: Literal["tiny", "small", "large"] = Field("small", description="tiny (~2M parameters), small (~11M), large (~30M).")
+    vocab_size: int = Field(4000, ge=100, description="SentencePiece pieces (plus <pad>, </s>, <unk> and 100 sentinels).")
+    tokenizer_corpora: list[str] = Field(default_factory=lambda: ["general", "sampleworld"],
+                                         description="Corpora of `documents` the tokenizer is trained on.")
+    pretrain_corpus: str = Field("general", pattern=_NAME,
+                                 description="Corpus the model is pretrained on (the sample world's states no question fact).")
+    held_out_share: float = Field(0.05, ge=0, lt=0.5, description="Share of pretraining sequences kept for the held-out loss.")
+    seq_len: int = Field(128, ge=16, description="Tokens per packed pretraining sequence.")
+    steps: int = Field(1500, ge=1, description="Optimizer steps.")
+    batch_size: int = Field(32, ge=1, description="Sequences per step.")
+    micro_batch_size: Optional[int] = Field(None, ge=1, description="Sequences per forward pass (gradient accumulation).")
+    optimizer: Literal["adamw", "adafactor"] = Field("adamw", description="Optimizer.")
+    lr: float = Field(1e-3, gt=0, description="Learning rate (constant after warm-up).")
+    warmup_steps: int = Field(100, ge=0, description="Linear warm-up steps.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout rate of the model (0 trains about twice as fast on CPU).")
+    seed: int = Field(0, description="Seed for initialisation, data order and noise.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")

@@ -11,11 +11,12 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from flows import stages
+from flows.registry import STAGES, Stage
 from flows.configs import IndexConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig
 from warehouse import StageResult, Warehouse
 
 
-def _stage_flow(stage: stages.Stage):
+def _stage_flow(stage: Stage):
     config_type = stage.config
 
     def run_stage_flow(config: config_type, home: Optional[str] = None, force: bool = False) -> dict:
@@ -37,12 +38,13 @@ def _stage_flow(stage: stages.Stage):
     return flow(name=stage.name, description=stage.summary, log_prints=True)(run_stage_flow)
 
 
-sample_world_flow = _stage_flow(stages.STAGES["sample-world"])
-ingest_flow = _stage_flow(stages.STAGES["ingest"])
-questions_flow = _stage_flow(stages.STAGES["questions"])
-index_flow = _stage_flow(stages.STAGES["index"])
-retrieve_flow = _stage_flow(stages.STAGES["retrieve"])
-salient_spans_flow = _stage_flow(stages.STAGES["salient-spans"])
+sample_world_flow = _stage_flow(STAGES["sample-world"])
+ingest_flow = _stage_flow(STAGES["ingest"])
+questions_flow = _stage_flow(STAGES["questions"])
+index_flow = _stage_flow(STAGES["index"])
+retrieve_flow = _stage_flow(STAGES["retrieve"])
+salient_spans_flow = _stage_flow(STAGES["salient-spans"])
+base_model_flow = _stage_flow(STAGES["base-model"])
 
 
 @flow(name="pipeline", description="The whole pipeline on the sample world.", log_prints=True)
@@ -62,4 +64,5 @@ def pipeline(world: SampleWorldConfig = SampleWorldConfig(), home: Optional[str]
 
 
 STAGE_FLOWS = {"sample-world": sample_world_flow, "ingest": ingest_flow, "questions": questions_flow,
-               "index": index_flow, "retrieve": retrieve_flow, "salient-spans": salient_spans_flow}
+               "index": index_flow, "retrieve": retrieve_flow, "salient-spans": salient_spans_flow,
+               "base-model": base_model_flow}

@@ -13,9 +13,8 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any
 
 import pyarrow.compute as pc
 from tqdm import tqdm
@@ -25,13 +24,13 @@ from corpus import qa
 from corpus import sample_world
 from corpus.errors import InputFileError, require_file
 from flows.configs import (IndexConfig, IngestConfig, QuestionsConfig, RetrieveConfig, SalientSpansConfig,
-                           SampleWorldConfig, StageConfig)
+                           SampleWorldConfig)
 from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs, run_stage
 
 BATCH_ROWS = 2000
 
 
-def _progress(**kwargs) -> tqdm:
+def progress(**kwargs) -> tqdm:
     """Progress bars on stderr; off when NKB_PROGRESS=0 (tests, logs)."""
     return tqdm(disable=os.environ.get("NKB_PROGRESS", "1") == "0", mininterval=0.5, **kwargs)
 
@@ -100,7 +99,7 @@ def ingest(wh: Warehouse, config: IngestConfig, force: bool = False) -> StageRes
         if config.limit:
             pages = itertools.islice(pages, config.limit)
         rows = 0
-        with run.writer("documents", corpus) as out, _progress(desc=f"ingest {corpus}", unit=" pages") as bar:
+        with run.writer("documents", corpus) as out, progress(desc=f"ingest {corpus}", unit=" pages") as bar:
             for batch in _batched(pages, BATCH_ROWS):
                 out.write({"doc_id": [d.doc_id for d in batch], "title": [d.title for d in batch],
                            "text": [d.text for d in batch], "corpus": [corpus] * len(batch)})
@@ -156,7 +155,7 @@ def load_questions(wh: Warehouse, config: QuestionsConfig, force: bool = False) 
 INDEX_META = "nkb-index.json"
 
 
-def _corpus_lineage(wh: Warehouse, corpus: str) -> str:
+def corpus_lineage(wh: Warehouse, corpus: str) -> str:
     found = [fp for name, fp in wh.lineage("documents", corpus) if name == corpus]
     if not found:
         corpora = sorted({name for name, _ in wh.lineage("documents")})
@@ -169,7 +168,7 @@ def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> Stag
     """Export a corpus to a JsonCollection and build a Lucene index under `files/indexes/`."""
     from corpus import bm25
     params = config.model_dump(exclude={"threads"})
-    fp = fingerprint("index", params, [_corpus_lineage(wh, config.corpus)])
+    fp = fingerprint("index", params, [corpus_lineage(wh, config.corpus)])
     target = wh.files_dir / "indexes" / f"{config.corpus}-{fp[:12]}"
 
     def body(run: StagedRun) -> dict:
@@ -179,7 +178,7 @@ def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> Stag
             docs = ((d, f"{t}\n{x}") for batch in wh.scan("documents", ["doc_id", "title", "text"],
                                                            filter=pc.field("corpus") == config.corpus)
                     for d, t, x in zip(*(batch.column(c).to_pylist() for c in ("doc_id", "title", "text"))))
-            with _progress(desc=f"export {config.corpus}", unit=" docs") as bar:
+            with progress(desc=f"export {config.corpus}", unit=" docs") as bar:
                 n = bm25.write_json_collection(_counting(docs, bar), tmp / "collection")
             bm25.build_index(tmp / "collection", tmp / "index", threads=config.threads, log_path=tmp / "index.log")
             seconds = time.perf_counter() - started
@@ -245,7 +244,7 @@ def retrieve(wh: Warehouse, config: RetrieveConfig, force: bool = False) -> Stag
                 ids, texts = qs.column("question_id").to_pylist(), qs.column("question").to_pylist()
                 rows = {"question_id": [], "dataset": [], "rank": [], "doc_id": [], "score": [], "index_id": []}
                 t = time.perf_counter()
-                with _progress(desc=f"retrieve {dataset}", unit=" q", total=len(ids)) as bar:
+                with progress(desc=f"retrieve {dataset}", unit=" q", total=len(ids)) as bar:
                     for lo in range(0, len(ids), config.batch_size):
                         hits = searcher.batch_search(texts[lo:lo + config.batch_size], ids[lo:lo + config.batch_size],
                                                      k=config.k, threads=config.threads)
@@ -291,7 +290,7 @@ def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = 
     retrieval_parts = wh.lineage("retrievals")
     if not retrieval_parts:
         raise ValueError("no retrievals; run the retrieve stage first")
-    inputs = [_corpus_lineage(wh, config.corpus), ner.model_id(config.model)] + [f"{n}:{f}" for n, f in retrieval_parts]
+    inputs = [corpus_lineage(wh, config.corpus), ner.model_id(config.model)] + [f"{n}:{f}" for n, f in retrieval_parts]
     fp = fingerprint("salient-spans", config.model_dump(exclude={"batch_size", "n_process"}), inputs)
 
     def body(run: StagedRun) -> dict:
@@ -311,7 +310,7 @@ def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = 
         resumed = shards.done_count()
         words = 0
         ner_seconds = 0.0
-        with _progress(desc="salient spans", unit=" seg", total=len(seg_ids)) as bar:
+        with progress(desc="salient spans", unit=" seg", total=len(seg_ids)) as bar:
             for index, lo in enumerate(range(0, len(seg_ids), config.shard_size)):
                 hi = min(lo + config.shard_size, len(seg_ids))
                 if shards.is_done(index):
@@ -348,30 +347,6 @@ def summarize(stage: str, result: StageResult, seconds: float) -> dict[str, Any]
     if not result.skipped and row["rows_written"] and seconds > 0:
         row["rows_per_second"] = round(row["rows_written"] / seconds, 1)
     return row
-
-
-# ---- registry -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    config: type[StageConfig]
-    run: Callable[[Warehouse, StageConfig, bool], StageResult]
-    pool: Literal["cpu", "gpu"] = "cpu"
-
-    @property
-    def summary(self) -> str:
-        return (self.config.__doc__ or "").strip().splitlines()[0]
-
-
-STAGES: dict[str, Stage] = {s.name: s for s in [
-    Stage("sample-world", SampleWorldConfig, generate_sample_world),
-    Stage("ingest", IngestConfig, ingest),
-    Stage("questions", QuestionsConfig, load_questions),
-    Stage("index", IndexConfig, build_index),
-    Stage("retrieve", RetrieveConfig, retrieve),
-    Stage("salient-spans", SalientSpansConfig, find_salient_spans),
-]}
 
 
 def load_sample_world(wh: Warehouse, config: SampleWorldConfig, general: bool = True) -> list[StageResult]:

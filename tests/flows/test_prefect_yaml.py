@@ -4,7 +4,7 @@ from pathlib import Path
 import yaml
 from prefect.flows import Flow
 
-from flows.stages import STAGES
+from flows.registry import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,34 @@
+"""Every stage by name: its config model, its function, and the work pool it belongs on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from flows import model_stages, stages
+from flows.configs import (BaseModelConfig, IndexConfig, IngestConfig, QuestionsConfig, RetrieveConfig,
+                           SalientSpansConfig, SampleWorldConfig, StageConfig)
+from warehouse import StageResult, Warehouse
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    config: type[StageConfig]
+    run: Callable[[Warehouse, StageConfig, bool], StageResult]
+    pool: Literal["cpu", "gpu"] = "cpu"
+
+    @property
+    def summary(self) -> str:
+        return (self.config.__doc__ or "").strip().splitlines()[0]
+
+
+STAGES: dict[str, Stage] = {s.name: s for s in [
+    Stage("sample-world", SampleWorldConfig, stages.generate_sample_world),
+    Stage("ingest", IngestConfig, stages.ingest),
+    Stage("questions", QuestionsConfig, stages.load_questions),
+    Stage("index", IndexConfig, stages.build_index),
+    Stage("retrieve", RetrieveConfig, stages.retrieve),
+    Stage("salient-spans", SalientSpansConfig, stages.find_salient_spans),
+    Stage("base-model", BaseModelConfig, model_stages.pretrain_base_model, pool="gpu"),
+]}

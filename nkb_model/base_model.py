@@ -1,0 +1,107 @@
+"""A small T5 of our own: a SentencePiece Unigram tokenizer with T5's special tokens, a T5 config in a
+few sizes, and span-corruption pretraining batches. The result is an ordinary Hugging Face directory
+(`from_pretrained` loads it), standing in for `t5-base` where no checkpoint can be downloaded.
+
+Any local Hugging Face T5 directory or hub name works in its place (`load_base`).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Iterable
+
+import numpy as np
+import torch
+from transformers import T5Config, T5ForConditionalGeneration, T5Tokenizer
+
+from nkb_model.span_corruption import corrupt
+
+# T5 v1.1-style (gated-GELU) models. "large" is the "larger base" row of the report.
+SIZES: dict[str, dict] = {
+    "tiny": dict(d_model=128, d_ff=512, num_layers=2, num_decoder_layers=2, num_heads=4, d_kv=32),
+    "small": dict(d_model=256, d_ff=1024, num_layers=4, num_decoder_layers=4, num_heads=4, d_kv=64),
+    "large": dict(d_model=384, d_ff=1536, num_layers=6, num_decoder_layers=6, num_heads=6, d_kv=64),
+}
+EXTRA_IDS = 100
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 4000) -> T5Tokenizer:
+    """SentencePiece Unigram on `texts`, laid out like T5's: <pad>=0, </s>=1, <unk>=2, then pieces,
+    then <extra_id_0..99>. `vocab_size` counts the pieces; it shrinks if the text is too small for it."""
+    import sentencepiece as spm
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="unigram",
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, character_coverage=1.0, hard_vocab_limit=False,
+        num_threads=2, minloglevel=2, input_sentence_size=2_000_000, shuffle_input_sentence=True,
+        max_sentence_length=1 << 16)
+    processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    vocab = [(processor.id_to_piece(i), processor.get_score(i)) for i in range(processor.get_piece_size())]
+    return T5Tokenizer(vocab=vocab, extra_ids=EXTRA_IDS)
+
+
+def new_t5(tokenizer: T5Tokenizer, size: str = "small", dropout: float = 0.0, seed: int = 0) -> T5ForConditionalGeneration:
+    """A randomly initialised T5 sized `size` for `tokenizer`'s vocabulary."""
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {', '.join(SIZES)}, not {size!r}")
+    torch.manual_seed(seed)
+    config = T5Config(vocab_size=len(tokenizer), feed_forward_proj="gated-gelu", dropout_rate=dropout,
+                      tie_word_embeddings=True, decoder_start_token_id=tokenizer.pad_token_id,
+                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **SIZES[size])
+    return T5ForConditionalGeneration(config)
+
+
+def load_base(name_or_path: str) -> tuple[T5ForConditionalGeneration, T5Tokenizer]:
+    """Any Hugging Face T5: a local directory, or a hub name on a machine that has it cached."""
+    from transformers import AutoTokenizer
+    return T5ForConditionalGeneration.from_pretrained(name_or_path), AutoTokenizer.from_pretrained(name_or_path)
+
+
+def sentinel_ids(tokenizer) -> list[int]:
+    return tokenizer.convert_tokens_to_ids([f"<extra_id_{i}>" for i in range(EXTRA_IDS)])
+
+
+def pack(token_ids: Iterable[list[int]], length: int, eos_id: int) -> np.ndarray:
+    """Documents joined with EOS and cut into rows of `length` tokens (the last partial row dropped)."""
+    flat: list[int] = []
+    for ids in token_ids:
+        flat.extend(ids)
+        flat.append(eos_id)
+    rows = len(flat) // length
+    if rows == 0:
+        raise ValueError(f"not enough text for one sequence of {length} tokens ({len(flat)} tokens)")
+    return np.asarray(flat[: rows * length], dtype=np.int64).reshape(rows, length)
+
+
+def pad_batch(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Input/target id lists padded into model tensors; label padding is -100 (ignored by the loss)."""
+    width_in = max(len(i) for i, _ in pairs)
+    width_out = max(len(t) for _, t in pairs)
+    input_ids = torch.full((len(pairs), width_in), pad_id, dtype=torch.long)
+    labels = torch.full((len(pairs), width_out), -100, dtype=torch.long)
+    for row, (inp, tgt) in enumerate(pairs):
+        input_ids[row, :len(inp)] = torch.tensor(inp)
+        labels[row, :len(tgt)] = torch.tensor(tgt)
+    return {"input_ids": input_ids, "attention_mask": (input_ids != pad_id).long(), "labels": labels}
+
+
+class SpanCorruptionBatches:
+    """`batch(step)`: span-corrupted packed sequences; epochs reshuffle rows and redraw the noise."""
+
+    def __init__(self, rows: np.ndarray, tokenizer, batch_size: int, seed: int = 0):
+        if len(rows) < batch_size:
+            raise ValueError(f"{len(rows)} sequences are fewer than one batch of {batch_size}")
+        self.rows, self.batch_size, self.seed = rows, batch_size, seed
+        self.sentinels, self.eos, self.pad = sentinel_ids(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id
+        self.per_epoch = len(rows) // batch_size
+
+    def __call__(self, step: int) -> dict[str, torch.Tensor]:
+        epoch, index = divmod(step, self.per_epoch)
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
+        chosen = order[index * self.batch_size:(index + 1) * self.batch_size]
+        rng = np.random.default_rng([self.seed, epoch, index])
+        pairs = []
+        for row in chosen:
+            inp, tgt = corrupt(self.rows[row].tolist(), self.sentinels, rng)
+            pairs.append((inp + [self.eos], tgt + [self.eos]))
+        return pad_batch(pairs, self.pad)
