@@ -9,6 +9,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"
 
 
 class StageConfig(BaseModel):
@@ -123,3 +124,28 @@ class BaseModelConfig(StageConfig):
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout rate of the model (0 trains about twice as fast on CPU).")
     seed: int = Field(0, description="Seed for initialisation, data order and noise.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
+
+
+class InjectConfig(StageConfig):
+    """Inject the salient-span-masked knowledge corpus into NKB slots mounted on a base model."""
+
+    base_model: str = Field("base", description="Model name from the base-model stage, or a Hugging Face T5 directory.")
+    variant: Literal["nkb", "nkb-a"] = Field("nkb", description="nkb: only the slots train, the base is frozen; "
+                                                                "nkb-a: every parameter trains.")
+    name: Optional[str] = Field(None, pattern=_MODEL_NAME, description="Name of the result; default <base_model>+<variant>.")
+    corpus: str = Field("sampleworld", pattern=_NAME, description="Corpus whose segments and salient spans to inject.")
+    layers: list[str] = Field(default_factory=lambda: ["decoder.-1"],
+                              description="Blocks to mount slots on: encoder.N / decoder.N (N may be negative).")
+    slots: Optional[int] = Field(None, ge=1, description="Slots per layer; default the FFN width d_ff.")
+    steps: int = Field(3000, ge=1, description="Optimizer steps (the paper: 30K at batch 256).")
+    batch_size: int = Field(64, ge=1, description="Examples per step (the paper: 256, via gradient accumulation).")
+    micro_batch_size: Optional[int] = Field(None, ge=1, description="Examples per forward pass.")
+    optimizer: Literal["adafactor", "adamw"] = Field("adafactor", description="Optimizer (the paper: AdaFactor).")
+    lr: float = Field(1e-3, gt=0, description="Learning rate, constant after warm-up (the paper: 1e-3; 1e-2 for HEAD-QA).")
+    warmup_steps: int = Field(100, ge=0, description="Linear warm-up steps.")
+    max_input_len: int = Field(512, ge=8, description="Input tokens (the paper: 512).")
+    seed: int = Field(0, description="Seed for slot initialisation, masking and order.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
+
+    def model_name(self) -> str:
+        return self.name or f"{Path(self.base_model).name}+{self.variant}"

@@ -45,6 +45,7 @@ index_flow = _stage_flow(STAGES["index"])
 retrieve_flow = _stage_flow(STAGES["retrieve"])
 salient_spans_flow = _stage_flow(STAGES["salient-spans"])
 base_model_flow = _stage_flow(STAGES["base-model"])
+inject_flow = _stage_flow(STAGES["inject"])
 
 
 @flow(name="pipeline", description="The whole pipeline on the sample world.", log_prints=True)
@@ -65,4 +66,4 @@ def pipeline(world: SampleWorldConfig = SampleWorldConfig(), home: Optional[str]
 
 STAGE_FLOWS = {"sample-world": sample_world_flow, "ingest": ingest_flow, "questions": questions_flow,
                "index": index_flow, "retrieve": retrieve_flow, "salient-spans": salient_spans_flow,
-               "base-model": base_model_flow}
+               "base-model": base_model_flow, "inject": inject_flow}

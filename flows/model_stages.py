@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 
-from flows.configs import BaseModelConfig
+from flows.configs import BaseModelConfig, InjectConfig
 from flows.stages import corpus_lineage
-from warehouse import StagedRun, StageResult, Warehouse, fingerprint, run_stage
+from nkb_model.checkpoint import INFO, hf_dir, read_info
+from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, run_stage
 
-MODEL_INFO = "nkb-model.json"
+MODEL_STAGES = ("base-model", "inject", "finetune")
 
 
 def _texts(wh: Warehouse, corpus: str) -> list[str]:
@@ -28,6 +29,21 @@ def _texts(wh: Warehouse, corpus: str) -> list[str]:
     if not texts:
         raise ValueError(f"corpus {corpus!r} has no documents")
     return texts
+
+
+def _model_present(run) -> bool:
+    return (Path(run.checkpoint or "") / INFO).exists()
+
+
+def find_model(wh: Warehouse, name: str) -> Path:
+    """The directory of the newest model called `name`, or `name` itself if it is a model directory."""
+    if (Path(name) / "config.json").exists():
+        return Path(name)
+    for run in list_runs(wh):
+        if run.stage in MODEL_STAGES and run.status == "success" and _model_present(run):
+            if read_info(run.checkpoint)["name"] == name:
+                return Path(run.checkpoint)
+    raise ValueError(f"no model named {name!r}; train it first (nkb run base-model / inject / finetune)")
 
 
 def model_dir(wh: Warehouse, name: str, fp: str) -> Path:
@@ -71,9 +87,9 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
         tokenizer.save_pretrained(tmp)
         np.save(tmp / "held_out.npy", held_out)  # for the no-forgetting check
         n_params = sum(p.numel() for p in model.parameters())
-        info = {"name": config.name, "size": config.size, "params": n_params, "vocab": len(tokenizer),
-                "built_by": run.run_id, "final_loss": losses[-1][1]}
-        (tmp / MODEL_INFO).write_text(json.dumps(info, indent=1))
+        info = {"name": config.name, "kind": "base", "size": config.size, "params": n_params,
+                "vocab": len(tokenizer), "built_by": run.run_id, "final_loss": losses[-1][1]}
+        (tmp / INFO).write_text(json.dumps(info, indent=1))
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
         shutil.rmtree(work, ignore_errors=True)
@@ -86,4 +102,83 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
 
     target.parent.mkdir(parents=True, exist_ok=True)
     return run_stage(wh, "base-model", config.model_dump(), fp, body, force=force, device=device.name,
-                     still_valid=lambda run: (Path(run.checkpoint or "") / MODEL_INFO).exists())
+                     still_valid=_model_present)
+
+
+def _lineage(wh: Warehouse, table: str, partition: str) -> str:
+    found = [fp for name, fp in wh.lineage(table, partition) if name == partition or name.startswith(partition + "-")]
+    if not found:
+        raise ValueError(f"no {table} for {partition!r}; run the salient-spans stage first")
+    return ",".join(found)
+
+
+def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageResult:
+    """Mount NKB slots on a base model and train them (or everything, nkb-a) on SSM examples."""
+    from corpus.ssm import ssm_examples
+    from nkb_model.batches import Seq2SeqBatches
+    from nkb_model.checkpoint import load_model, save_model
+    from nkb_model.nkb import NKBConfig, mark_only_nkb_trainable, mount_nkb, mounted_layers
+    from nkb_model.train import TrainConfig, choose_device, train
+    base_dir = find_model(wh, config.base_model)
+    name = config.model_name()
+    inputs = [str(base_dir), read_info(base_dir).get("built_by", ""), _lineage(wh, "segments", config.corpus),
+              _lineage(wh, "salient_spans", config.corpus)]
+    fp = fingerprint("inject", config.model_dump(exclude={"device", "micro_batch_size"}) | {"name": name}, inputs)
+    target = model_dir(wh, name, fp)
+    device = choose_device(config.device)
+
+    def body(run: StagedRun) -> dict:
+        started = time.perf_counter()
+        run.run.device = device.name
+        segments = wh.read("segments", ["segment_id", "text"], filter=pc.field("segment_id").isin(
+            wh.read("salient_spans", ["segment_id"]).column("segment_id").unique()))
+        spans = wh.read("salient_spans", ["segment_id", "start_char", "end_char"])
+
+        def examples(epoch: int) -> tuple[list[str], list[str]]:
+            ex = ssm_examples(segments, spans, seed=config.seed, epoch=epoch)
+            return ex.column("input").to_pylist(), ex.column("target").to_pylist()
+
+        model, tokenizer, _ = load_model(base_dir)
+        import torch
+        torch.manual_seed(config.seed)
+        mount_nkb(model, NKBConfig(layers=config.layers, slots=config.slots))
+        model.to(device.device)
+        if config.variant == "nkb":
+            trainable = mark_only_nkb_trainable(model)
+            model.eval()  # frozen parts run without dropout
+            for layer in mounted_layers(model).values():
+                layer.nkb_dropout.train()
+        else:
+            for p in model.parameters():
+                p.requires_grad = True
+            trainable = sum(p.numel() for p in model.parameters())
+            model.train()
+        batches = Seq2SeqBatches(examples, tokenizer, config.batch_size, config.seed, config.max_input_len)
+        train_config = TrainConfig(steps=config.steps, batch_size=config.batch_size,
+                                   micro_batch_size=config.micro_batch_size, lr=config.lr,
+                                   warmup_steps=config.warmup_steps, optimizer=config.optimizer)
+        work = target.parent / f".train-{target.name}"
+        losses = train(model, batches, train_config, device, work, desc=f"inject {name}")
+        for step, loss in losses:
+            run.metric("ssm_loss", loss, dataset=config.corpus, split="train", step=step)
+        model.to("cpu")
+        total = sum(p.numel() for p in model.parameters())
+        info = {"name": name, "kind": config.variant, "base_dir": str(hf_dir(base_dir)), "base_model": config.base_model,
+                "params": total, "params_injected": trainable, "built_by": run.run_id, "final_loss": losses[-1][1],
+                "layers": model.nkb_config.layers, "slots": model.nkb_config.slots}
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-model-", dir=target.parent))
+        save_model(model, tokenizer, tmp, info, weights_changed=config.variant == "nkb-a")
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+        shutil.rmtree(work, ignore_errors=True)
+        run.run.checkpoint = str(target)
+        run.run.outputs["params_injected"] = trainable
+        run.metric("params_total", total)
+        run.metric("params_injected", trainable)
+        return {"model": name, "params_total": total, "params_injected": trainable,
+                "final_loss": round(losses[-1][1], 4), "examples_per_epoch": batches.per_epoch * config.batch_size,
+                "seconds": time.perf_counter() - started, "device": device.name}
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return run_stage(wh, "inject", config.model_dump(), fp, body, force=force, device=device.name,
+                     still_valid=_model_present)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from flows import model_stages, stages
-from flows.configs import (BaseModelConfig, IndexConfig, IngestConfig, QuestionsConfig, RetrieveConfig,
+from flows.configs import (BaseModelConfig, IndexConfig, InjectConfig, IngestConfig, QuestionsConfig, RetrieveConfig,
                            SalientSpansConfig, SampleWorldConfig, StageConfig)
 from warehouse import StageResult, Warehouse
 
@@ -31,4 +31,5 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("retrieve", RetrieveConfig, stages.retrieve),
     Stage("salient-spans", SalientSpansConfig, stages.find_salient_spans),
     Stage("base-model", BaseModelConfig, model_stages.pretrain_base_model, pool="gpu"),
+    Stage("inject", InjectConfig, model_stages.inject, pool="gpu"),
 ]}

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from transformers import T5Config, T5ForConditionalGeneration, T5Tokenizer
 
+from nkb_model.batches import pad_pairs
 from nkb_model.span_corruption import corrupt
 
 # T5 v1.1-style (gated-GELU) models. "large" is the "larger base" row of the report.
@@ -73,18 +74,6 @@ def pack(token_ids: Iterable[list[int]], length: int, eos_id: int) -> np.ndarray
     return np.asarray(flat[: rows * length], dtype=np.int64).reshape(rows, length)
 
 
-def pad_batch(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Input/target id lists padded into model tensors; label padding is -100 (ignored by the loss)."""
-    width_in = max(len(i) for i, _ in pairs)
-    width_out = max(len(t) for _, t in pairs)
-    input_ids = torch.full((len(pairs), width_in), pad_id, dtype=torch.long)
-    labels = torch.full((len(pairs), width_out), -100, dtype=torch.long)
-    for row, (inp, tgt) in enumerate(pairs):
-        input_ids[row, :len(inp)] = torch.tensor(inp)
-        labels[row, :len(tgt)] = torch.tensor(tgt)
-    return {"input_ids": input_ids, "attention_mask": (input_ids != pad_id).long(), "labels": labels}
-
-
 class SpanCorruptionBatches:
     """`batch(step)`: span-corrupted packed sequences; epochs reshuffle rows and redraw the noise."""
 
@@ -104,4 +93,4 @@ class SpanCorruptionBatches:
         for row in chosen:
             inp, tgt = corrupt(self.rows[row].tolist(), self.sentinels, rng)
             pairs.append((inp + [self.eos], tgt + [self.eos]))
-        return pad_batch(pairs, self.pad)
+        return pad_pairs(pairs, self.pad)

@@ -3,10 +3,13 @@
 import json
 
 import pytest
+import torch
 from transformers import AutoTokenizer, T5ForConditionalGeneration
 
 from flows import model_stages, stages
-from flows.configs import BaseModelConfig, SampleWorldConfig
+from flows.configs import (BaseModelConfig, IndexConfig, InjectConfig, RetrieveConfig, SalientSpansConfig,
+                           SampleWorldConfig)
+from nkb_model.checkpoint import load_model
 from warehouse import Warehouse, query
 
 TINY = BaseModelConfig(size="tiny", vocab_size=800, steps=6, batch_size=8, warmup_steps=2, seq_len=64)
@@ -16,6 +19,9 @@ TINY = BaseModelConfig(size="tiny", vocab_size=800, steps=6, batch_size=8, warmu
 def world(tmp_path_factory):
     wh = Warehouse(tmp_path_factory.mktemp("models") / "wh")
     stages.load_sample_world(wh, SampleWorldConfig(people=15, background_people=30))
+    stages.build_index(wh, IndexConfig())
+    stages.retrieve(wh, RetrieveConfig())
+    stages.find_salient_spans(wh, SalientSpansConfig())
     return wh
 
 
@@ -37,3 +43,36 @@ def test_base_model_rerun_is_skipped_and_a_changed_config_retrains(world):
     assert model_stages.pretrain_base_model(world, TINY).skipped
     other = model_stages.pretrain_base_model(world, TINY.model_copy(update={"steps": 3}))
     assert not other.skipped and other.run.checkpoint != model_stages.pretrain_base_model(world, TINY).run.checkpoint
+
+
+INJECT = InjectConfig(steps=8, batch_size=8, warmup_steps=2, lr=1e-2)
+
+
+def _base_tensors(model):
+    return {n.replace(".base_layer", ""): p.detach().clone() for n, p in model.named_parameters() if ".nkb_" not in n}
+
+
+def test_nkb_injection_changes_only_the_slots(world):
+    model_stages.pretrain_base_model(world, TINY)
+    result = model_stages.inject(world, INJECT)
+    assert result.value["model"] == "base+nkb" and not result.skipped
+    base, _, _ = load_model(model_stages.find_model(world, "base"))
+    injected, _, info = load_model(result.run.checkpoint)
+    before, after = _base_tensors(base), _base_tensors(injected)
+    assert before.keys() == after.keys() and all(torch.equal(before[n], after[n]) for n in before)
+    nkb = {n: p for n, p in injected.named_parameters() if ".nkb_" in n}
+    assert nkb and info["params_injected"] == sum(p.numel() for p in nkb.values())
+    assert info["layers"] == ["decoder.1"] and info["slots"] == base.config.d_ff
+    curve = query(world, "SELECT count(*) AS n FROM metrics WHERE metric = 'ssm_loss'").to_pylist()
+    assert curve == [{"n": 8}]
+    assert model_stages.inject(world, INJECT).skipped
+
+
+def test_nkb_a_trains_everything(world):
+    model_stages.pretrain_base_model(world, TINY)
+    result = model_stages.inject(world, INJECT.model_copy(update={"variant": "nkb-a"}))
+    base, _, _ = load_model(model_stages.find_model(world, "base"))
+    injected, _, info = load_model(result.run.checkpoint)
+    before, after = _base_tensors(base), _base_tensors(injected)
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+    assert info["params_injected"] == info["params"] == sum(p.numel() for p in injected.parameters())

@@ -1,0 +1,51 @@
+"""Seq2seq training batches as a pure function of the step, from (input, target) text pairs.
+
+`examples_for_epoch(epoch)` supplies the pairs of an epoch (SSM redraws its masks each epoch; QA
+pairs stay the same); each epoch visits them in a seeded random order, in full batches."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+class Seq2SeqBatches:
+    def __init__(self, examples_for_epoch: Callable[[int], tuple[list[str], list[str]]], tokenizer, batch_size: int,
+                 seed: int = 0, max_input_len: int = 512, max_target_len: int = 64):
+        self.examples_for_epoch, self.tokenizer = examples_for_epoch, tokenizer
+        self.batch_size, self.seed = batch_size, seed
+        self.max_input_len, self.max_target_len = max_input_len, max_target_len
+        self._epoch, self._encoded = None, None
+        inputs, _ = examples_for_epoch(0)
+        if len(inputs) < batch_size:
+            raise ValueError(f"{len(inputs)} training examples are fewer than one batch of {batch_size}")
+        self.per_epoch = len(inputs) // batch_size
+
+    def _encode(self, epoch: int):
+        if self._epoch != epoch:
+            inputs, targets = self.examples_for_epoch(epoch)
+            enc_in = self.tokenizer(inputs, truncation=True, max_length=self.max_input_len)["input_ids"]
+            enc_out = self.tokenizer(targets, truncation=True, max_length=self.max_target_len)["input_ids"]
+            order = np.random.default_rng([self.seed, epoch]).permutation(len(inputs))
+            self._epoch, self._encoded = epoch, (enc_in, enc_out, order)
+        return self._encoded
+
+    def __call__(self, step: int) -> dict[str, torch.Tensor]:
+        epoch, index = divmod(step, self.per_epoch)
+        enc_in, enc_out, order = self._encode(epoch)
+        rows = order[index * self.batch_size:(index + 1) * self.batch_size]
+        return pad_pairs([(enc_in[r], enc_out[r]) for r in rows], self.tokenizer.pad_token_id)
+
+
+def pad_pairs(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Input/target id lists padded into model tensors; label padding is -100 (ignored by the loss)."""
+    width_in = max(len(i) for i, _ in pairs)
+    width_out = max(len(t) for _, t in pairs)
+    input_ids = torch.full((len(pairs), width_in), pad_id, dtype=torch.long)
+    labels = torch.full((len(pairs), width_out), -100, dtype=torch.long)
+    for row, (inp, tgt) in enumerate(pairs):
+        input_ids[row, :len(inp)] = torch.tensor(inp)
+        labels[row, :len(tgt)] = torch.tensor(tgt)
+    return {"input_ids": input_ids, "attention_mask": (input_ids != pad_id).long(), "labels": labels}

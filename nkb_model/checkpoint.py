@@ -1,0 +1,67 @@
+"""Model directories written by the model stages, and loading them back.
+
+    <dir>/nkb-model.json   {"name", "kind": base | nkb | nkb-a | finetuned, "base_dir", ...}
+    <dir>/ (HF files)      a base model: an ordinary Hugging Face directory
+    <dir>/weights/         T5 weights, when this model changed them (nkb-a, fine-tuned)
+    <dir>/nkb/             NKB slots and their config (save_nkb), when the model has an NKB
+
+A model whose T5 weights are those of its base (NKB injection with the base frozen) stores only
+its slots and points at the base directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from transformers import AutoTokenizer, T5ForConditionalGeneration
+
+from nkb_model.nkb import load_nkb, mounted_layers, save_nkb, unmount_nkb
+
+INFO = "nkb-model.json"
+
+
+def read_info(directory: str | Path) -> dict:
+    path = Path(directory) / INFO
+    if not path.exists():
+        raise FileNotFoundError(f"{directory}: not a model directory of this pipeline (no {INFO})")
+    return json.loads(path.read_text())
+
+
+def hf_dir(directory: str | Path) -> Path:
+    """Where the T5 weights of a model directory are."""
+    directory = Path(directory)
+    info = read_info(directory)
+    if info["kind"] == "base":
+        return directory
+    if (directory / "weights").exists():
+        return directory / "weights"
+    return Path(info["base_dir"])
+
+
+def load_model(directory: str | Path, with_nkb: bool = True):
+    """(model, tokenizer, info) of a model directory; the NKB is mounted unless `with_nkb` is False."""
+    directory = Path(directory)
+    info = read_info(directory)
+    weights = hf_dir(directory)
+    model = T5ForConditionalGeneration.from_pretrained(weights)
+    tokenizer = AutoTokenizer.from_pretrained(weights)
+    if with_nkb and (directory / "nkb").exists():
+        load_nkb(model, directory / "nkb")
+    return model, tokenizer, info
+
+
+def save_model(model, tokenizer, directory: str | Path, info: dict, weights_changed: bool) -> Path:
+    """Write a derived model: its NKB (if mounted), its T5 weights if they differ from the base's, and info."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if mounted_layers(model):
+        save_nkb(model, directory / "nkb")
+    if weights_changed:
+        removed = unmount_nkb(model) if mounted_layers(model) else None
+        model.save_pretrained(directory / "weights")
+        tokenizer.save_pretrained(directory / "weights")
+        if removed is not None:
+            load_nkb(model, directory / "nkb")  # put the slots back for the caller
+    (directory / INFO).write_text(json.dumps(info, indent=1))
+    return directory
