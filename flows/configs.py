@@ -149,3 +149,35 @@ class InjectConfig(StageConfig):
 
     def model_name(self) -> str:
         return self.name or f"{Path(self.base_model).name}+{self.variant}"
+
+
+class FinetuneConfig(StageConfig):
+    """Fine-tune a model (all parameters) for closed-book QA on the `questions` train split."""
+
+    model: str = Field("base+nkb", description="Model to fine-tune: a name from base-model/inject, or a HF T5 directory.")
+    name: Optional[str] = Field(None, pattern=_MODEL_NAME, description="Name of the result; default <model>.qa.")
+    datasets: Optional[list[str]] = Field(None, description="Datasets to train on; default: every one with the split.")
+    split: str = Field("train", pattern=_NAME, description="Split to train on.")
+    epochs: int = Field(30, ge=1, description="Passes over the training questions.")
+    batch_size: int = Field(32, ge=1, description="Questions per step.")
+    micro_batch_size: Optional[int] = Field(None, ge=1, description="Questions per forward pass.")
+    optimizer: Literal["adafactor", "adamw"] = Field("adafactor", description="Optimizer (the paper: AdaFactor).")
+    lr: float = Field(1e-3, gt=0, description="Constant learning rate (the paper: 1e-3).")
+    max_input_len: int = Field(256, ge=8, description="Input tokens (the paper: 256).")
+    freeze_nkb: bool = Field(False, description="Keep the NKB slots fixed while fine-tuning the rest.")
+    seed: int = Field(0, description="Seed for the order of questions.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
+
+    def model_name(self) -> str:
+        return self.name or f"{Path(self.model).name}.qa"
+
+
+class EvaluateConfig(StageConfig):
+    """Answer questions closed-book with greedy decoding; exact match into `predictions` and `metrics`."""
+
+    model: str = Field("base+nkb.qa", description="Model to evaluate (a name from finetune, or a HF T5 directory).")
+    datasets: Optional[list[str]] = Field(None, description="Datasets to evaluate; default: every one with the split.")
+    split: str = Field("validation", pattern=_NAME, description="Split to evaluate.")
+    batch_size: int = Field(64, ge=1, description="Questions per generation batch.")
+    max_new_tokens: int = Field(24, ge=1, description="Longest answer generated, in tokens.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 
-from flows.configs import BaseModelConfig, InjectConfig
+from flows.configs import BaseModelConfig, EvaluateConfig, FinetuneConfig, InjectConfig
 from flows.stages import corpus_lineage
 from nkb_model.checkpoint import INFO, hf_dir, read_info
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, run_stage
@@ -182,3 +182,127 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
     target.parent.mkdir(parents=True, exist_ok=True)
     return run_stage(wh, "inject", config.model_dump(), fp, body, force=force, device=device.name,
                      still_valid=_model_present)
+
+
+# ---- closed-book QA -----------------------------------------------------------------------------
+
+def _questions(wh: Warehouse, datasets: list[str] | None, split: str):
+    table = wh.read("questions", ["question_id", "dataset", "split", "question", "answers"],
+                    filter=pc.field("split") == split)
+    if datasets:
+        table = table.filter(pc.field("dataset").isin(datasets))
+    if table.num_rows == 0:
+        raise ValueError(f"no {split!r} questions{' for ' + ', '.join(datasets) if datasets else ''}; "
+                         "run the questions stage first")
+    return table.sort_by("question_id")
+
+
+def qa_input(question: str) -> str:
+    return f"question: {question}"
+
+
+def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> StageResult:
+    """All parameters (optionally not the NKB) trained on `question: …` → first answer."""
+    from nkb_model.batches import Seq2SeqBatches
+    from nkb_model.checkpoint import load_model, save_model
+    from nkb_model.nkb import mounted_layers
+    from nkb_model.train import TrainConfig, choose_device, train
+    source = find_model(wh, config.model)
+    name = config.model_name()
+    questions = _questions(wh, config.datasets, config.split)
+    datasets = sorted(set(questions.column("dataset").to_pylist()))
+    inputs = [str(source), read_info(source).get("built_by", "")] + [
+        f"{n}:{f}" for n, f in wh.lineage("questions") if n.split(".")[0] in datasets and n.endswith("." + config.split)]
+    fp = fingerprint("finetune", config.model_dump(exclude={"device", "micro_batch_size"}) | {"name": name}, inputs)
+    target = model_dir(wh, name, fp)
+    device = choose_device(config.device)
+
+    def body(run: StagedRun) -> dict:
+        started = time.perf_counter()
+        run.run.device = device.name
+        texts = [qa_input(q) for q in questions.column("question").to_pylist()]
+        answers = [a[0] for a in questions.column("answers").to_pylist()]
+        model, tokenizer, source_info = load_model(source)
+        model.to(device.device)
+        for param_name, param in model.named_parameters():
+            param.requires_grad = not (config.freeze_nkb and ".nkb_" in param_name)
+        model.train()
+        if config.freeze_nkb:  # fixed slots also keep their weights' dropout off
+            for layer in mounted_layers(model).values():
+                layer.nkb_dropout.eval()
+        batches = Seq2SeqBatches(lambda epoch: (texts, answers), tokenizer, min(config.batch_size, len(texts)),
+                                 config.seed, config.max_input_len)
+        steps = config.epochs * batches.per_epoch
+        train_config = TrainConfig(steps=steps, batch_size=batches.batch_size, micro_batch_size=config.micro_batch_size,
+                                   lr=config.lr, optimizer=config.optimizer)
+        work = target.parent / f".train-{target.name}"
+        losses = train(model, batches, train_config, device, work, desc=f"finetune {name}")
+        for step, loss in losses:
+            run.metric("qa_loss", loss, split=config.split, step=step)
+        model.to("cpu")
+        info = {**{k: v for k, v in source_info.items() if k in ("params_injected", "layers", "slots", "base_model")},
+                "name": name, "kind": "finetuned", "source": config.model, "source_kind": source_info["kind"],
+                "params": sum(p.numel() for p in model.parameters()), "built_by": run.run_id,
+                "final_loss": losses[-1][1], "datasets": datasets}
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-model-", dir=target.parent))
+        save_model(model, tokenizer, tmp, info, weights_changed=True)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+        shutil.rmtree(work, ignore_errors=True)
+        run.run.checkpoint = str(target)
+        run.run.outputs["steps"] = steps
+        return {"model": name, "questions": len(texts), "steps": steps, "final_loss": round(losses[-1][1], 4),
+                "seconds": time.perf_counter() - started, "device": device.name}
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return run_stage(wh, "finetune", config.model_dump(), fp, body, force=force, device=device.name,
+                     still_valid=_model_present)
+
+
+def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> StageResult:
+    """Greedy answers for every question of the split; EM (SQuAD normalisation, max over gold answers)."""
+    import torch
+
+    from nkb_model.checkpoint import load_model
+    from nkb_model.metrics import exact_match
+    from nkb_model.train import choose_device
+    source = find_model(wh, config.model)
+    name = read_info(source)["name"] if (source / INFO).exists() else source.name
+    questions = _questions(wh, config.datasets, config.split)
+    datasets = sorted(set(questions.column("dataset").to_pylist()))
+    inputs = [str(source), read_info(source).get("built_by", "") if (source / INFO).exists() else ""] + [
+        f"{n}:{f}" for n, f in wh.lineage("questions") if n.split(".")[0] in datasets and n.endswith("." + config.split)]
+    fp = fingerprint("evaluate", config.model_dump(exclude={"device", "batch_size"}), inputs)
+    device = choose_device(config.device)
+
+    def body(run: StagedRun) -> dict:
+        started = time.perf_counter()
+        run.run.device = device.name
+        model, tokenizer, _ = load_model(source)
+        model.to(device.device).eval()
+        texts = [qa_input(q) for q in questions.column("question").to_pylist()]
+        predictions = []
+        for lo in range(0, len(texts), config.batch_size):
+            enc = tokenizer(texts[lo:lo + config.batch_size], return_tensors="pt", padding=True, truncation=True,
+                            max_length=256).to(device.device)
+            with torch.no_grad(), torch.autocast(device.device.type, dtype=device.autocast_dtype or torch.float32,
+                                                 enabled=device.autocast_dtype is not None):
+                out = model.generate(**enc, max_new_tokens=config.max_new_tokens, do_sample=False, num_beams=1)
+            predictions += tokenizer.batch_decode(out, skip_special_tokens=True)
+        predictions = [p.strip() for p in predictions]
+        gold = questions.column("answers").to_pylist()
+        correct = [exact_match(p, g) for p, g in zip(predictions, gold)]
+        ds = questions.column("dataset").to_pylist()
+        run.write("predictions", f"{name}.{config.split}", {
+            "question_id": questions.column("question_id").to_pylist(), "dataset": ds,
+            "split": [config.split] * len(ds), "prediction": predictions, "exact_match": correct})
+        scores = {}
+        for dataset in datasets:
+            hits = [c for c, d in zip(correct, ds) if d == dataset]
+            scores[dataset] = 100.0 * sum(hits) / len(hits)
+            run.metric("em", scores[dataset], dataset=dataset, split=config.split)
+        return {"model": name, "questions": len(texts), "em": {k: round(v, 2) for k, v in scores.items()},
+                "seconds": time.perf_counter() - started, "device": device.name}
+
+    return run_stage(wh, "evaluate", config.model_dump() | {"model_name": name}, fp, body, force=force,
+                     device=device.name)

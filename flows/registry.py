@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from flows import model_stages, stages
-from flows.configs import (BaseModelConfig, IndexConfig, InjectConfig, IngestConfig, QuestionsConfig, RetrieveConfig,
+from flows.configs import (BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig, InjectConfig, IngestConfig, QuestionsConfig, RetrieveConfig,
                            SalientSpansConfig, SampleWorldConfig, StageConfig)
 from warehouse import StageResult, Warehouse
 
@@ -32,4 +32,6 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("salient-spans", SalientSpansConfig, stages.find_salient_spans),
     Stage("base-model", BaseModelConfig, model_stages.pretrain_base_model, pool="gpu"),
     Stage("inject", InjectConfig, model_stages.inject, pool="gpu"),
+    Stage("finetune", FinetuneConfig, model_stages.finetune, pool="gpu"),
+    Stage("evaluate", EvaluateConfig, model_stages.evaluate, pool="gpu"),
 ]}

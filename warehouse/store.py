@@ -31,7 +31,7 @@ from warehouse.schemas import DERIVED_VIEWS, NATIVE_TABLES, PARQUET_TABLES, empt
 DEFAULT_HOME = ".nkb"
 # Written so the plain `duckdb` CLI from PyPI (duckdb-cli 1.5.x) can open the file.
 STORAGE_VERSION = "v1.5.0"
-_PARTITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]*$")
+_PARTITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")
 
 
 class WarehouseError(Exception):
@@ -47,7 +47,7 @@ def resolve_home(home: str | os.PathLike | None = None) -> Path:
 def check_partition(key: str) -> str:
     if not _PARTITION_RE.match(key):
         raise WarehouseError(
-            f"partition name {key!r} must start with a letter or digit and use only letters, digits, '.', '_', '=', '-'"
+            f"partition name {key!r} must start with a letter or digit and use only letters, digits, '.', '_', '=', '+', '-'"
         )
     return key
 

@@ -1,14 +1,15 @@
 """Model stages on a small sample world, on CPU."""
 
 import json
+import time
 
 import pytest
 import torch
 from transformers import AutoTokenizer, T5ForConditionalGeneration
 
 from flows import model_stages, stages
-from flows.configs import (BaseModelConfig, IndexConfig, InjectConfig, RetrieveConfig, SalientSpansConfig,
-                           SampleWorldConfig)
+from flows.configs import (BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig, InjectConfig, RetrieveConfig,
+                           SalientSpansConfig, SampleWorldConfig)
 from nkb_model.checkpoint import load_model
 from warehouse import Warehouse, query
 
@@ -76,3 +77,28 @@ def test_nkb_a_trains_everything(world):
     before, after = _base_tensors(base), _base_tensors(injected)
     assert any(not torch.equal(before[n], after[n]) for n in before)
     assert info["params_injected"] == info["params"] == sum(p.numel() for p in injected.parameters())
+
+
+def test_inject_finetune_evaluate_end_to_end_within_a_minute(world):
+    started = time.perf_counter()
+    model_stages.pretrain_base_model(world, TINY)
+    model_stages.inject(world, INJECT)
+    model_stages.finetune(world, FinetuneConfig(model="base+nkb", epochs=2, batch_size=16))
+    result = model_stages.evaluate(world, EvaluateConfig(model="base+nkb.qa"))
+    assert time.perf_counter() - started < 60
+    n_validation = query(world, "SELECT count(*) AS n FROM questions WHERE split = 'validation'").to_pylist()[0]["n"]
+    rows = query(world, f"SELECT * FROM predictions WHERE run_id = '{result.run.run_id}'").to_pylist()
+    assert len(rows) == n_validation and all(r["split"] == "validation" for r in rows)
+    em = query(world, f"SELECT dataset, value FROM metrics WHERE run_id = '{result.run.run_id}' AND metric = 'em'").to_pylist()
+    assert {r["dataset"] for r in em} == {"nq", "webquestions", "headqa"}
+    for r in em:
+        ds_rows = [x for x in rows if x["dataset"] == r["dataset"]]
+        assert r["value"] == pytest.approx(100 * sum(x["exact_match"] for x in ds_rows) / len(ds_rows))
+
+
+def test_finetuning_fits_its_training_questions(world):
+    model_stages.pretrain_base_model(world, TINY)
+    model_stages.finetune(world, FinetuneConfig(model="base", name="fit", epochs=60, batch_size=16, lr=3e-3,
+                                                optimizer="adamw"))
+    result = model_stages.evaluate(world, EvaluateConfig(model="fit", split="train"))
+    assert min(result.value["em"].values()) > 50
