@@ -17,7 +17,7 @@ import duckdb
 from pydantic import ValidationError
 
 from corpus.errors import InputFileError
-from warehouse import ReadOnlyError, Warehouse, WarehouseError, list_runs, query, resolve_home
+from warehouse import ReadOnlyError, Warehouse, WarehouseError, list_runs, query, resolve_home, run_metrics
 from warehouse.sql import FORMATTERS
 
 EPILOG = "The warehouse is ./.nkb unless --home or $NKB_HOME says otherwise."
@@ -182,6 +182,37 @@ def cmd_runs(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    import pyarrow as pa
+    wh = Warehouse(args.home)
+    rows = query(wh, "SELECT * FROM report").to_pylist()
+    if not rows:
+        print("no report yet: run `nkb run report` (after base-model, inject, finetune and evaluate)", file=sys.stderr)
+        return 1
+    if args.format == "json":
+        keys = ("model", "dataset", "split", "em", "params_total", "params_injected")
+        _emit(json.dumps([{k: r[k] for k in keys} for r in rows if r["dataset"] != "average"], indent=1), args.output)
+        return 0
+    run_id = rows[0]["run_id"]
+    unmounted = {m["dataset"]: m["value"] for m in run_metrics(wh, run_id, "heldout_loss_nkb_unmounted")}
+    datasets = sorted({r["dataset"] for r in rows} - {"average"})
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    def cell(model, dataset):
+        return next((r["em"] for r in rows if r["model"] == model and r["dataset"] == dataset), None)
+    first = {m: next(r for r in rows if r["model"] == m) for m in models}
+    columns = {"model": models}
+    for d in datasets + ["average"]:
+        columns[f"EM {d}"] = [None if cell(m, d) is None else round(cell(m, d), 1) for m in models]
+    columns["probe EM"] = [None if first[m]["probe_em"] is None else round(first[m]["probe_em"], 1) for m in models]
+    columns["held-out loss"] = [None if first[m]["heldout_loss"] is None else round(first[m]["heldout_loss"], 4) for m in models]
+    columns["loss, NKB unmounted"] = [None if m not in unmounted else round(unmounted[m], 4) for m in models]
+    columns["params"] = [first[m]["params_total"] for m in models]
+    columns["params injected"] = [first[m]["params_injected"] for m in models]
+    print(f"Report {run_id} ({rows[0]['split']}; EM in %; probe: cloze prompts in unseen wordings, before fine-tuning)")
+    _emit(FORMATTERS[args.format](pa.table(columns)), args.output)
+    return 0
+
+
 # ---- parser --------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -227,6 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
     runs.add_argument("--format", choices=list(FORMATTERS), default="table", help=fmt_help)
     runs.set_defaults(func=cmd_runs)
+    rep = sub.add_parser("report", help="print the latest report (the paper's Table 3)",
+                         description="Print the latest report: EM per dataset and model, the knowledge probe, "
+                                     "held-out loss (no-forgetting check), parameter counts.")
+    rep.add_argument("--format", choices=list(FORMATTERS), default="table",
+                     help="table, csv, or json (rows {model, dataset, split, em, params_total, params_injected})")
+    rep.add_argument("--output", metavar="FILE", help="write to FILE instead of standard output")
+    rep.set_defaults(func=cmd_report)
     return parser
 
 

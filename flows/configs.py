@@ -181,3 +181,18 @@ class EvaluateConfig(StageConfig):
     batch_size: int = Field(64, ge=1, description="Questions per generation batch.")
     max_new_tokens: int = Field(24, ge=1, description="Longest answer generated, in tokens.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
+
+
+class ReportConfig(StageConfig):
+    """The paper's Table 3: EM per dataset for each model row, with the knowledge probe and the no-forgetting check."""
+
+    transformer: Optional[str] = Field("transformer", description="Randomly initialised model of the base's architecture.")
+    base: str = Field("base", description="The base model.")
+    nkb: Optional[str] = Field("base+nkb", description="The base with NKB slots injected.")
+    nkb_a: Optional[str] = Field("base+nkb-a", description="The base with NKB injected while training everything.")
+    large: Optional[str] = Field("large", description="The larger base model.")
+    finetuned_suffix: str = Field(".qa", description="Each row's fine-tuned model is <model><suffix>.")
+    split: str = Field("validation", pattern=_NAME, description="Split whose EM is reported.")
+    probes: Optional[str] = Field(None, description="Cloze probe file (JSONL: prompt, answer, split); default: "
+                                                    "the sample world's probes.jsonl.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")

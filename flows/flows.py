@@ -48,6 +48,7 @@ base_model_flow = _stage_flow(STAGES["base-model"])
 inject_flow = _stage_flow(STAGES["inject"])
 finetune_flow = _stage_flow(STAGES["finetune"])
 evaluate_flow = _stage_flow(STAGES["evaluate"])
+report_flow = _stage_flow(STAGES["report"])
 
 
 @flow(name="pipeline", description="The whole pipeline on the sample world.", log_prints=True)
@@ -69,4 +70,4 @@ def pipeline(world: SampleWorldConfig = SampleWorldConfig(), home: Optional[str]
 STAGE_FLOWS = {"sample-world": sample_world_flow, "ingest": ingest_flow, "questions": questions_flow,
                "index": index_flow, "retrieve": retrieve_flow, "salient-spans": salient_spans_flow,
                "base-model": base_model_flow, "inject": inject_flow, "finetune": finetune_flow,
-               "evaluate": evaluate_flow}
+               "evaluate": evaluate_flow, "report": report_flow}

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 
-from flows.configs import BaseModelConfig, EvaluateConfig, FinetuneConfig, InjectConfig
+from flows.configs import BaseModelConfig, EvaluateConfig, FinetuneConfig, InjectConfig, ReportConfig
 from flows.stages import corpus_lineage
 from nkb_model.checkpoint import INFO, hf_dir, read_info
-from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, run_stage
+from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, run_metrics, run_stage
 
 MODEL_STAGES = ("base-model", "inject", "finetune")
 
@@ -306,3 +306,81 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
 
     return run_stage(wh, "evaluate", config.model_dump() | {"model_name": name}, fp, body, force=force,
                      device=device.name)
+
+
+# ---- the report (the paper's Table 3) ---------------------------------------------------------
+
+def _latest_em(wh: Warehouse, model_name: str, split: str) -> dict[str, float]:
+    for run in list_runs(wh, stage="evaluate"):
+        if run.status == "success" and run.config.get("model_name") == model_name and run.config.get("split") == split:
+            return {r["dataset"]: r["value"] for r in run_metrics(wh, run.run_id, "em")}
+    return {}
+
+
+def _base_dir_of(directory: Path) -> Path:
+    info = read_info(directory)
+    return directory if info["kind"] == "base" else Path(info["base_dir"])
+
+
+def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageResult:
+    """Collect EM of each row's fine-tuned model; probe and held-out loss of each row's model before fine-tuning."""
+    from corpus.sample_world import WorldFiles
+    from flows.stages import world_dir
+    from nkb_model.checkpoint import load_model
+    from nkb_model.evaluation import heldout_loss, probe
+    from nkb_model.nkb import unmount_nkb
+    from nkb_model.train import choose_device
+    rows_spec = [("Transformer", config.transformer), ("base", config.base), ("base+NKB", config.nkb),
+                 ("base+NKB-a", config.nkb_a), ("large", config.large)]
+    available = []
+    for label, name in rows_spec:
+        if name:
+            try:
+                available.append((label, name, find_model(wh, name)))
+            except ValueError:
+                continue
+    if not available:
+        raise ValueError("no model of the report exists yet; run base-model, inject, finetune and evaluate first")
+    probes_path = Path(config.probes) if config.probes else WorldFiles.at(world_dir(wh)).probes
+    probes = [json.loads(line) for line in open(probes_path, encoding="utf-8")] if probes_path.exists() else []
+    probes = [p for p in probes if p.get("split", config.split) == config.split]
+    inputs = [f"{label}:{read_info(d).get('built_by', '')}" for label, _, d in available]
+    inputs += [f"{name}{config.finetuned_suffix}:{json.dumps(_latest_em(wh, name + config.finetuned_suffix, config.split), sort_keys=True)}"
+               for _, name, _ in available]
+    fp = fingerprint("report", config.model_dump(exclude={"device"}), inputs + [str(len(probes))])
+    device = choose_device(config.device)
+
+    def body(run: StagedRun) -> dict:
+        run.run.device = device.name
+        out = {k: [] for k in ("model", "dataset", "split", "em", "params_total", "params_injected", "probe_em",
+                               "heldout_loss")}
+        summary = []
+        for label, name, directory in available:
+            info = read_info(directory)
+            model, tokenizer, _ = load_model(directory)
+            model.to(device.device)
+            probe_em, _ = probe(model, tokenizer, [p["prompt"] for p in probes], [p["answer"] for p in probes],
+                                device) if probes else (None, [])
+            held_path = _base_dir_of(directory) / "held_out.npy"
+            loss = heldout_loss(model, tokenizer, np.load(held_path), device) if held_path.exists() else None
+            if info["kind"] in ("nkb", "nkb-a") and loss is not None:
+                unmount_nkb(model)
+                run.metric("heldout_loss_nkb_unmounted", heldout_loss(model, tokenizer, np.load(held_path), device),
+                           dataset=label)
+            ems = _latest_em(wh, name + config.finetuned_suffix, config.split)
+            total = info.get("params") or sum(p.numel() for p in model.parameters())
+            injected = info.get("params_injected", 0)
+            # A row whose fine-tuned model has not been evaluated still shows its probe and held-out loss.
+            em_rows = sorted(ems.items()) + [("average", float(np.mean(list(ems.values()))) if ems else None)]
+            for dataset, em in em_rows:
+                for key, value in zip(out, (label, dataset, config.split, em, total, injected, probe_em, loss)):
+                    out[key].append(value)
+            if probe_em is not None:
+                run.metric("probe_em", probe_em, dataset=label, split=config.split)
+            if loss is not None:
+                run.metric("heldout_loss", loss, dataset=label)
+            summary.append({"model": label, "em": ems, "probe_em": probe_em, "heldout_loss": loss})
+        run.write("report", "latest", out)
+        return {"rows": summary}
+
+    return run_stage(wh, "report", config.model_dump(), fp, body, force=force, device=device.name)

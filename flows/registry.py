@@ -7,7 +7,7 @@ from typing import Callable, Literal
 
 from flows import model_stages, stages
 from flows.configs import (BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig, InjectConfig, IngestConfig, QuestionsConfig, RetrieveConfig,
-                           SalientSpansConfig, SampleWorldConfig, StageConfig)
+                           ReportConfig, SalientSpansConfig, SampleWorldConfig, StageConfig)
 from warehouse import StageResult, Warehouse
 
 
@@ -34,4 +34,5 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("inject", InjectConfig, model_stages.inject, pool="gpu"),
     Stage("finetune", FinetuneConfig, model_stages.finetune, pool="gpu"),
     Stage("evaluate", EvaluateConfig, model_stages.evaluate, pool="gpu"),
+    Stage("report", ReportConfig, model_stages.report, pool="gpu"),
 ]}

@@ -347,6 +347,18 @@ def get_run(wh: Warehouse, run_id: str) -> RunRecord | None:
     return rows[0] if rows else None
 
 
+def run_metrics(wh: Warehouse, run_id: str, metric: str | None = None) -> list[dict]:
+    """The metrics rows of one run (optionally of one metric), ordered by step."""
+    sql = "SELECT dataset, split, metric, value, step FROM metrics WHERE run_id = ?"
+    params = [run_id]
+    if metric:
+        sql += " AND metric = ?"
+        params.append(metric)
+    with wh.read_connection() as con:
+        rows = con.execute(sql + " ORDER BY step NULLS FIRST", params).fetchall()
+    return [dict(zip(("dataset", "split", "metric", "value", "step"), r)) for r in rows]
+
+
 _RUN_COLUMNS = ["run_id", "stage", "config", "code_version", "inputs_fingerprint", "status", "started_at",
                 "finished_at", "host", "device", "checkpoint", "outputs", "error"]
 

@@ -72,6 +72,17 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
         pa.field("top_questions", pa.list_(pa.string())),
         pa.field("weights", pa.list_(pa.float32())),
     ]),
+    "report": pa.schema([
+        RUN_ID,
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),   # a dataset, or "average"
+        pa.field("split", pa.string()),
+        pa.field("em", pa.float64()),
+        pa.field("params_total", pa.int64()),
+        pa.field("params_injected", pa.int64()),
+        pa.field("probe_em", pa.float64()),                  # knowledge probe before fine-tuning
+        pa.field("heldout_loss", pa.float64()),              # general-text loss before fine-tuning
+    ]),
     "edits": pa.schema([
         RUN_ID,
         pa.field("question_id", pa.string()),

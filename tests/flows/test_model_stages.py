@@ -102,3 +102,26 @@ def test_finetuning_fits_its_training_questions(world):
                                                 optimizer="adamw"))
     result = model_stages.evaluate(world, EvaluateConfig(model="fit", split="train"))
     assert min(result.value["em"].values()) > 50
+
+
+def test_report_rows_probe_and_no_forgetting(world, capsys):
+    from flows.cli import main
+    from flows.configs import ReportConfig
+    from warehouse import run_metrics
+    model_stages.pretrain_base_model(world, TINY)
+    model_stages.inject(world, INJECT)
+    model_stages.finetune(world, FinetuneConfig(model="base+nkb", epochs=1, batch_size=16))
+    model_stages.evaluate(world, EvaluateConfig(model="base+nkb.qa"))
+    result = model_stages.report(world, ReportConfig(), force=True)
+    rows = query(world, "SELECT * FROM report").to_pylist()
+    models = {r["model"] for r in rows}
+    assert {"base", "base+NKB"} <= models and "Transformer" not in models  # no such model trained here
+    nkb_rows = [r for r in rows if r["model"] == "base+NKB"]
+    assert {r["dataset"] for r in nkb_rows} == {"nq", "webquestions", "headqa", "average"}
+    assert all(r["params_injected"] > 0 and r["probe_em"] is not None for r in nkb_rows)
+    base_loss = next(r["heldout_loss"] for r in rows if r["model"] == "base")
+    unmounted = {m["dataset"]: m["value"] for m in run_metrics(world, result.run.run_id, "heldout_loss_nkb_unmounted")}
+    assert unmounted["base+NKB"] == base_loss  # the slots removed, the frozen base is exactly the base
+    assert main(["--home", str(world.home), "report", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out[0]) == {"model", "dataset", "split", "em", "params_total", "params_injected"}

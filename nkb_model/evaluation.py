@@ -1,0 +1,53 @@
+"""Evaluations beyond QA exact match: the cloze knowledge probe and the held-out language-model loss."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from nkb_model.base_model import SpanCorruptionBatches
+from nkb_model.metrics import exact_match
+from nkb_model.train import Device
+
+
+def _autocast(device: Device):
+    return torch.autocast(device.device.type, dtype=device.autocast_dtype or torch.float32,
+                          enabled=device.autocast_dtype is not None)
+
+
+def filled_span(decoded: str) -> str:
+    """The text a model wrote for `<extra_id_0>`: after that sentinel, up to the next one."""
+    text = decoded.replace("<pad>", "").replace("</s>", "")
+    if "<extra_id_0>" in text:
+        text = text.split("<extra_id_0>", 1)[1]
+    return text.split("<extra_id_1>", 1)[0].strip()
+
+
+@torch.no_grad()
+def probe(model, tokenizer, prompts: list[str], answers: list[str], device: Device, batch_size: int = 64,
+          max_new_tokens: int = 16) -> tuple[float, list[str]]:
+    """LAMA-style cloze probe: share (%) of prompts whose `<extra_id_0>` the model fills with the answer."""
+    model.eval()
+    fills = []
+    for lo in range(0, len(prompts), batch_size):
+        enc = tokenizer(prompts[lo:lo + batch_size], return_tensors="pt", padding=True).to(device.device)
+        with _autocast(device):
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1)
+        fills += [filled_span(t) for t in tokenizer.batch_decode(out, skip_special_tokens=False)]
+    hits = [exact_match(f, [a]) for f, a in zip(fills, answers)]
+    return 100.0 * sum(hits) / max(1, len(hits)), fills
+
+
+@torch.no_grad()
+def heldout_loss(model, tokenizer, rows: np.ndarray, device: Device, batch_size: int = 32, seed: int = 1234) -> float:
+    """Mean span-corruption loss on held-out text rows, with a fixed noise draw (comparable across models)."""
+    model.eval()
+    batches = SpanCorruptionBatches(rows, tokenizer, min(batch_size, len(rows)), seed)
+    losses, weights = [], []
+    for step in range(batches.per_epoch):
+        batch = {k: v.to(device.device) for k, v in batches(step).items()}
+        with _autocast(device):
+            loss = model(**batch).loss
+        losses.append(loss.item())
+        weights.append(int((batch["labels"] != -100).sum()))
+    return float(np.average(losses, weights=weights))

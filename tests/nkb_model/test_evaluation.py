@@ -1,0 +1,31 @@
+import numpy as np
+import torch
+
+from nkb_model.evaluation import filled_span, heldout_loss
+from nkb_model.base_model import new_t5, pack, train_tokenizer
+from nkb_model.nkb import NKBConfig, mount_nkb, mounted_layers, unmount_nkb
+from nkb_model.train import choose_device
+
+
+def test_filled_span():
+    assert filled_span("<pad><extra_id_0> Velmora<extra_id_1> rest</s>") == "Velmora"
+    assert filled_span("<pad> Velmora</s>") == "Velmora"
+    assert filled_span("<extra_id_0> The Silver Lantern") == "The Silver Lantern"
+
+
+def test_heldout_loss_is_unchanged_by_a_zero_nkb_and_by_unmounting():
+    texts = [f"Person {i} was born in City {i % 7} and worked for Company {i % 5}." for i in range(400)]
+    tokenizer = train_tokenizer(texts, vocab_size=120)
+    model = new_t5(tokenizer, "tiny")
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    rows = pack(ids, 32, tokenizer.eos_token_id)[:40]
+    device = choose_device("cpu")
+    base = heldout_loss(model, tokenizer, rows, device, batch_size=8)
+    mount_nkb(model, NKBConfig(zero_values=True))
+    assert heldout_loss(model, tokenizer, rows, device, batch_size=8) == base
+    with torch.no_grad():
+        mounted_layers(model)["decoder.1"].nkb_values.weight.normal_()
+    assert heldout_loss(model, tokenizer, rows, device, batch_size=8) != base
+    unmount_nkb(model)
+    assert heldout_loss(model, tokenizer, rows, device, batch_size=8) == base
+    assert np.isfinite(base)
