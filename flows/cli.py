@@ -130,12 +130,13 @@ def cmd_demo(args) -> int:
     home = resolve_home(args.home)
     started = time.perf_counter()
     world = SampleWorldConfig(people=args.people) if args.people else SampleWorldConfig()
-    rows = pipeline(world=world, home=str(home), force=args.force)
+    rows = pipeline(world=world, home=str(home), force=args.force, train_models=args.models)
     seconds = time.perf_counter() - started
     print(f"\nThe pipeline finished in {seconds:.0f} s. Stages:")
     for r in rows:
         state = "skipped (unchanged)" if r["skipped"] else f"{r['written']} in {r['seconds']:.1f} s"
-        what = r.get("corpus") or ".".join(str(r[k]) for k in ("dataset", "split") if r.get(k))
+        what = r.get("corpus") or r.get("model") or ".".join(str(r[k]) for k in ("dataset", "split") if r.get(k))
+        what = Path(what).name if "/" in str(what) else what
         print(f"  {r['stage']:<13} {what:<24} {state}")
     wh = Warehouse(home)
     print(f"\nWarehouse: {home}\n  Parquet tables: {wh.tables_dir}\n  DuckDB file:    {wh.db_path}"
@@ -226,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Generate the sample world and run every stage on it, end to end.")
     demo.add_argument("--people", type=int, help="people in the sample world (default: the stage's default)")
     demo.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")
+    demo.add_argument("--models", action=argparse.BooleanOptionalAction, default=False,
+                      help="also train, fine-tune and evaluate the report's models (the Table 3 flow; "
+                           "tens of minutes on CPU; default: off while its budgets are being tuned)")
     demo.set_defaults(func=cmd_demo)
 
     run = sub.add_parser("run", help="run one stage", description="Run one stage with its config; "

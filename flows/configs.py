@@ -115,7 +115,8 @@ class BaseModelConfig(StageConfig):
                                  description="Corpus the model is pretrained on (the sample world's states no question fact).")
     held_out_share: float = Field(0.05, ge=0, lt=0.5, description="Share of pretraining sequences kept for the held-out loss.")
     seq_len: int = Field(128, ge=16, description="Tokens per packed pretraining sequence.")
-    steps: int = Field(1500, ge=1, description="Optimizer steps.")
+    steps: int = Field(1500, ge=0, description="Optimizer steps; 0 keeps the random initialisation (the "
+                                              "report's Transformer row).")
     batch_size: int = Field(32, ge=1, description="Sequences per step.")
     micro_batch_size: Optional[int] = Field(None, ge=1, description="Sequences per forward pass (gradient accumulation).")
     optimizer: Literal["adamw", "adafactor"] = Field("adamw", description="Optimizer.")
@@ -196,3 +197,20 @@ class ReportConfig(StageConfig):
     probes: Optional[str] = Field(None, description="Cloze probe file (JSONL: prompt, answer, split); default: "
                                                     "the sample world's probes.jsonl.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
+
+
+class ModelsConfig(StageConfig):
+    """Sizes and budgets of the model stages in the pipeline (the report's rows), for one machine."""
+
+    base_size: Literal["tiny", "small", "large"] = Field("tiny", description="Size of the base model.")
+    large_size: Optional[Literal["tiny", "small", "large"]] = Field("small", description="Size of the larger base; empty to skip.")
+    pretrain_steps: int = Field(800, ge=1, description="Span-corruption steps of the base (and larger) model.")
+    pretrain_batch_size: int = Field(32, ge=1, description="Sequences per pretraining step.")
+    max_words: int = Field(60, ge=8, description="Segment length for SSM (short segments: more facts per compute).")
+    inject_steps: int = Field(1500, ge=1, description="NKB injection steps.")
+    inject_batch_size: int = Field(64, ge=1, description="SSM examples per injection step.")
+    inject_lr: float = Field(1e-2, gt=0, description="Injection learning rate.")
+    slots: Optional[int] = Field(None, ge=1, description="NKB slots; default d_ff.")
+    finetune_epochs: int = Field(30, ge=1, description="QA fine-tuning epochs.")
+    finetune_lr: float = Field(1e-3, gt=0, description="QA fine-tuning learning rate.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device for every model stage.")

@@ -79,7 +79,7 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
                                    warmup_steps=config.warmup_steps, optimizer=config.optimizer)
         # The checkpoint folder is named by the inputs fingerprint, so an interrupted run resumes.
         work = target.parent / f".train-{target.name}"
-        losses = train(model, batches, train_config, device, work, desc=f"pretrain {config.name}")
+        losses = train(model, batches, train_config, device, work, desc=f"pretrain {config.name}") if config.steps else []
         for step, loss in losses:
             run.metric("pretrain_loss", loss, dataset=config.pretrain_corpus, split="train", step=step)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-model-", dir=target.parent))
@@ -88,7 +88,7 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
         np.save(tmp / "held_out.npy", held_out)  # for the no-forgetting check
         n_params = sum(p.numel() for p in model.parameters())
         info = {"name": config.name, "kind": "base", "size": config.size, "params": n_params,
-                "vocab": len(tokenizer), "built_by": run.run_id, "final_loss": losses[-1][1]}
+                "vocab": len(tokenizer), "built_by": run.run_id, "final_loss": losses[-1][1] if losses else None}
         (tmp / INFO).write_text(json.dumps(info, indent=1))
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
@@ -97,7 +97,7 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
         run.run.outputs["model_params"] = n_params
         run.metric("params_total", n_params)
         seconds = time.perf_counter() - started
-        return {"model": str(target), "params": n_params, "final_loss": round(losses[-1][1], 4),
+        return {"model": str(target), "params": n_params, "final_loss": round(losses[-1][1], 4) if losses else None,
                 "sequences": len(train_rows), "seconds": seconds, "device": device.name}
 
     target.parent.mkdir(parents=True, exist_ok=True)

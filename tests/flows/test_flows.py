@@ -3,8 +3,8 @@
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 
-from flows.configs import IngestConfig, SampleWorldConfig
-from flows.flows import ingest_flow, pipeline
+from flows.configs import IngestConfig, ModelsConfig, SampleWorldConfig
+from flows.flows import ingest_flow, pipeline, table3
 from warehouse import Warehouse, list_runs, query
 
 
@@ -17,14 +17,14 @@ def prefect_harness():
 def test_pipeline_flow_runs_every_stage_and_then_skips(tmp_path):
     home = str(tmp_path / "wh")
     world = SampleWorldConfig(people=10, background_people=5)
-    rows = pipeline(world=world, home=home)
+    rows = pipeline(world=world, home=home, train_models=False)
     assert [r["stage"] for r in rows] == (["sample-world", "ingest", "ingest"] + ["questions"] * 6
                                           + ["index", "retrieve", "salient-spans"])
     assert not any(r["skipped"] for r in rows)
     counts = {t: n for t, _, n in Warehouse(home).row_counts()}
     assert counts["documents"] > 20 and counts["questions"] == 50 and counts["runs"] == 12
     assert counts["retrievals"] > 100 and counts["segments"] > 20 and counts["salient_spans"] > 100
-    again = pipeline(world=world, home=home)
+    again = pipeline(world=world, home=home, train_models=False)
     assert all(r["skipped"] for r in again)
     assert len(list_runs(Warehouse(home))) == 12
 
@@ -35,3 +35,14 @@ def test_stage_flow_validates_and_fails_on_bad_input(tmp_path):
     with pytest.raises(Exception, match="line 1: not valid JSON"):
         ingest_flow(IngestConfig(path=str(bad)), home=str(tmp_path / "wh"))
     assert query(Warehouse(tmp_path / "wh"), "SELECT count(*) AS n FROM documents").to_pylist() == [{"n": 0}]
+
+
+def test_table3_flow_trains_every_row_and_reports(tmp_path):
+    home = str(tmp_path / "wh")
+    pipeline(world=SampleWorldConfig(people=10, background_people=30), home=home, train_models=False)
+    tiny = ModelsConfig(base_size="tiny", large_size="tiny", pretrain_steps=3, pretrain_batch_size=8, inject_steps=3,
+                        inject_batch_size=8, finetune_epochs=1, device="cpu")
+    rows = table3(tiny, home)
+    assert [r["stage"] for r in rows].count("finetune") == 5 and rows[-1]["stage"] == "report"
+    report = query(Warehouse(home), "SELECT DISTINCT model FROM report").column("model").to_pylist()
+    assert sorted(report) == sorted(["Transformer", "base", "base+NKB", "base+NKB-a", "large"])
