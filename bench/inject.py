@@ -1,0 +1,137 @@
+"""Injection benchmark: step time and tokens/s of NKB (slots only, base frozen) vs NKB-a (everything),
+at the same batch, on CPU; and, when a CUDA GPU is present, the same for a randomly initialised
+T5-base-sized model in bf16 with model FLOPs utilisation (MFU). Without a GPU that part says it is
+skipped. Prints JSON and records `metrics` rows in `bench/results/inject`.
+
+    python -m bench.inject [--steps 5]
+
+MFU counts 6·N·T FLOPs per step for NKB-a (N parameters, T tokens) and, for NKB, the forward pass
+(2·N·T) plus the backward work that exists at all when only the last decoder FFN's slots train:
+gradients flow back through the decoder's last block and the LM head only, which is approximated as
+4·(N_slots + N_last_block + N_lm_head)·T_target + 4·N_slots·T — a lower bound of the work done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+from transformers import T5Config, T5ForConditionalGeneration
+
+from nkb_model.base_model import SIZES
+from nkb_model.nkb import NKBConfig, mark_only_nkb_trainable, mount_nkb
+from nkb_model.train import Device, TrainConfig, choose_device, make_optimizer
+
+# Dense bf16 peak FLOP/s by GPU name fragment (vendor data sheets, without sparsity).
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
+T5_BASE = dict(d_model=768, d_ff=3072, num_layers=12, num_decoder_layers=12, num_heads=12, d_kv=64,
+               feed_forward_proj="relu", vocab_size=32128)
+
+
+def _model(arch: dict, variant: str, device: Device) -> T5ForConditionalGeneration:
+    torch.manual_seed(0)
+    config = T5Config(dropout_rate=0.0, decoder_start_token_id=0, **arch)
+    model = T5ForConditionalGeneration(config)
+    mount_nkb(model, NKBConfig())
+    if variant == "nkb":
+        mark_only_nkb_trainable(model)
+        model.eval()
+    else:
+        model.train()
+    return model.to(device.device)
+
+
+def time_steps(model, device: Device, batch: int, input_len: int, target_len: int, steps: int) -> float:
+    """Median seconds per optimizer step (after one warm-up step)."""
+    vocab = model.config.vocab_size
+    x = torch.randint(3, vocab, (batch, input_len), device=device.device)
+    y = torch.randint(3, vocab, (batch, target_len), device=device.device)
+    optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad],
+                               TrainConfig(steps=steps, batch_size=batch))
+    times = []
+    for i in range(steps + 1):
+        if device.device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        with torch.autocast(device.device.type, dtype=device.autocast_dtype or torch.float32,
+                            enabled=device.autocast_dtype is not None):
+            loss = model(input_ids=x, labels=y).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.device.type == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def flops_per_step(model, variant: str, batch: int, input_len: int, target_len: int) -> float:
+    n = sum(p.numel() for p in model.parameters())
+    tokens = batch * (input_len + target_len)
+    if variant == "nkb-a":
+        return 6 * n * tokens
+    slots = sum(p.numel() for n_, p in model.named_parameters() if ".nkb_" in n_)
+    last_block = sum(p.numel() for p in model.decoder.block[-1].parameters())
+    head = model.lm_head.weight.numel()
+    return 2 * n * tokens + 4 * (slots + last_block + head) * batch * target_len + 4 * slots * tokens
+
+
+def compare(arch: dict, device: Device, batch: int, input_len: int, target_len: int, steps: int) -> dict:
+    out = {}
+    for variant in ("nkb", "nkb-a"):
+        model = _model(arch, variant, device)
+        seconds = time_steps(model, device, batch, input_len, target_len, steps)
+        out[variant] = {"step_s": round(seconds, 4), "tokens_per_s": round(batch * (input_len + target_len) / seconds, 1),
+                        "params": sum(p.numel() for p in model.parameters()),
+                        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                        "flops_per_step": flops_per_step(model, variant, batch, input_len, target_len)}
+        del model
+    out["nkb_over_nkb_a_step_time"] = round(out["nkb"]["step_s"] / out["nkb-a"]["step_s"], 3)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per variant (after one warm-up)")
+    parser.add_argument("--size", default="small", choices=list(SIZES), help="model size for the CPU comparison")
+    parser.add_argument("--home", default="bench/results/inject", help="benchmark warehouse")
+    args = parser.parse_args(argv)
+
+    result = {"benchmark": "inject"}
+    cpu = choose_device("cpu")
+    arch = dict(SIZES[args.size], feed_forward_proj="gated-gelu", vocab_size=4100)
+    result["cpu"] = {"model": args.size, "batch": "64 x (64 in + 8 out)",
+                     **compare(arch, cpu, batch=64, input_len=64, target_len=8, steps=args.steps)}
+    if torch.cuda.is_available():
+        gpu = choose_device("cuda")
+        name = torch.cuda.get_device_name(0)
+        peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
+        gpu_result = compare(T5_BASE, gpu, batch=64, input_len=512, target_len=16, steps=args.steps)
+        for variant in ("nkb", "nkb-a"):
+            r = gpu_result[variant]
+            r["mfu"] = round(r["flops_per_step"] / r["step_s"] / peak, 4) if peak else None
+        result["gpu"] = {"device": name, "model": "T5-base-sized, random init, bf16 autocast",
+                         "batch": "64 x (512 in + 16 out)", "peak_bf16_flops": peak, **gpu_result}
+    else:
+        result["gpu"] = "skipped: no CUDA GPU on this machine"
+    print(json.dumps(result, indent=1))
+
+    from warehouse import Warehouse, run_stage
+    flat = {f"{where}.{variant}.{k}": v for where in ("cpu", "gpu") if isinstance(result[where], dict)
+            for variant in ("nkb", "nkb-a") for k, v in result[where][variant].items() if isinstance(v, (int, float))}
+    flat.update({f"{w}.nkb_over_nkb_a_step_time": result[w]["nkb_over_nkb_a_step_time"]
+                 for w in ("cpu", "gpu") if isinstance(result[w], dict)})
+
+    def body(run):
+        for metric, value in flat.items():
+            run.metric(f"bench.inject.{metric}", value)
+    run_stage(Warehouse(args.home), "bench-inject", {"steps": args.steps, "size": args.size}, "bench", body, force=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
