@@ -6,7 +6,8 @@ Every fact is stated several times, in different wordings, in different articles
 the city's, the employer's, the university's, the work's) of a MediaWiki XML dump; questions about
 the facts use other wordings, and probe (cloze) sentences use wordings that neither articles nor
 questions use. A disjoint population of *background people* fills a "general text" corpus that states
-no question fact at all, for pretraining a small base model.
+no question fact at all, for pretraining a small base model; it states its facts in the article and
+the probe wordings, so the base model learns what the probe wordings mean.
 
 Written files (names are fixed; `WorldFiles` lists them):
     knowledge.xml.bz2            MediaWiki pages-articles dump (infoboxes, links, refs, tables, a
@@ -183,7 +184,7 @@ class _Names:
 class SampleWorld:
     """The entities and facts of one seeded world; `write` renders them into files."""
 
-    def __init__(self, seed: int = 13, people: int = 120, background_people: int = 120, mentions: int = 3,
+    def __init__(self, seed: int = 13, people: int = 120, background_people: int = 600, mentions: int = 3,
                  validation_share: float = 0.2):
         if people < 5:
             raise ValueError("a sample world needs at least 5 people")
@@ -256,11 +257,19 @@ class SampleWorld:
                                kind=kind, verb=verb,
                                pro="he" if p.gender == "m" else "she", pos="his" if p.gender == "m" else "her")
 
-    def article_sentences(self, people: list[Person]) -> dict[str, list[str]]:
-        """Sentences per article title: each fact stated `mentions` times with distinct wordings."""
+    def article_sentences(self, people: list[Person], probe_wordings: bool = False) -> dict[str, list[str]]:
+        """Sentences per article title: each fact stated `mentions` times with distinct wordings.
+
+        `probe_wordings` also states each fact in the probe wordings, in the person's article: the
+        general-text corpus does that for its (background) people, so a model pretrained on it knows
+        what those wordings mean, while the knowledge corpus never uses them."""
         hosts: dict[str, list[str]] = {}
         for p in people:
             for rel in RELATIONS:
+                if probe_wordings:
+                    for template in PROBE_WORDINGS[rel]:
+                        sentence = self._fill(template.replace("<extra_id_0>", "{{ANSWER}}"), p)
+                        hosts.setdefault(p.name, []).append(sentence.replace("{ANSWER}", p.fact(rel)))
                 for host, template in self._pick_wordings(rel):
                     title = {"person": p.name, "employer": p.employer, "object_univ": p.university,
                              "object": {"born_in": p.birth_city, "employer": p.employer,
@@ -371,7 +380,7 @@ class SampleWorld:
 
     def _write_general(self, path: Path) -> None:
         from corpus.wikitext import wikitext_to_text
-        sentences = self.article_sentences(self.background)
+        sentences = self.article_sentences(self.background, probe_wordings=True)
         places = [*self.cities, *self.organisations, *self.universities]
         for title in places:  # every place gets an article, with or without background people
             sentences.setdefault(title, [])
@@ -423,7 +432,7 @@ def _webq_value(answer: str) -> str:
     return answer
 
 
-def generate(root: str | Path, seed: int = 13, people: int = 120, background_people: int = 120,
+def generate(root: str | Path, seed: int = 13, people: int = 120, background_people: int = 600,
              mentions: int = 3, validation_share: float = 0.2) -> WorldFiles:
     """Generate a sample world into `root` (see the module docstring for the files)."""
     world = SampleWorld(seed=seed, people=people, background_people=background_people, mentions=mentions,
