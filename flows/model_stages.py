@@ -46,6 +46,23 @@ def find_model(wh: Warehouse, name: str) -> Path:
     raise ValueError(f"no model named {name!r}; train it first (nkb run base-model / inject / finetune)")
 
 
+def _publish(run: StagedRun, target: Path, work: Path, write) -> None:
+    """Write a model into a temporary folder, swap it in as `target`, then drop the training checkpoint."""
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-model-", dir=target.parent))
+    try:
+        write(tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
+    run.run.checkpoint = str(target)
+
+
+def _questions_lineage(wh: Warehouse, datasets: list[str], split: str) -> list[str]:
+    return [f"{n}:{f}" for n, f in wh.lineage("questions") if n.split(".")[0] in datasets and n.endswith("." + split)]
+
+
 def model_dir(wh: Warehouse, name: str, fp: str) -> Path:
     return wh.files_dir / "models" / f"{name}-{fp[:12]}"
 
@@ -82,18 +99,17 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
         losses = train(model, batches, train_config, device, work, desc=f"pretrain {config.name}") if config.steps else []
         for step, loss in losses:
             run.metric("pretrain_loss", loss, dataset=config.pretrain_corpus, split="train", step=step)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-model-", dir=target.parent))
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        np.save(tmp / "held_out.npy", held_out)  # for the no-forgetting check
         n_params = sum(p.numel() for p in model.parameters())
         info = {"name": config.name, "kind": "base", "size": config.size, "params": n_params,
                 "vocab": len(tokenizer), "built_by": run.run_id, "final_loss": losses[-1][1] if losses else None}
-        (tmp / INFO).write_text(json.dumps(info, indent=1))
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
-        shutil.rmtree(work, ignore_errors=True)
-        run.run.checkpoint = str(target)
+
+        def write(directory: Path) -> None:
+            model.save_pretrained(directory)
+            tokenizer.save_pretrained(directory)
+            np.save(directory / "held_out.npy", held_out)  # for the no-forgetting check
+            (directory / INFO).write_text(json.dumps(info, indent=1))
+
+        _publish(run, target, work, write)
         run.run.outputs["model_params"] = n_params
         run.metric("params_total", n_params)
         seconds = time.perf_counter() - started
@@ -166,12 +182,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         info = {"name": name, "kind": config.variant, "base_dir": str(hf_dir(base_dir)), "base_model": config.base_model,
                 "params": total, "params_injected": trainable, "built_by": run.run_id, "final_loss": losses[-1][1],
                 "layers": model.nkb_config.layers, "slots": model.nkb_config.slots}
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-model-", dir=target.parent))
-        save_model(model, tokenizer, tmp, info, weights_changed=config.variant == "nkb-a")
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
-        shutil.rmtree(work, ignore_errors=True)
-        run.run.checkpoint = str(target)
+        _publish(run, target, work, lambda d: save_model(model, tokenizer, d, info, config.variant == "nkb-a"))
         run.run.outputs["params_injected"] = trainable
         run.metric("params_total", total)
         run.metric("params_injected", trainable)
@@ -211,8 +222,7 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
     name = config.model_name()
     questions = _questions(wh, config.datasets, config.split)
     datasets = sorted(set(questions.column("dataset").to_pylist()))
-    inputs = [str(source), read_info(source).get("built_by", "")] + [
-        f"{n}:{f}" for n, f in wh.lineage("questions") if n.split(".")[0] in datasets and n.endswith("." + config.split)]
+    inputs = [str(source), read_info(source).get("built_by", "")] + _questions_lineage(wh, datasets, config.split)
     fp = fingerprint("finetune", config.model_dump(exclude={"device", "micro_batch_size"}) | {"name": name}, inputs)
     target = model_dir(wh, name, fp)
     device = choose_device(config.device)
@@ -244,12 +254,7 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
                 "name": name, "kind": "finetuned", "source": config.model, "source_kind": source_info["kind"],
                 "params": sum(p.numel() for p in model.parameters()), "built_by": run.run_id,
                 "final_loss": losses[-1][1], "datasets": datasets}
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-model-", dir=target.parent))
-        save_model(model, tokenizer, tmp, info, weights_changed=True)
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
-        shutil.rmtree(work, ignore_errors=True)
-        run.run.checkpoint = str(target)
+        _publish(run, target, work, lambda d: save_model(model, tokenizer, d, info, weights_changed=True))
         run.run.outputs["steps"] = steps
         return {"model": name, "questions": len(texts), "steps": steps, "final_loss": round(losses[-1][1], 4),
                 "seconds": time.perf_counter() - started, "device": device.name}
@@ -270,8 +275,8 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
     name = read_info(source)["name"] if (source / INFO).exists() else source.name
     questions = _questions(wh, config.datasets, config.split)
     datasets = sorted(set(questions.column("dataset").to_pylist()))
-    inputs = [str(source), read_info(source).get("built_by", "") if (source / INFO).exists() else ""] + [
-        f"{n}:{f}" for n, f in wh.lineage("questions") if n.split(".")[0] in datasets and n.endswith("." + config.split)]
+    inputs = [str(source), read_info(source).get("built_by", "") if (source / INFO).exists() else ""]
+    inputs += _questions_lineage(wh, datasets, config.split)
     fp = fingerprint("evaluate", config.model_dump(exclude={"device", "batch_size"}), inputs)
     device = choose_device(config.device)
 
