@@ -73,18 +73,21 @@ ARTICLE_WORDINGS = {
         ("person", "{P} later joined [[{O}]], where {pro} stayed until retirement."),
         ("object", "{O} employed the {occ} [[{P}]]."),
         ("object", "Among the people who worked at {O} was [[{P}]]."),
+        ("object_univ", "After {pos} studies, [[{P}]] took a position at [[{O}]]."),
     ],
     "educated_at": [
         ("person", "{P} studied at [[{U}]]."),
         ("person", "{P} graduated from [[{U}]]."),
         ("object", "Alumni of {U} include the {occ} [[{P}]]."),
         ("object", "[[{P}]] received {pos} education at {U}."),
+        ("employer", "[[{P}]], a graduate of [[{U}]], was on the staff of {O}."),
     ],
     "notable_work": [
         ("person", "{P} is best known for the {kind} ''[[{W}]]''."),
         ("person", "{P} {verb} ''[[{W}]]'', {pos} most famous {kind}."),
         ("object", "''{W}'' is a {kind} by [[{P}]]."),
         ("object", "''{W}'' was {verb} by the {occ} [[{P}]]."),
+        ("employer", "While at {O}, [[{P}]] {verb} the {kind} ''[[{W}]]''."),
     ],
 }
 QUESTION_WORDINGS = {
@@ -188,8 +191,8 @@ class SampleWorld:
                  validation_share: float = 0.2):
         if people < 5:
             raise ValueError("a sample world needs at least 5 people")
-        if not 1 <= mentions <= 4:
-            raise ValueError("mentions (article statements per fact) must be between 1 and 4")
+        if not 1 <= mentions <= 3:
+            raise ValueError("mentions (article statements per fact) must be between 1 and 3")
         self.seed, self.mentions = seed, mentions
         rng = self.rng = random.Random(seed)
         names = _Names(rng)
@@ -280,14 +283,14 @@ class SampleWorld:
         return hosts
 
     def _pick_wordings(self, relation: str) -> list[tuple[str, str]]:
-        """`mentions` distinct wordings of a relation, spread over as many different articles as possible."""
+        """`mentions` wordings of a relation, each in a different article: a fact stated twice in one
+        article could be copied from the context when one statement is masked, instead of recalled."""
         options = self.rng.sample(ARTICLE_WORDINGS[relation], k=len(ARTICLE_WORDINGS[relation]))
         picked, hosts = [], set()
-        for option in options:  # first one wording per host article, then any
+        for option in options:
             if option[0] not in hosts:
                 picked.append(option)
                 hosts.add(option[0])
-        picked += [o for o in options if o not in picked]
         return picked[: self.mentions]
 
     def write(self, root: str | Path) -> WorldFiles:

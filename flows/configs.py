@@ -23,7 +23,7 @@ class SampleWorldConfig(StageConfig):
     people: int = Field(120, ge=5, description="People whose facts are asked about (5 facts each).")
     background_people: int = Field(600, ge=0, description="Other people, only in the general-text corpus "
                                                          "(pretraining text for the small base model).")
-    mentions: int = Field(3, ge=1, le=4, description="Articles that state each fact, each in its own wording.")
+    mentions: int = Field(3, ge=1, le=3, description="Articles that state each fact, each in its own wording.")
     validation_share: float = Field(0.2, gt=0, lt=1, description="Share of facts whose questions go to validation.")
 
 

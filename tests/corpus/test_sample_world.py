@@ -78,3 +78,26 @@ def test_probes_mask_the_answer(world_dir):
 def test_splits_have_both_train_and_validation(world_dir):
     splits = {(f["dataset"], f["split"]) for f in load_facts(WorldFiles.at(world_dir))}
     assert splits == {(d, s) for d in DATASETS for s in ("train", "validation")}
+
+
+def test_no_article_states_a_fact_twice(world_dir):
+    """Masking one statement of a fact must not leave another statement of it in the same article."""
+    from corpus.segment import sentences
+    files = WorldFiles.at(world_dir)
+    docs = list(read_documents(files.knowledge_dump))
+    facts = load_facts(files)
+    names = {f["object"] for f in facts}
+    for fact in facts:
+        # "Reinkrem" inside "Polytechnic of Reinkrem" names another entity, not the birthplace.
+        longer = sorted((n for n in names if fact["object"] in n and n != fact["object"]), key=len, reverse=True)
+        for d in docs:
+            if d.title == fact["object"]:
+                continue  # an article about the object names it everywhere; that is not this fact
+            stating = []
+            for a, b in sentences(d.text):
+                sentence = d.text[a:b]
+                for other in longer:
+                    sentence = sentence.replace(other, "")
+                if fact["subject"] in sentence and fact["object"] in sentence:
+                    stating.append(sentence)
+            assert len(stating) <= 1, (fact["fact_id"], d.title, stating)
