@@ -94,7 +94,7 @@ def read_mediawiki(path: str | os.PathLike, workers: int = 1) -> Iterator[Docume
     # `spawn`: forking a process that holds DuckDB/Arrow threads is unsafe.
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         in_flight: collections.deque = collections.deque()
-        for batch in _batched(pages, 64):
+        for batch in batched(pages, 64):
             in_flight.append((batch, pool.map_async(wikitext_to_text, [p.text for p in batch], chunksize=16)))
             if len(in_flight) > 2 * workers:
                 yield from _cleaned(*in_flight.popleft())
@@ -107,7 +107,9 @@ def _cleaned(batch: list[Document], texts) -> Iterator[Document]:
         yield Document(page.doc_id, page.title, text)
 
 
-def _batched(items: Iterator, n: int) -> Iterator[list]:
+def batched(items, n: int) -> Iterator[list]:
+    """Lists of up to `n` consecutive items."""
+    items = iter(items)
     while batch := list(itertools.islice(items, n)):
         yield batch
 

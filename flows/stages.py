@@ -35,12 +35,6 @@ def progress(**kwargs) -> tqdm:
     return tqdm(disable=os.environ.get("NKB_PROGRESS", "1") == "0", mininterval=0.5, **kwargs)
 
 
-def _batched(items, n: int):
-    it = iter(items)
-    while batch := list(itertools.islice(it, n)):
-        yield batch
-
-
 # ---- sample-world -----------------------------------------------------------------------------
 
 def world_dir(wh: Warehouse) -> Path:
@@ -100,7 +94,7 @@ def ingest(wh: Warehouse, config: IngestConfig, force: bool = False) -> StageRes
             pages = itertools.islice(pages, config.limit)
         rows = 0
         with run.writer("documents", corpus) as out, progress(desc=f"ingest {corpus}", unit=" pages") as bar:
-            for batch in _batched(pages, BATCH_ROWS):
+            for batch in docs.batched(pages, BATCH_ROWS):
                 out.write({"doc_id": [d.doc_id for d in batch], "title": [d.title for d in batch],
                            "text": [d.text for d in batch], "corpus": [corpus] * len(batch)})
                 rows += len(batch)
