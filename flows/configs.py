@@ -167,6 +167,9 @@ class FinetuneConfig(StageConfig):
     lr: float = Field(1e-3, gt=0, description="Constant learning rate (the paper: 1e-3).")
     max_input_len: int = Field(256, ge=8, description="Input tokens (the paper: 256).")
     freeze_nkb: bool = Field(False, description="Keep the NKB slots fixed while fine-tuning the rest.")
+    answer_format: Literal["plain", "sentinel"] = Field(
+        "plain", description="plain: question → answer (the paper's); sentinel: the answer asked for like a masked "
+                             "span (… answer: <extra_id_0> → <extra_id_0> answer <extra_id_1>).")
     seed: int = Field(0, description="Seed for the order of questions.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
 

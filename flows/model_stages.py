@@ -208,8 +208,13 @@ def _questions(wh: Warehouse, datasets: list[str] | None, split: str):
     return table.sort_by("question_id")
 
 
-def qa_input(question: str) -> str:
-    return f"question: {question}"
+def qa_pair(question: str, answer: str | None, answer_format: str) -> tuple[str, str | None]:
+    """Model input and target for a question. `plain` is the paper's (`question: …` → answer); `sentinel`
+    asks for the answer the way salient span masking asks for a span (`… answer: <extra_id_0>` →
+    `<extra_id_0> answer <extra_id_1>`), so fine-tuning starts from the path the NKB was trained on."""
+    if answer_format == "sentinel":
+        return f"question: {question} answer: <extra_id_0>", None if answer is None else f"<extra_id_0> {answer} <extra_id_1>"
+    return f"question: {question}", answer
 
 
 def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> StageResult:
@@ -230,8 +235,9 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
         run.run.device = device.name
-        texts = [qa_input(q) for q in questions.column("question").to_pylist()]
-        answers = [a[0] for a in questions.column("answers").to_pylist()]
+        pairs = [qa_pair(q, a[0], config.answer_format) for q, a in
+                 zip(questions.column("question").to_pylist(), questions.column("answers").to_pylist())]
+        texts, answers = [p[0] for p in pairs], [p[1] for p in pairs]
         model, tokenizer, source_info = load_model(source)
         model.to(device.device)
         for param_name, param in model.named_parameters():
@@ -253,7 +259,7 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
         info = {**{k: v for k, v in source_info.items() if k in ("params_injected", "layers", "slots", "base_model")},
                 "name": name, "kind": "finetuned", "source": config.model, "source_kind": source_info["kind"],
                 "params": sum(p.numel() for p in model.parameters()), "built_by": run.run_id,
-                "final_loss": losses[-1][1], "datasets": datasets}
+                "final_loss": losses[-1][1], "datasets": datasets, "answer_format": config.answer_format}
         _publish(run, target, work, lambda d: save_model(model, tokenizer, d, info, weights_changed=True))
         run.run.outputs["steps"] = steps
         return {"model": name, "questions": len(texts), "steps": steps, "final_loss": round(losses[-1][1], 4),
@@ -269,6 +275,7 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
     import torch
 
     from nkb_model.checkpoint import load_model
+    from nkb_model.evaluation import filled_span
     from nkb_model.metrics import exact_match
     from nkb_model.train import choose_device
     source = find_model(wh, config.model)
@@ -285,7 +292,8 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
         run.run.device = device.name
         model, tokenizer, _ = load_model(source)
         model.to(device.device).eval()
-        texts = [qa_input(q) for q in questions.column("question").to_pylist()]
+        answer_format = read_info(source).get("answer_format", "plain") if (source / INFO).exists() else "plain"
+        texts = [qa_pair(q, None, answer_format)[0] for q in questions.column("question").to_pylist()]
         predictions = []
         for lo in range(0, len(texts), config.batch_size):
             enc = tokenizer(texts[lo:lo + config.batch_size], return_tensors="pt", padding=True, truncation=True,
@@ -293,8 +301,7 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
             with torch.no_grad(), torch.autocast(device.device.type, dtype=device.autocast_dtype or torch.float32,
                                                  enabled=device.autocast_dtype is not None):
                 out = model.generate(**enc, max_new_tokens=config.max_new_tokens, do_sample=False, num_beams=1)
-            predictions += tokenizer.batch_decode(out, skip_special_tokens=True)
-        predictions = [p.strip() for p in predictions]
+            predictions += [filled_span(t) for t in tokenizer.batch_decode(out, skip_special_tokens=False)]
         gold = questions.column("answers").to_pylist()
         correct = [exact_match(p, g) for p, g in zip(predictions, gold)]
         ds = questions.column("dataset").to_pylist()

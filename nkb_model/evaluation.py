@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import torch
 
@@ -17,10 +19,10 @@ def _autocast(device: Device):
 
 def filled_span(decoded: str) -> str:
     """The text a model wrote for `<extra_id_0>`: after that sentinel, up to the next one."""
-    text = decoded.replace("<pad>", "").replace("</s>", "")
+    text = decoded.replace("<pad>", "").split("</s>", 1)[0]
     if "<extra_id_0>" in text:
         text = text.split("<extra_id_0>", 1)[1]
-    return text.split("<extra_id_1>", 1)[0].strip()
+    return " ".join(re.sub(r"<extra_id_\d+>", " ", text.split("<extra_id_1>", 1)[0]).split())
 
 
 @torch.no_grad()

@@ -96,11 +96,12 @@ def test_inject_finetune_evaluate_end_to_end_within_a_minute(world):
         assert r["value"] == pytest.approx(100 * sum(x["exact_match"] for x in ds_rows) / len(ds_rows))
 
 
-def test_finetuning_fits_its_training_questions(world):
+@pytest.mark.parametrize("answer_format", ["plain", "sentinel"])
+def test_finetuning_fits_its_training_questions(world, answer_format):
     model_stages.pretrain_base_model(world, TINY)
-    model_stages.finetune(world, FinetuneConfig(model="base", name="fit", epochs=60, batch_size=16, lr=3e-3,
-                                                optimizer="adamw"))
-    result = model_stages.evaluate(world, EvaluateConfig(model="fit", split="train"))
+    model_stages.finetune(world, FinetuneConfig(model="base", name=f"fit-{answer_format}", epochs=60, batch_size=16,
+                                                lr=3e-3, optimizer="adamw", answer_format=answer_format))
+    result = model_stages.evaluate(world, EvaluateConfig(model=f"fit-{answer_format}", split="train"))
     assert min(result.value["em"].values()) > 50
 
 

@@ -11,6 +11,7 @@ def test_filled_span():
     assert filled_span("<pad><extra_id_0> Velmora<extra_id_1> rest</s>") == "Velmora"
     assert filled_span("<pad> Velmora</s>") == "Velmora"
     assert filled_span("<extra_id_0> The Silver Lantern") == "The Silver Lantern"
+    assert filled_span("<pad> Velmora<extra_id_7> City</s><pad>") == "Velmora City"
 
 
 def test_heldout_loss_is_unchanged_by_a_zero_nkb_and_by_unmounting():
