@@ -25,6 +25,7 @@ from __future__ import annotations
 import bz2
 import json
 import random
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape
@@ -215,6 +216,8 @@ class SampleWorld:
         self.people = [self._person(names) for _ in range(people)]
         self.background = [self._person(names) for _ in range(background_people)]
         self._work_list = [p.work for p in self.people]
+        self._people_by_name = {p.name: p for p in self.people}
+        self.person_wordings: dict[tuple[str, str], str] = {}  # (person, relation) -> wording in their article
         self.facts = self._facts(validation_share)
 
     def _person(self, names: _Names) -> Person:
@@ -278,6 +281,8 @@ class SampleWorld:
                              "object": {"born_in": p.birth_city, "employer": p.employer,
                                         "educated_at": p.university, "notable_work": p.work}.get(rel)}[host]
                     hosts.setdefault(title, []).append(self._fill(template, p))
+                    if host == "person":
+                        self.person_wordings[(p.name, rel)] = template
         for sentences in hosts.values():
             self.rng.shuffle(sentences)
         return hosts
@@ -303,15 +308,25 @@ class SampleWorld:
             for f in self.facts:
                 fh.write(json.dumps({k: v for k, v in asdict(f).items() if k != "distractors"}) + "\n")
         with open(files.probes, "w", encoding="utf-8") as fh:
-            by_name = {p.name: p for p in self.people}
             for f in self.facts:
-                for k, template in enumerate(PROBE_WORDINGS[f.relation]):
-                    prompt = self._fill(template.replace("<extra_id_0>", "{{MASK}}"), by_name[f.subject])
-                    fh.write(json.dumps({"fact_id": f.fact_id, "probe": k, "relation": f.relation,
-                                         "dataset": f.dataset, "split": f.split,
-                                         "prompt": prompt.replace("{MASK}", "<extra_id_0>"),
-                                         "answer": f.object}) + "\n")
+                for k, (wording, prompt) in enumerate(self._probe_prompts(f)):
+                    fh.write(json.dumps({"fact_id": f.fact_id, "probe": k, "relation": f.relation, "wording": wording,
+                                         "dataset": f.dataset, "split": f.split, "prompt": prompt,
+                                         "answer": f.object}, ensure_ascii=False) + "\n")
         return files
+
+    def _probe_prompts(self, fact: Fact) -> list[tuple[str, str]]:
+        """Cloze prompts for a fact: in each probe wording ("unseen": no article uses it) and, when the
+        subject's own article states the fact, in that article's wording ("seen", memorisation)."""
+        person = self._people_by_name[fact.subject]
+        prompts = [("unseen", self._fill(t.replace("<extra_id_0>", "{{MASK}}"), person).replace("{MASK}", "<extra_id_0>"))
+                   for t in PROBE_WORDINGS[fact.relation]]
+        template = self.person_wordings.get((fact.subject, fact.relation))
+        if template:
+            sentence = re.sub(r"\[\[|\]\]|''", "", self._fill(template, person))
+            if sentence.count(fact.object) == 1:
+                prompts.append(("seen", sentence.replace(fact.object, "<extra_id_0>")))
+        return prompts
 
     # -- the knowledge dump --
 

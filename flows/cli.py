@@ -205,6 +205,8 @@ def cmd_report(args) -> int:
     for d in datasets + ["average"]:
         columns[f"EM {d}"] = [None if cell(m, d) is None else round(cell(m, d), 1) for m in models]
     columns["probe EM"] = [None if first[m]["probe_em"] is None else round(first[m]["probe_em"], 1) for m in models]
+    columns["probe EM, seen wording"] = [None if first[m].get("probe_seen_em") is None
+                                         else round(first[m]["probe_seen_em"], 1) for m in models]
     columns["held-out loss"] = [None if first[m]["heldout_loss"] is None else round(first[m]["heldout_loss"], 4) for m in models]
     columns["loss, NKB unmounted"] = [None if m not in unmounted else round(unmounted[m], 4) for m in models]
     columns["params"] = [first[m]["params_total"] for m in models]

@@ -329,6 +329,13 @@ def _latest_em(wh: Warehouse, model_name: str, split: str) -> dict[str, float]:
     return {}
 
 
+def _probe_em(model, tokenizer, probes: list[dict], device) -> float | None:
+    from nkb_model.evaluation import probe
+    if not probes:
+        return None
+    return probe(model, tokenizer, [p["prompt"] for p in probes], [p["answer"] for p in probes], device)[0]
+
+
 def _base_dir_of(directory: Path) -> Path:
     info = read_info(directory)
     return directory if info["kind"] == "base" else Path(info["base_dir"])
@@ -339,7 +346,7 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
     from corpus.sample_world import WorldFiles
     from flows.stages import world_dir
     from nkb_model.checkpoint import load_model
-    from nkb_model.evaluation import heldout_loss, probe
+    from nkb_model.evaluation import heldout_loss
     from nkb_model.nkb import unmount_nkb
     from nkb_model.train import choose_device
     rows_spec = [("Transformer", config.transformer), ("base", config.base), ("base+NKB", config.nkb),
@@ -365,14 +372,14 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
     def body(run: StagedRun) -> dict:
         run.run.device = device.name
         out = {k: [] for k in ("model", "dataset", "split", "em", "params_total", "params_injected", "probe_em",
-                               "heldout_loss")}
+                               "probe_seen_em", "heldout_loss")}
         summary = []
         for label, name, directory in available:
             info = read_info(directory)
             model, tokenizer, _ = load_model(directory)
             model.to(device.device)
-            probe_em, _ = probe(model, tokenizer, [p["prompt"] for p in probes], [p["answer"] for p in probes],
-                                device) if probes else (None, [])
+            probe_em, probe_seen_em = (_probe_em(model, tokenizer, [p for p in probes if p.get("wording", "unseen") == w],
+                                                 device) for w in ("unseen", "seen"))
             held_path = _base_dir_of(directory) / "held_out.npy"
             loss = heldout_loss(model, tokenizer, np.load(held_path), device) if held_path.exists() else None
             if info["kind"] in ("nkb", "nkb-a") and loss is not None:
@@ -385,13 +392,16 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
             # A row whose fine-tuned model has not been evaluated still shows its probe and held-out loss.
             em_rows = sorted(ems.items()) + [("average", float(np.mean(list(ems.values()))) if ems else None)]
             for dataset, em in em_rows:
-                for key, value in zip(out, (label, dataset, config.split, em, total, injected, probe_em, loss)):
+                for key, value in zip(out, (label, dataset, config.split, em, total, injected, probe_em, probe_seen_em,
+                                            loss)):
                     out[key].append(value)
-            if probe_em is not None:
-                run.metric("probe_em", probe_em, dataset=label, split=config.split)
+            for metric, value in (("probe_em", probe_em), ("probe_seen_em", probe_seen_em)):
+                if value is not None:
+                    run.metric(metric, value, dataset=label, split=config.split)
             if loss is not None:
                 run.metric("heldout_loss", loss, dataset=label)
-            summary.append({"model": label, "em": ems, "probe_em": probe_em, "heldout_loss": loss})
+            summary.append({"model": label, "em": ems, "probe_em": probe_em, "probe_seen_em": probe_seen_em,
+                            "heldout_loss": loss})
         run.write("report", "latest", out)
         return {"rows": summary}
 

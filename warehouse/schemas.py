@@ -80,7 +80,8 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
         pa.field("em", pa.float64()),
         pa.field("params_total", pa.int64()),
         pa.field("params_injected", pa.int64()),
-        pa.field("probe_em", pa.float64()),                  # knowledge probe before fine-tuning
+        pa.field("probe_em", pa.float64()),                  # knowledge probe (unseen wordings) before fine-tuning
+        pa.field("probe_seen_em", pa.float64()),             # the same facts in their article's wording
         pa.field("heldout_loss", pa.float64()),              # general-text loss before fine-tuning
     ]),
     "edits": pa.schema([

@@ -70,9 +70,14 @@ def test_question_files_go_through_the_readers_and_match_the_facts(world_dir):
 def test_probes_mask_the_answer(world_dir):
     files = WorldFiles.at(world_dir)
     probes = [json.loads(line) for line in open(files.probes, encoding="utf-8")]
-    assert len(probes) == 2 * len(load_facts(files))
+    assert len([p for p in probes if p["wording"] == "unseen"]) == 2 * len(load_facts(files))
     for p in probes:
         assert p["prompt"].count("<extra_id_0>") == 1 and p["answer"] not in p["prompt"]
+    # "seen" prompts are sentences of the knowledge corpus with the answer masked
+    corpus = "\n".join(d.text for d in read_documents(files.knowledge_dump))
+    seen = [p for p in probes if p["wording"] == "seen"]
+    assert len(seen) == len(load_facts(files))
+    assert all(p["prompt"].replace("<extra_id_0>", p["answer"]) in corpus for p in seen)
 
 
 def test_splits_have_both_train_and_validation(world_dir):

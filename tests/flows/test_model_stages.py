@@ -119,7 +119,8 @@ def test_report_rows_probe_and_no_forgetting(world, capsys):
     assert {"base", "base+NKB"} <= models and "Transformer" not in models  # no such model trained here
     nkb_rows = [r for r in rows if r["model"] == "base+NKB"]
     assert {r["dataset"] for r in nkb_rows} == {"nq", "webquestions", "headqa", "average"}
-    assert all(r["params_injected"] > 0 and r["probe_em"] is not None for r in nkb_rows)
+    assert all(r["params_injected"] > 0 and r["probe_em"] is not None and r["probe_seen_em"] is not None
+               for r in nkb_rows)
     base_loss = next(r["heldout_loss"] for r in rows if r["model"] == "base")
     unmounted = {m["dataset"]: m["value"] for m in run_metrics(world, result.run.run_id, "heldout_loss_nkb_unmounted")}
     assert unmounted["base+NKB"] == base_loss  # the slots removed, the frozen base is exactly the base
