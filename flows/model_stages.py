@@ -279,10 +279,10 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
     from nkb_model.metrics import exact_match
     from nkb_model.train import choose_device
     source = find_model(wh, config.model)
-    name = read_info(source)["name"] if (source / INFO).exists() else source.name
+    name = read_info(source)["name"]
     questions = _questions(wh, config.datasets, config.split)
     datasets = sorted(set(questions.column("dataset").to_pylist()))
-    inputs = [str(source), read_info(source).get("built_by", "") if (source / INFO).exists() else ""]
+    inputs = [str(source), read_info(source).get("built_by", "")]
     inputs += _questions_lineage(wh, datasets, config.split)
     fp = fingerprint("evaluate", config.model_dump(exclude={"device", "batch_size"}), inputs)
     device = choose_device(config.device)
@@ -292,7 +292,7 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
         run.run.device = device.name
         model, tokenizer, _ = load_model(source)
         model.to(device.device).eval()
-        answer_format = read_info(source).get("answer_format", "plain") if (source / INFO).exists() else "plain"
+        answer_format = read_info(source).get("answer_format", "plain")
         texts = [qa_pair(q, None, answer_format)[0] for q in questions.column("question").to_pylist()]
         predictions = []
         for lo in range(0, len(texts), config.batch_size):

@@ -22,10 +22,13 @@ INFO = "nkb-model.json"
 
 
 def read_info(directory: str | Path) -> dict:
-    path = Path(directory) / INFO
-    if not path.exists():
-        raise FileNotFoundError(f"{directory}: not a model directory of this pipeline (no {INFO})")
-    return json.loads(path.read_text())
+    """The model's info; a plain Hugging Face T5 directory (e.g. a downloaded t5-base) counts as a base."""
+    directory = Path(directory)
+    if (directory / INFO).exists():
+        return json.loads((directory / INFO).read_text())
+    if (directory / "config.json").exists():
+        return {"name": directory.name, "kind": "base"}
+    raise FileNotFoundError(f"{directory}: not a model directory (no {INFO} and no config.json)")
 
 
 def hf_dir(directory: str | Path) -> Path:

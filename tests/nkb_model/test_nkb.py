@@ -124,3 +124,13 @@ def test_bf16_keeps_values_in_fp32_like_wo(tmp_path):
     with torch.no_grad():
         logits = model(**batch()).logits
     assert torch.isfinite(logits).all()
+
+
+def test_a_plain_hugging_face_directory_loads_as_a_base(tmp_path):
+    from nkb_model.checkpoint import load_model, read_info
+    from transformers import T5Tokenizer
+    tiny_t5("relu").save_pretrained(tmp_path / "t5")
+    T5Tokenizer(vocab=[("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁a", -1.0)], extra_ids=3).save_pretrained(tmp_path / "t5")
+    assert read_info(tmp_path / "t5") == {"name": "t5", "kind": "base"}
+    model, tokenizer, info = load_model(tmp_path / "t5")
+    assert info["kind"] == "base" and model.config.d_ff == 48 and tokenizer.pad_token_id == 0
