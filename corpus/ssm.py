@@ -47,10 +47,29 @@ def draw_spans(spans: pa.Table, seed: int, epoch: int) -> pa.Table:
     return spans.take(pa.array(picks))
 
 
-def ssm_examples(segments: pa.Table, spans: pa.Table, seed: int = 0, epoch: int = 0) -> pa.Table:
-    """One SSM example per segment that has at least one salient span (SSM_SCHEMA)."""
-    chosen = draw_spans(spans.select(["segment_id", "start_char", "end_char"]), seed, epoch)
+def unrepeated_spans(spans: pa.Table, texts: dict[str, str]) -> pa.Table:
+    """The spans whose text occurs only once in their segment.
+
+    A span repeated elsewhere in the segment (typically the article's subject, named in every
+    sentence) can be copied from the input instead of recalled, so masking it teaches no knowledge;
+    on a small corpus those copies would take most of the masking budget.
+    """
+    keep = [texts.get(seg, "").count(texts.get(seg, "")[start:end]) == 1 for seg, start, end in
+            zip(*(spans.column(c).to_pylist() for c in ("segment_id", "start_char", "end_char")))]
+    return spans.filter(pa.array(keep, pa.bool_()))
+
+
+def ssm_examples(segments: pa.Table, spans: pa.Table, seed: int = 0, epoch: int = 0,
+                 skip_repeated: bool = False) -> pa.Table:
+    """One SSM example per segment that has at least one (maskable) salient span (SSM_SCHEMA).
+
+    skip_repeated: mask only spans whose text occurs once in the segment (see `unrepeated_spans`).
+    """
     texts = dict(zip(segments.column("segment_id").to_pylist(), segments.column("text").to_pylist()))
+    spans = spans.select(["segment_id", "start_char", "end_char"])
+    if skip_repeated:
+        spans = unrepeated_spans(spans, texts)
+    chosen = draw_spans(spans, seed, epoch)
     rows = {name: [] for name in SSM_SCHEMA.names}
     for seg, start, end in zip(*(chosen.column(c).to_pylist() for c in ("segment_id", "start_char", "end_char"))):
         text = texts.get(seg)

@@ -102,6 +102,9 @@ class SalientSpansConfig(StageConfig):
                                      "default: one per CPU core above 2,000 segments, else 1 (start-up costs ~2 s).")
     shard_size: int = Field(5000, ge=1, description="Segments per Parquet shard; a crash loses at most one shard.")
     model: Optional[str] = Field(None, description="spaCy model name; default en_core_web_sm, else its re-upload.")
+    dask: Optional[str] = Field(None, pattern=r"^(local(:[1-9][0-9]*)?|tcp://.+|tls://.+)$", description="Run the NER shards on a Dask cluster: a scheduler address "
+                                "(tcp://host:8786), 'local' (a local cluster, one worker per core) or 'local:N'; the result "
+                                "is the same as in-process. Workers must see the warehouse path.")
 
 
 class BaseModelConfig(StageConfig):
@@ -146,6 +149,9 @@ class InjectConfig(StageConfig):
     lr: float = Field(1e-3, gt=0, description="Learning rate, constant after warm-up (the paper: 1e-3; 1e-2 for HEAD-QA).")
     warmup_steps: int = Field(100, ge=0, description="Linear warm-up steps.")
     max_input_len: int = Field(512, ge=8, description="Input tokens (the paper: 512).")
+    skip_repeated_spans: bool = Field(
+        True, description="Mask only spans whose text occurs once in their segment: a repeated one (the "
+                          "article's subject) is copied, not recalled. false: any salient span, as the paper.")
     seed: int = Field(0, description="Seed for slot initialisation, masking and order.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
 
@@ -207,7 +213,10 @@ class ModelsConfig(StageConfig):
     """Sizes and budgets of the model stages in the pipeline (the report's rows), for one machine."""
 
     base_size: Literal["tiny", "small", "large"] = Field("tiny", description="Size of the base model.")
-    large_size: Optional[Literal["tiny", "small", "large"]] = Field("small", description="Size of the larger base; empty to skip.")
+    rows: list[Literal["transformer", "base", "base+nkb", "base+nkb-a", "large"]] = Field(
+        default_factory=lambda: ["transformer", "base", "base+nkb", "base+nkb-a", "large"],
+        description="Report rows to train and evaluate (base is always built: the others derive from it).")
+    large_size: Literal["tiny", "small", "large"] = Field("small", description="Size of the larger base.")
     pretrain_steps: int = Field(800, ge=1, description="Span-corruption steps of the base (and larger) model.")
     pretrain_batch_size: int = Field(32, ge=1, description="Sequences per pretraining step.")
     max_words: int = Field(60, ge=8, description="Segment length for SSM (short segments: more facts per compute).")

@@ -151,7 +151,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         spans = wh.read("salient_spans", ["segment_id", "start_char", "end_char"])
 
         def examples(epoch: int) -> tuple[list[str], list[str]]:
-            ex = ssm_examples(segments, spans, seed=config.seed, epoch=epoch)
+            ex = ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=config.skip_repeated_spans)
             return ex.column("input").to_pylist(), ex.column("target").to_pylist()
 
         model, tokenizer, _ = load_model(base_dir)
