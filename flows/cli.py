@@ -111,7 +111,7 @@ def cmd_run(args) -> int:
     stage = STAGES[args.stage]
     config = _parse_sets(stage, args.set or [])
     started = time.perf_counter()
-    if args.prefect or os.environ.get("PREFECT_API_URL"):
+    if args.prefect or os.environ.get("PREFECT_API_URL") or getattr(config, "dask", None):
         from flows.flows import STAGE_FLOWS
         row = STAGE_FLOWS[stage.name](config, str(resolve_home(args.home)), args.force)
     else:
@@ -190,6 +190,10 @@ def cmd_report(args) -> int:
     if not rows:
         print("no report yet: run `nkb run report` (after base-model, inject, finetune and evaluate)", file=sys.stderr)
         return 1
+    if args.plot:
+        from flows.report_plot import report_png
+        Path(args.plot).write_bytes(report_png(wh))
+        print(f"wrote {args.plot}", file=sys.stderr)
     if args.format == "json":
         keys = ("model", "dataset", "split", "em", "params_total", "params_injected")
         _emit(json.dumps([{k: r[k] for k in keys} for r in rows if r["dataset"] != "average"], indent=1), args.output)
@@ -214,6 +218,37 @@ def cmd_report(args) -> int:
     print(f"Report {run_id} ({rows[0]['split']}; EM in %; probe: cloze prompts in unseen wordings, before fine-tuning)")
     _emit(FORMATTERS[args.format](pa.table(columns)), args.output)
     return 0
+
+
+def cmd_server(args) -> int:
+    from flows import server
+    project = Path(args.project)
+    if args.action == "up":
+        started = time.perf_counter()
+        try:
+            state = server.up(project, port=args.port, home=args.home)
+        except server.ServerError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"\nReady in {time.perf_counter() - started:.1f} s. Open the UI at {state.url}\n"
+              f"To use this server from a shell:\n  export PREFECT_API_URL={state.api_url}\n"
+              f"Run the pipeline:   prefect deployment run pipeline/pipeline\n"
+              f"Rerun one stage:    prefect deployment run inject/inject --param force=true\n"
+              f"Stop everything:    {_program()} server down")
+        return 0
+    if args.action == "down":
+        server.down(project)
+        return 0
+    info = server.status(project)
+    if args.format == "json":
+        print(json.dumps(info, indent=1))
+    elif not info["running"]:
+        print(f"no server started from {info['project']} runs (`{_program()} server up` starts one)")
+    else:
+        print(f"server at {info['url']} ({'healthy' if info['healthy'] else 'NOT answering'}); UI: {info['url']}")
+        for name, p in info["processes"].items():
+            print(f"  {name:<11} pid {p['pid']:<8} {'running' if p['running'] else 'STOPPED'}  log: {p['log']}")
+    return 0 if info["running"] else 3
 
 
 # ---- parser --------------------------------------------------------------------------------
@@ -270,7 +305,19 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--format", choices=list(FORMATTERS), default="table",
                      help="table, csv, or json (rows {model, dataset, split, em, params_total, params_injected})")
     rep.add_argument("--output", metavar="FILE", help="write to FILE instead of standard output")
+    rep.add_argument("--plot", metavar="PNG", help="also draw the loss curves and EM per model into this PNG file")
     rep.set_defaults(func=cmd_report)
+
+    srv = sub.add_parser("server", help="start, stop or inspect a local Prefect server with workers",
+                         description="up: start a Prefect server on 127.0.0.1, create the cpu and gpu work pools "
+                                     "(gpu: one run at a time), deploy every stage and the pipeline, start one "
+                                     "worker per pool. down: stop exactly what `up` started. status: what runs "
+                                     "and where the UI is. State and logs live in PROJECT/.prefect.")
+    srv.add_argument("action", choices=["up", "down", "status"], help="what to do")
+    srv.add_argument("--port", type=int, default=4200, help="server port on 127.0.0.1 (default 4200)")
+    srv.add_argument("--project", default=".", help="project directory with prefect.yaml (default: .)")
+    srv.add_argument("--format", choices=["text", "json"], default="text", help="status output format")
+    srv.set_defaults(func=cmd_server)
     return parser
 
 

@@ -13,10 +13,12 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import pyarrow.compute as pc
+from pydantic import BaseModel
 from tqdm import tqdm
 
 from corpus import documents as docs
@@ -25,7 +27,7 @@ from corpus import sample_world
 from corpus.errors import InputFileError, require_file
 from flows.configs import (IndexConfig, IngestConfig, QuestionsConfig, RetrieveConfig, SalientSpansConfig,
                            SampleWorldConfig)
-from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs, run_stage
+from warehouse import ShardTarget, StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs, run_stage
 
 BATCH_ROWS = 2000
 
@@ -277,15 +279,54 @@ def _answer_recall(wh: Warehouse, corpus: str, questions, rows: dict) -> dict[st
 
 # ---- salient spans --------------------------------------------------------------------------
 
-def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = False) -> StageResult:
-    """Segment every retrieved document once, then run NER in resumable shards."""
+class NerShard(BaseModel):
+    """One salient-spans shard as plain values: rows [start, stop) of the staged segments file in, one
+    shard file out. What a Dask worker receives (paths, never data)."""
+    segments: str
+    start: int
+    stop: int
+    target: dict  # ShardTarget fields
+    labels: list[str]
+    batch_size: int
+    n_process: int
+    model: Optional[str] = None
+
+
+def ner_shard(job: NerShard, on_segment: Optional[Callable[[], None]] = None) -> int:
+    """Run NER over one shard's segments and write its `salient_spans` shard; returns rows written."""
+    import pyarrow.parquet as pq
     from corpus import ner
-    from corpus.segment import segment
+    segments = pq.read_table(job.segments, columns=["segment_id", "text"]).slice(job.start, job.stop - job.start)
+    rows: dict[str, list] = {"segment_id": [], "start_char": [], "end_char": [], "label": [], "text": []}
+    pairs = zip(segments.column("text").to_pylist(), segments.column("segment_id").to_pylist())
+    for seg_id, spans in ner.salient_spans(pairs, job.labels, job.batch_size, job.n_process, job.model):
+        for sp in spans:
+            for key, value in zip(rows, (seg_id, sp.start_char, sp.end_char, sp.label, sp.text)):
+                rows[key].append(value)
+        if on_segment:
+            on_segment()
+    return ShardTarget(**job.target).write(rows)
+
+
+def ner_shards_here(jobs: list[NerShard]) -> list[int]:
+    """Run the shards one after another in this process, with a progress bar over segments."""
+    with progress(desc="salient spans", unit=" seg", total=sum(j.stop - j.start for j in jobs)) as bar:
+        return [ner_shard(job, lambda: bar.update(1)) for job in jobs]
+
+
+def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = False,
+                       map_shards: Callable[[list[NerShard]], list[int]] = ner_shards_here) -> StageResult:
+    """Segment every retrieved document once, then run NER in resumable shards.
+
+    map_shards runs the pending shards and returns their row counts: in this process by default, or
+    elsewhere (the flow passes a Dask-backed one when `config.dask` is set); the result is the same."""
     retrieval_parts = wh.lineage("retrievals")
     if not retrieval_parts:
         raise ValueError("no retrievals; run the retrieve stage first")
+    from corpus import ner
+    from corpus.segment import segment
     inputs = [corpus_lineage(wh, config.corpus), ner.model_id(config.model)] + [f"{n}:{f}" for n, f in retrieval_parts]
-    fp = fingerprint("salient-spans", config.model_dump(exclude={"batch_size", "n_process"}), inputs)
+    fp = fingerprint("salient-spans", config.model_dump(exclude={"batch_size", "n_process", "dask"}), inputs)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
@@ -299,32 +340,22 @@ def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = 
                 seg_texts.append(piece)
                 seg_docs.append(doc_id)
         run.write("segments", config.corpus, {"segment_id": seg_ids, "doc_id": seg_docs, "text": seg_texts})
-        n_process = config.n_process or ((os.cpu_count() or 1) if len(seg_ids) > 2000 else 1)
+        n_process = config.n_process or ((os.cpu_count() or 1) if len(seg_ids) > 2000 and not config.dask else 1)
         shards = run.shards("salient_spans", config.corpus)
         resumed = shards.done_count()
-        words = 0
-        ner_seconds = 0.0
-        with progress(desc="salient spans", unit=" seg", total=len(seg_ids)) as bar:
-            for index, lo in enumerate(range(0, len(seg_ids), config.shard_size)):
-                hi = min(lo + config.shard_size, len(seg_ids))
-                if shards.is_done(index):
-                    bar.update(hi - lo)
-                    continue
-                t = time.perf_counter()
-                rows = {"segment_id": [], "start_char": [], "end_char": [], "label": [], "text": []}
-                pairs = zip(seg_texts[lo:hi], seg_ids[lo:hi])
-                for seg_id, spans in ner.salient_spans(pairs, config.labels, config.batch_size, n_process, config.model):
-                    for sp in spans:
-                        for key, value in zip(rows, (seg_id, sp.start_char, sp.end_char, sp.label, sp.text)):
-                            rows[key].append(value)
-                    bar.update(1)
-                shards.write(index, rows)
-                ner_seconds += time.perf_counter() - t
-                words += sum(len(x.split()) for x in seg_texts[lo:hi])
-        if ner_seconds:
-            run.metric("ner_words_per_second", words / ner_seconds)
-        return {"documents": docs.num_rows, "segments": len(seg_ids), "resumed_shards": resumed,
-                "seconds": time.perf_counter() - started}
+        segments_file = str(run.staged_path("segments", config.corpus))
+        jobs = [NerShard(segments=segments_file, start=lo, stop=min(lo + config.shard_size, len(seg_ids)),
+                         target=asdict(shards.target(index)), labels=config.labels, batch_size=config.batch_size,
+                         n_process=n_process, model=config.model)
+                for index, lo in enumerate(range(0, len(seg_ids), config.shard_size)) if not shards.is_done(index)]
+        t = time.perf_counter()
+        for rows in map_shards(jobs):
+            shards.count(rows)
+        if jobs:
+            words = sum(len(x.split()) for job in jobs for x in seg_texts[job.start:job.stop])
+            run.metric("ner_words_per_second", words / (time.perf_counter() - t))
+        return {"documents": docs.num_rows, "segments": len(seg_ids), "shards": len(jobs) + resumed,
+                "resumed_shards": resumed, "seconds": time.perf_counter() - started}
 
     return run_stage(wh, "salient-spans", config.model_dump(), fp, body, force=force, resumable=True)
 

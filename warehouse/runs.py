@@ -28,6 +28,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from warehouse.schemas import PARQUET_TABLES
 from warehouse.store import Warehouse, check_partition
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
@@ -136,6 +137,10 @@ class StagedRun:
             w.close()
         self.run.outputs[table] = self.run.outputs.get(table, 0) + w.rows
 
+    def staged_path(self, table: str, partition: str) -> Path:
+        """Where this run staged a partition it wrote (readable by other processes until commit)."""
+        return next(s for s, f in self._staged if f == self.wh.partition_path(table, partition))
+
     def write(self, table: str, partition: str, data: pa.Table | dict[str, list]) -> int:
         """Write a whole partition at once; returns the number of rows."""
         with self.writer(table, partition) as w:
@@ -156,7 +161,7 @@ class StagedRun:
 
     def first_duplicate(self, table: str, partition: str, column: str):
         """A value of `column` that occurs twice in a staged partition, or None (checked out of core)."""
-        staged = next(s for s, f in self._staged if f == self.wh.partition_path(table, partition))
+        staged = self.staged_path(table, partition)
         con = duckdb.connect(":memory:")
         try:
             row = con.execute(f'SELECT "{column}" FROM read_parquet(?) GROUP BY 1 HAVING count(*) > 1 LIMIT 1',
@@ -233,21 +238,44 @@ class ShardSet:
     def done_count(self) -> int:
         return len(list(self.directory.glob(f"{self.prefix}-*.parquet")))
 
+    def target(self, index: int) -> "ShardTarget":
+        """Where shard `index` goes, as plain values: another process (a Dask worker) can write it."""
+        return ShardTarget(path=str(self.directory / f"{self.name(index)}.parquet"), table=self.table,
+                           run_id=self.run.run_id, inputs_fingerprint=self.run.run.inputs_fingerprint)
+
     def write(self, index: int, data: pa.Table | dict[str, list]) -> int:
-        final = self.directory / f"{self.name(index)}.parquet"
+        rows = self.target(index).write(data)
+        self.count(rows)
+        return rows
+
+    def count(self, rows: int) -> None:
+        """Add rows written through a `target` elsewhere to the run's outputs."""
+        self.run.run.outputs[self.table] = self.run.run.outputs.get(self.table, 0) + rows
+
+    def files(self) -> list[tuple[Path, Path]]:
+        """(staged, final) for every finished shard."""
+        return [(p, self.run.wh.partition_path(self.table, p.stem)) for p in sorted(self.directory.glob("*.parquet"))]
+
+
+@dataclass(frozen=True)
+class ShardTarget:
+    """One shard's file and the lineage it carries; picklable and JSON-able (only strings)."""
+    path: str
+    table: str
+    run_id: str
+    inputs_fingerprint: str
+
+    def write(self, data: pa.Table | dict[str, list]) -> int:
+        """Write the shard atomically (a crash leaves no half-written shard); returns its rows."""
+        final = Path(self.path)
         tmp = final.with_suffix(".parquet.tmp")
-        writer = PartitionWriter(tmp, self.schema, self.run.run_id, self.run.run.inputs_fingerprint)
+        writer = PartitionWriter(tmp, PARQUET_TABLES[self.table], self.run_id, self.inputs_fingerprint)
         try:
             writer.write(data)
         finally:
             writer.close()
         os.replace(tmp, final)
-        self.run.run.outputs[self.table] = self.run.run.outputs.get(self.table, 0) + writer.rows
         return writer.rows
-
-    def files(self) -> list[tuple[Path, Path]]:
-        """(staged, final) for every finished shard."""
-        return [(p, self.run.wh.partition_path(self.table, p.stem)) for p in sorted(self.directory.glob("*.parquet"))]
 
 
 class PartitionWriter:
@@ -419,5 +447,5 @@ def _now() -> dt.datetime:
     return dt.datetime.now()
 
 
-__all__ = ["RunRecord", "StageResult", "StagedRun", "run_stage", "fingerprint", "file_digest", "code_version",
+__all__ = ["RunRecord", "StageResult", "StagedRun", "ShardTarget", "run_stage", "fingerprint", "file_digest", "code_version",
            "list_runs", "get_run", "find_successful_run", "check_partition"]

@@ -46,3 +46,17 @@ def test_table3_flow_trains_every_row_and_reports(tmp_path):
     assert [r["stage"] for r in rows].count("finetune") == 5 and rows[-1]["stage"] == "report"
     report = query(Warehouse(home), "SELECT DISTINCT model FROM report").column("model").to_pylist()
     assert sorted(report) == sorted(["Transformer", "base", "base+NKB", "base+NKB-a", "large"])
+
+
+@pytest.mark.slow
+def test_salient_spans_on_a_local_dask_cluster_equal_the_in_process_run(tmp_path):
+    from flows.configs import SalientSpansConfig
+    from flows.flows import salient_spans_flow
+    home = str(tmp_path / "wh")
+    pipeline(world=SampleWorldConfig(people=10, background_people=5), home=home, train_models=False)
+    spans = "SELECT * EXCLUDE (run_id) FROM salient_spans ORDER BY ALL"
+    in_process = query(Warehouse(home), spans).to_pylist()
+    # A 2-worker local cluster; small shards so that both workers get some.
+    row = salient_spans_flow(SalientSpansConfig(max_words=60, shard_size=10, dask="local:2"), home, force=True)
+    assert not row["skipped"] and row["shards"] > 2
+    assert query(Warehouse(home), spans).to_pylist() == in_process

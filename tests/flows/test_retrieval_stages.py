@@ -138,3 +138,4 @@ def test_salient_spans_resume_after_a_crash(tmp_path, monkeypatch):
     assert fresh.value["resumed_shards"] == 0
     assert query(wh, "SELECT * EXCLUDE (run_id) FROM salient_spans ORDER BY ALL").to_pylist() == got
     assert not list(wh.tables_dir.glob("*/.staging/*")) and not list(wh.tables_dir.glob(".resume-*"))
+

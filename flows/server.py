@@ -1,0 +1,239 @@
+"""`nkb server up | down | status`: a Prefect server on loopback with the `cpu` and `gpu` work pools, every
+deployment of prefect.yaml, and one process worker per pool.
+
+Everything lives under `<project>/.prefect/`: the server's database (PREFECT_HOME), the logs, and
+`server.json`, which lists the processes `up` started (pid and start time, so `down` never signals a
+process that merely reused a pid).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from flows.deployments import GPU_POOL_CONCURRENCY
+from flows.registry import STAGES
+
+POOLS = {"cpu": None, "gpu": GPU_POOL_CONCURRENCY}  # name -> concurrency limit
+HOST = "127.0.0.1"
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+@dataclass
+class ServerState:
+    project: Path
+    directory: Path  # state: PREFECT_HOME, logs, server.json
+    port: int
+    processes: dict[str, dict] = field(default_factory=dict)  # name -> {pid, created, log}
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def api_url(self) -> str:
+        return self.url + "/api"
+
+    def save(self) -> None:
+        path = self.directory / "server.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"port": self.port, "processes": self.processes}, indent=1))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, project: Path, directory: Path) -> "ServerState | None":
+        path = directory / "server.json"
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        return cls(project, directory, data["port"], data["processes"])
+
+    def running(self, name: str) -> psutil.Process | None:
+        """The process `up` started under this name, if it still runs (same pid *and* start time)."""
+        info = self.processes.get(name)
+        if not info:
+            return None
+        try:
+            proc = psutil.Process(info["pid"])
+            if abs(proc.create_time() - info["created"]) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE:
+                return proc
+        except psutil.Error:
+            pass
+        return None
+
+
+def _locate(project: Path, directory: Path | None) -> tuple[Path, Path]:
+    project = project.resolve()
+    return project, (directory or project / ".prefect").resolve()
+
+
+def server_environment(project: Path, directory: Path, port: int, home: str | None = None) -> dict[str, str]:
+    """The environment of the server, the deploy command and the workers (and what a user exports to
+    talk to this server from a shell)."""
+    env = dict(os.environ)
+    env.update({
+        "PREFECT_HOME": str(directory / "home"),
+        "PREFECT_API_URL": f"http://{HOST}:{port}/api",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_CLI_PROMPT": "false",
+        "NKB_PROJECT_DIR": str(project),  # the deployments' pull step runs flows from here
+    })
+    if home:
+        env["NKB_HOME"] = str(Path(home).resolve())
+    return env
+
+
+def healthy(api_url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(api_url + "/health", timeout=timeout) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def port_free(port: int) -> bool:
+    import socket
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+            return True
+        except OSError:
+            return False
+
+
+def _prefect() -> str:
+    return str(Path(sys.executable).with_name("prefect"))
+
+
+def _start(state: ServerState, name: str, argv: list[str], env: dict[str, str]) -> psutil.Process:
+    log = state.directory / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        # A session of its own: `down` stops the process group, so a worker's flow-run children go too.
+        proc = subprocess.Popen(argv, cwd=state.project, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    ps = psutil.Process(proc.pid)
+    state.processes[name] = {"pid": proc.pid, "created": ps.create_time(), "log": str(log)}
+    state.save()
+    return ps
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _create_pools(api_url: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        for name, limit in POOLS.items():
+            try:
+                client.create_work_pool(WorkPoolCreate(name=name, type="process", concurrency_limit=limit))
+            except ObjectAlreadyExists:
+                client.update_work_pool(name, WorkPoolUpdate(concurrency_limit=limit))
+
+
+def up(project: Path, port: int = 4200, home: str | None = None, directory: Path | None = None,
+       extra_env: dict[str, str] | None = None, log=print, timeout: float = 180) -> ServerState:
+    """Start the server, create the pools, deploy everything, start the workers; return the state.
+
+    directory: where state and logs go (default PROJECT/.prefect); extra_env: more settings for the
+    server and workers (e.g. a faster scheduler loop in tests)."""
+    project, directory = _locate(project, directory)
+    existing = ServerState.load(project, directory)
+    if existing and existing.running("server"):
+        raise ServerError(f"a server started from {project} already runs at {existing.url}; "
+                          "`nkb server down` stops it")
+    if existing:
+        down(project, directory, log=lambda *_: None)  # leftovers of an earlier server that died
+    if not port_free(port):
+        raise ServerError(f"port {port} on {HOST} is taken; choose another with --port")
+    directory.mkdir(parents=True, exist_ok=True)
+    state = ServerState(project, directory, port)
+    env = server_environment(project, directory, port, home) | (extra_env or {})
+    started = time.perf_counter()
+    try:
+        server = _start(state, "server", [_prefect(), "server", "start", "--host", HOST, "--port", str(port)], env)
+        deadline = time.monotonic() + timeout
+        while not healthy(state.api_url):
+            if not server.is_running() or time.monotonic() > deadline:
+                raise ServerError(f"the Prefect server did not come up; its log ({state.processes['server']['log']}) "
+                                  f"ends:\n{_tail(state.processes['server']['log'])}")
+            time.sleep(0.25)
+        log(f"server up at {state.url} in {time.perf_counter() - started:.1f} s")
+        _create_pools(state.api_url)
+        log("work pools: " + ", ".join(f"{n} (concurrency {lim or 'unlimited'})" for n, lim in POOLS.items()))
+        deploy = subprocess.run([_prefect(), "--no-prompt", "deploy", "--all"], cwd=project, env=env,
+                                capture_output=True, text=True)
+        if deploy.returncode != 0:
+            raise ServerError(f"`prefect deploy --all` failed (exit {deploy.returncode}):\n"
+                              + "\n".join((deploy.stdout + deploy.stderr).splitlines()[-20:]))
+        log(f"deployed {len(STAGES) + 1} deployments from {project / 'prefect.yaml'}")
+        for pool in POOLS:
+            _start(state, f"worker-{pool}", [_prefect(), "worker", "start", "--pool", pool, "--type", "process"], env)
+        log(f"workers started for pools {', '.join(POOLS)}; all up in {time.perf_counter() - started:.1f} s")
+    except BaseException:
+        down(project, directory, log=lambda *_: None)
+        raise
+    return state
+
+
+def down(project: Path, directory: Path | None = None, log=print, grace: float = 15) -> list[str]:
+    """Stop exactly the processes `up` started (and their children); return their names."""
+    project, directory = _locate(project, directory)
+    state = ServerState.load(project, directory)
+    if state is None:
+        log(f"no server was started from {project}")
+        return []
+    stopped = []
+    # Workers first, so that none picks up a run while the server goes away.
+    for name in sorted(state.processes, key=lambda n: n == "server"):
+        proc = state.running(name)
+        if proc is None:
+            continue
+        group = [proc] + proc.children(recursive=True)
+        for p in group:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(group, timeout=grace)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        stopped.append(name)
+        log(f"stopped {name} (pid {proc.pid})")
+    (directory / "server.json").unlink(missing_ok=True)
+    return stopped
+
+
+def status(project: Path, directory: Path | None = None) -> dict:
+    """What runs and where: {running, url, healthy, processes: {name: {pid, running, log}}}."""
+    project, directory = _locate(project, directory)
+    state = ServerState.load(project, directory)
+    if state is None:
+        return {"running": False, "project": str(project)}
+    return {"running": state.running("server") is not None, "project": str(project), "url": state.url,
+            "api_url": state.api_url, "healthy": healthy(state.api_url),
+            "processes": {name: {"pid": info["pid"], "running": state.running(name) is not None, "log": info["log"]}
+                          for name, info in state.processes.items()}}

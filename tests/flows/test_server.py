@@ -1,0 +1,170 @@
+"""Against a real Prefect server on loopback: `nkb server up` (deploy, pools, workers), stage deployments
+run by workers, the pipeline dispatching GPU-pool stages with `run_deployment`, the schedule, the UI."""
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from flows import server
+from flows.configs import SampleWorldConfig
+from flows.deployments import config_defaults, deployments
+from flows.registry import STAGES
+from warehouse import Warehouse, list_runs, query
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+SMALL_WORLD = {"people": 10, "background_people": 10}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("prefect-server")
+    home = tmp_path_factory.mktemp("warehouse")
+    started = time.perf_counter()
+    # A fast scheduler loop so that the schedule test need not wait a minute.
+    state = server.up(ROOT, port=free_port(), home=str(home), directory=directory, log=lambda *_: None,
+                      extra_env={"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2"})
+    state.seconds_to_start = time.perf_counter() - started
+    yield state, home
+    stopped = server.down(ROOT, directory, log=lambda *_: None)
+    assert set(stopped) == {"server", "worker-cpu", "worker-gpu"}
+    assert not server.healthy(state.api_url)
+
+
+@pytest.fixture
+def client(running):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    state, _ = running
+    with temporary_settings({PREFECT_API_URL: state.api_url}), get_client(sync_client=True) as c:
+        yield c
+
+
+def run_deployment_here(running, name: str, parameters: dict, timeout: float = 300):
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    state, _ = running
+    with temporary_settings({PREFECT_API_URL: state.api_url}):
+        return run_deployment(name, parameters=parameters, timeout=timeout)
+
+
+def test_status_reports_the_server_and_workers(running):
+    state, _ = running
+    info = server.status(ROOT, state.directory)
+    assert info["running"] and info["healthy"] and info["url"] == state.url
+    assert {n: p["running"] for n, p in info["processes"].items()} == {"server": True, "worker-cpu": True,
+                                                                       "worker-gpu": True}
+
+
+def test_up_refuses_a_second_server_in_the_same_place(running):
+    state, _ = running
+    with pytest.raises(server.ServerError, match="already runs"):
+        server.up(ROOT, port=free_port(), directory=state.directory, log=lambda *_: None)
+
+
+def test_every_deployment_is_deployed_with_its_config_defaults(client):
+    deployed = {d.name: d for d in client.read_deployments()}
+    assert set(deployed) == set(STAGES) | {"pipeline"}
+    for stage in STAGES.values():
+        d = deployed[stage.name]
+        assert d.work_pool_name == stage.pool and d.enforce_parameter_schema
+        assert d.parameters["config"] == json.loads(json.dumps(config_defaults(stage.config)))
+    gpu = client.read_work_pool("gpu")
+    assert gpu.concurrency_limit == 1 and gpu.type == "process"
+
+
+def test_parameters_that_do_not_fit_the_config_are_rejected(client):
+    deployment = client.read_deployment_by_name("sample-world/sample-world")
+    with pytest.raises(Exception, match="people|validation|schema"):
+        client.create_flow_run_from_deployment(deployment.id, parameters={"config": {"people": "many"}})
+
+
+def test_a_worker_runs_a_triggered_stage_and_it_writes_the_warehouse(running):
+    _, home = running
+    flow_run = run_deployment_here(running, "sample-world/sample-world", {"config": SMALL_WORLD})
+    assert flow_run.state.is_completed(), flow_run.state
+    # home was not passed: the worker found the warehouse through NKB_HOME, set by `nkb server up`.
+    runs = list_runs(Warehouse(home), stage="sample-world")
+    assert runs and runs[0].status == "success" and runs[0].config["people"] == 10
+
+
+def test_pipeline_dispatches_gpu_stages_to_the_gpu_pool(running, client):
+    _, home = running
+    models = {"base_size": "tiny", "rows": ["base"], "pretrain_steps": 2, "pretrain_batch_size": 4,
+              "finetune_epochs": 1, "max_words": 40, "device": "cpu"}
+    flow_run = run_deployment_here(running, "pipeline/pipeline",
+                                   {"world": SMALL_WORLD, "models": models, "dispatch": True, "home": str(home)},
+                                   timeout=600)
+    assert flow_run.state.is_completed(), flow_run.state
+    # Every GPU stage ran as a flow run of its own deployment, on the gpu pool, started from within the
+    # pipeline (run_deployment links it to a task run of the calling flow).
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    dispatched = client.read_flow_runs(deployment_filter=DeploymentFilter(
+        name=DeploymentFilterName(any_=[n for n, s in STAGES.items() if s.pool == "gpu"])))
+    names = sorted(client.read_deployment(r.deployment_id).name for r in dispatched)
+    assert names == ["base-model", "evaluate", "finetune", "report"]
+    assert all(r.work_pool_name == "gpu" and r.state.is_completed() and r.parent_task_run_id for r in dispatched)
+    assert all(r.parameters["home"] == str(home) for r in dispatched)
+    report = query(Warehouse(home), "SELECT model, dataset FROM report").to_pylist()
+    assert {r["model"] for r in report} == {"base"}
+
+
+def test_the_schedule_creates_upcoming_runs(client):
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, FlowRunFilter, \
+        FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    deployment = client.read_deployment_by_name("pipeline/pipeline")
+    (schedule,) = client.read_deployment_schedules(deployment.id)
+    assert not schedule.active  # inactive until a user turns it on
+    client.update_deployment_schedule(deployment.id, schedule.id, active=True)
+    try:
+        deadline = time.monotonic() + 60
+        scheduled = []
+        while not scheduled and time.monotonic() < deadline:
+            time.sleep(1)
+            scheduled = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])),
+                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                    type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
+        assert scheduled, "the scheduler created no run within 60 s"
+        assert all(r.expected_start_time.hour == 3 and r.expected_start_time.minute == 0 for r in scheduled)
+    finally:
+        client.update_deployment_schedule(deployment.id, schedule.id, active=False)
+        for r in client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])),
+                                       flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                                           type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])))):
+            client.delete_flow_run(r.id)
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
+def test_the_ui_lists_our_deployments_in_a_real_browser(running):
+    state, _ = running
+    artifacts = ROOT / "tests" / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    shot = artifacts / "prefect-ui-deployments.png"
+    shot.unlink(missing_ok=True)
+    url = state.url + "/deployments"
+    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              "--virtual-time-budget=20000", "--window-size=1400,1000"]
+    subprocess.run(common + [f"--screenshot={shot}", url], capture_output=True, timeout=120)
+    dom = subprocess.run(common + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    (artifacts / "prefect-ui-deployments.html").write_text(dom)
+    names = sorted(STAGES) + ["pipeline"]
+    assert f"{len(names)} Deployments" in dom
+    for name in sorted(names)[:10]:  # the first page, A to Z, 10 per page
+        assert f">{name}<" in dom, f"the deployments page does not show {name!r}"
+    assert shot.exists() and shot.stat().st_size > 10_000
