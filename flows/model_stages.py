@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 
+from flows import distributed
 from flows.configs import BaseModelConfig, EvaluateConfig, FinetuneConfig, InjectConfig, ReportConfig
 from flows.stages import corpus_lineage
 from nkb_model.checkpoint import INFO, hf_dir, read_info
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, run_metrics, run_stage
 
-MODEL_STAGES = ("base-model", "inject", "finetune")
+MODEL_STAGES = ("base-model", "inject", "finetune", "edit")  # stages whose runs publish a model
 
 
 def _texts(wh: Warehouse, corpus: str) -> list[str]:
@@ -48,6 +49,8 @@ def find_model(wh: Warehouse, name: str) -> Path:
 
 def _publish(run: StagedRun, target: Path, work: Path, write) -> None:
     """Write a model into a temporary folder, swap it in as `target`, then drop the training checkpoint."""
+    if not run.is_leader:
+        return  # torchrun ranks above 0: rank 0 publishes
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-model-", dir=target.parent))
     try:
         write(tmp)
@@ -69,10 +72,12 @@ def model_dir(wh: Warehouse, name: str, fp: str) -> Path:
 
 def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = False) -> StageResult:
     """Tokenizer + span-corruption pretraining; saves a Hugging Face directory under `files/models/`."""
+    if config.devices > 1 and not distributed.in_worker():
+        return distributed.launch("base-model", wh, config, force)
     from nkb_model import base_model
     from nkb_model.train import TrainConfig, choose_device, train
     corpora = sorted(set(config.tokenizer_corpora) | {config.pretrain_corpus})
-    params = config.model_dump(exclude={"device", "micro_batch_size"})
+    params = config.model_dump(exclude={"device", "devices", "micro_batch_size"})
     fp = fingerprint("base-model", params, [f"{c}:{corpus_lineage(wh, c)}" for c in corpora])
     target = model_dir(wh, config.name, fp)
     device = choose_device(config.device)
@@ -130,6 +135,8 @@ def _lineage(wh: Warehouse, table: str, partition: str) -> str:
 
 def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageResult:
     """Mount NKB slots on a base model and train them (or everything, nkb-a) on SSM examples."""
+    if config.devices > 1 and not distributed.in_worker():
+        return distributed.launch("inject", wh, config, force)
     from corpus.ssm import ssm_examples
     from nkb_model.batches import Seq2SeqBatches
     from nkb_model.checkpoint import load_model, save_model
@@ -139,7 +146,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
     name = config.model_name()
     inputs = [str(base_dir), read_info(base_dir).get("built_by", ""), _lineage(wh, "segments", config.corpus),
               _lineage(wh, "salient_spans", config.corpus)]
-    fp = fingerprint("inject", config.model_dump(exclude={"device", "micro_batch_size"}) | {"name": name}, inputs)
+    fp = fingerprint("inject", config.model_dump(exclude={"device", "devices", "micro_batch_size"}) | {"name": name}, inputs)
     target = model_dir(wh, name, fp)
     device = choose_device(config.device)
 
@@ -219,6 +226,8 @@ def qa_pair(question: str, answer: str | None, answer_format: str) -> tuple[str,
 
 def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> StageResult:
     """All parameters (optionally not the NKB) trained on `question: …` → first answer."""
+    if config.devices > 1 and not distributed.in_worker():
+        return distributed.launch("finetune", wh, config, force)
     from nkb_model.batches import Seq2SeqBatches
     from nkb_model.checkpoint import load_model, save_model
     from nkb_model.nkb import mounted_layers
@@ -228,7 +237,7 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
     questions = _questions(wh, config.datasets, config.split)
     datasets = sorted(set(questions.column("dataset").to_pylist()))
     inputs = [str(source), read_info(source).get("built_by", "")] + _questions_lineage(wh, datasets, config.split)
-    fp = fingerprint("finetune", config.model_dump(exclude={"device", "micro_batch_size"}) | {"name": name}, inputs)
+    fp = fingerprint("finetune", config.model_dump(exclude={"device", "devices", "micro_batch_size"}) | {"name": name}, inputs)
     target = model_dir(wh, name, fp)
     device = choose_device(config.device)
 

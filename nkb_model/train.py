@@ -48,13 +48,16 @@ class Device:
 
 
 def choose_device(preference: str = "auto") -> Device:
-    """CUDA with bf16 autocast when available (or asked for), else CPU in fp32 with flush-denormal on."""
+    """CUDA with bf16 autocast when available (or asked for), else CPU in fp32 with flush-denormal on.
+    Under torchrun each process takes the GPU of its LOCAL_RANK."""
     if preference not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be auto, cpu or cuda, not {preference!r}")
     if preference == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device=cuda was asked for but no CUDA GPU is available")
     if preference != "cpu" and torch.cuda.is_available():
-        return Device(torch.device("cuda"), torch.bfloat16 if torch.cuda.is_bf16_supported() else None)
+        cuda = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(cuda)
+        return Device(cuda, torch.bfloat16 if torch.cuda.is_bf16_supported() else None)
     # Freshly initialised models produce denormal gradients that make CPU steps several times slower.
     torch.set_flush_denormal(True)
     return Device(torch.device("cpu"), None)
@@ -74,12 +77,32 @@ def _schedule(config: TrainConfig) -> Callable[[int], float]:
     return lambda step: min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
 
 
+def _world() -> tuple[int, int]:
+    """(rank, world size): (0, 1) unless running in a torch.distributed process group (torchrun)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _all_reduce_grads(params: list[nn.Parameter]) -> None:
+    """Sum every trainable gradient over the processes, in one flat buffer (one collective per step)."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    torch.distributed.all_reduce(flat)
+    offset = 0
+    for p, g in zip(params, grads):
+        p.grad = flat[offset:offset + g.numel()].view_as(g)
+        offset += g.numel()
+
+
 def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tensor]], config: TrainConfig,
           device: Device, checkpoint_dir: str | os.PathLike | None = None, desc: str = "train") -> list[tuple[int, float]]:
     """Train the parameters that require grad for `config.steps` steps; returns [(step, loss), ...].
 
     Resumes from `checkpoint_dir` when it holds a checkpoint. The caller sets train/eval modes (so
-    frozen parts can stay without dropout)."""
+    frozen parts can stay without dropout). Under torchrun (data parallel) every process takes its
+    share of each step's batch and the gradients are summed, so a step sees the same batch as on one
+    device; only rank 0 writes checkpoints."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ValueError("no parameter requires grad; nothing to train")
@@ -92,21 +115,31 @@ def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tens
     if path and path.exists():
         start, losses = _load_checkpoint(path, dict(named), optimizer, scheduler, device)
     micro = config.micro_batch_size or config.batch_size
-    disabled = os.environ.get("NKB_PROGRESS", "1") == "0"
+    rank, world = _world()
+    disabled = os.environ.get("NKB_PROGRESS", "1") == "0" or rank > 0
     with tqdm(total=config.steps, initial=start, desc=desc, unit=" step", disable=disabled, mininterval=1.0) as bar:
         for step in range(start, config.steps):
             started = time.perf_counter()
             batch = batch_for_step(step)
             n = next(iter(batch.values())).shape[0]
+            mine = range(rank * n // world, (rank + 1) * n // world)
+            label_tokens = int((batch["labels"] != -100).sum())
             total, tokens = 0.0, 0
-            for lo in range(0, n, micro):
-                part = {k: v[lo:lo + micro].to(device.device, non_blocking=True) for k, v in batch.items()}
+            for lo in range(mine.start, mine.stop, micro):
+                part = {k: v[lo:min(lo + micro, mine.stop)].to(device.device, non_blocking=True) for k, v in batch.items()}
                 with torch.autocast(device.device.type, dtype=device.autocast_dtype or torch.float32,
                                     enabled=device.autocast_dtype is not None):
-                    loss = model(**part).loss * (part["labels"].shape[0] / n)
+                    # Weighted by label tokens, so that micro-batches and ranks add up to the whole
+                    # batch's token-mean loss exactly as one forward pass over it would give.
+                    loss = model(**part).loss * (int((part["labels"] != -100).sum()) / label_tokens)
                 loss.backward()
                 total += loss.item()
                 tokens += int(part["attention_mask"].sum()) + int((part["labels"] != -100).sum())
+            if world > 1:
+                _all_reduce_grads(params)
+                summed = torch.tensor([total, tokens], dtype=torch.float64, device=device.device)
+                torch.distributed.all_reduce(summed)
+                total, tokens = summed[0].item(), int(summed[1].item())
             torch.nn.utils.clip_grad_norm_(params, config.clip)
             optimizer.step()
             scheduler.step()
@@ -116,7 +149,7 @@ def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tens
             losses.append((step + 1, total))
             bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{tokens / (time.perf_counter() - started):.0f}")
             bar.update(1)
-            if path and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
+            if path and rank == 0 and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
                 _save_checkpoint(path, step + 1, dict(named), optimizer, scheduler, losses, config)
     return losses
 

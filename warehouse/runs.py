@@ -102,6 +102,8 @@ class StageResult:
 class StagedRun:
     """The handle a stage body writes through. Nothing it writes is visible until commit."""
 
+    is_leader = True  # False on torchrun ranks above 0 (FollowerRun): they must not publish files
+
     def __init__(self, wh: Warehouse, run: RunRecord):
         self.wh = wh
         self.run = run
@@ -324,6 +326,8 @@ def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerpr
         previous = find_successful_run(wh, stage, inputs_fingerprint)
         if previous is not None and (still_valid is None or still_valid(previous)):
             return StageResult(run=previous, skipped=True)
+    if follower_rank():
+        return _run_as_follower(wh, stage, config, inputs_fingerprint, body, device)
     _sweep_stale_staging(wh)
     run = RunRecord(run_id=new_run_id(stage), stage=stage, status="running", inputs_fingerprint=inputs_fingerprint,
                     config=config, code_version=code_version(), started_at=_now(), host=socket.gethostname(),
@@ -342,6 +346,35 @@ def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerpr
         staged.abort(exc)
         raise
     staged.commit()
+    return StageResult(run=run, skipped=False, value=value)
+
+
+def follower_rank() -> int:
+    """This process's rank under torchrun (0 outside it). Only rank 0 writes the warehouse."""
+    return int(os.environ.get("RANK", "0"))
+
+
+class FollowerRun(StagedRun):
+    """What a stage body gets on torchrun ranks above 0: it trains alongside rank 0 (which records the run
+    and publishes the results); what it writes is dropped and no run row is recorded."""
+    is_leader = False
+
+    def commit(self) -> None:
+        self._cleanup()
+
+    def abort(self, error: BaseException) -> None:
+        self._cleanup()
+
+
+def _run_as_follower(wh, stage, config, inputs_fingerprint, body, device) -> StageResult:
+    run = RunRecord(run_id=f"{new_run_id(stage)}-rank{follower_rank()}", stage=stage, status="running",
+                    inputs_fingerprint=inputs_fingerprint, config=config, code_version=code_version(),
+                    started_at=_now(), host=socket.gethostname(), device=device)
+    staged = FollowerRun(wh, run)
+    try:
+        value = body(staged)
+    finally:
+        staged.commit()
     return StageResult(run=run, skipped=False, value=value)
 
 

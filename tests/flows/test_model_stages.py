@@ -2,6 +2,7 @@
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from flows import model_stages, stages
 from flows.configs import (BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig, InjectConfig, RetrieveConfig,
                            SalientSpansConfig, SampleWorldConfig)
 from nkb_model.checkpoint import load_model
-from warehouse import Warehouse, query
+from warehouse import Warehouse, list_runs, query, run_metrics
 
 TINY = BaseModelConfig(size="tiny", vocab_size=800, steps=6, batch_size=8, warmup_steps=2, seq_len=64)
 
@@ -127,3 +128,89 @@ def test_report_rows_probe_and_no_forgetting(world, capsys):
     assert main(["--home", str(world.home), "report", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out[0]) == {"model", "dataset", "split", "em", "params_total", "params_injected"}
+
+
+@pytest.mark.slow
+def test_injection_on_two_processes_under_torchrun_matches_one_process(world):
+    """devices=2 on CPU: torchrun with the Gloo backend, each process half of every batch."""
+    model_stages.pretrain_base_model(world, TINY)
+    one = model_stages.inject(world, INJECT.model_copy(update={"name": "one-device"}))
+    two = model_stages.inject(world, INJECT.model_copy(update={"name": "two-devices", "devices": 2}))
+    assert not two.skipped and two.run.status == "success" and two.value["model"] == "two-devices"
+    curves = [[r["value"] for r in run_metrics(world, r.run.run_id, "ssm_loss")] for r in (one, two)]
+    assert len(curves[1]) == INJECT.steps and curves[1] == pytest.approx(curves[0], rel=1e-4)
+    weights = [{k: v for k, v in load_model(model_stages.find_model(world, n))[0].state_dict().items() if ".nkb_" in k}
+               for n in ("one-device", "two-devices")]
+    assert weights[0].keys() == weights[1].keys()
+    for key in weights[0]:
+        torch.testing.assert_close(weights[1][key], weights[0][key], rtol=1e-3, atol=1e-5)
+    # Only rank 0 recorded a run; a rerun (one process or two) is skipped.
+    assert len([r for r in list_runs(world, stage="inject") if "rank" in r.run_id]) == 0
+    assert model_stages.inject(world, INJECT.model_copy(update={"name": "two-devices", "devices": 2})).skipped
+
+
+@pytest.fixture(scope="module")
+def qa_with_nkb(world):
+    """A fine-tuned model with an NKB on the last decoder block, for the analysis and surgery stages."""
+    model_stages.pretrain_base_model(world, TINY)
+    model_stages.inject(world, INJECT)
+    model_stages.finetune(world, FinetuneConfig(model="base+nkb", name="kb.qa", epochs=2, batch_size=16))
+    return "kb.qa"
+
+
+def test_analyze_reads_values_and_keys_and_records_their_summary(world, qa_with_nkb):
+    from flows import knowledge_stages
+    from flows.configs import AnalyzeConfig
+    result = knowledge_stages.analyze(world, AnalyzeConfig(model=qa_with_nkb, top_k=3))
+    slots = load_model(model_stages.find_model(world, qa_with_nkb))[0].config.d_ff
+    values = query(world, "SELECT * FROM nkb_values").to_pylist()
+    assert len(values) == slots and {v["layer"] for v in values} == {"decoder.1"}
+    assert all(len(v["top_tokens"]) == 3 and v["top_probs"] == sorted(v["top_probs"], reverse=True) for v in values)
+    assert {v["category"] for v in values} <= {"Person", "Place", "Organisation", "Date", "Other", "None"}
+    keys = query(world, "SELECT * FROM nkb_keys").to_pylist()
+    assert len(keys) == slots and max(len(k["top_questions"]) for k in keys) == 5
+    shares = {m["metric"]: m["value"] for m in run_metrics(world, result.run.run_id)}
+    assert sum(v for k, v in shares.items() if k.startswith("value_category_share.")) == pytest.approx(100)
+    assert 0 <= result.value["key_coherence"] <= 100 and "key_coherence" in shares
+    assert Path(result.value["plot"]).stat().st_size > 5000
+    ffn = knowledge_stages.analyze(world, AnalyzeConfig(model=qa_with_nkb, kind="ffn", top_k=3))
+    assert ffn.value["slots"] == slots and ffn.value["layers"] == ["decoder.-1"]
+    assert knowledge_stages.analyze(world, AnalyzeConfig(model=qa_with_nkb, top_k=3)).skipped
+
+
+def test_surgery_changes_answers_and_records_success_and_change_rates(world, qa_with_nkb):
+    from flows import knowledge_stages
+    from flows.configs import SurgeryConfig
+    before = load_model(model_stages.find_model(world, qa_with_nkb))[0].state_dict()
+    # λ = 100 is far beyond the paper's range: on a barely trained tiny model it must flip the first token.
+    result = knowledge_stages.surgery(world, SurgeryConfig(model=qa_with_nkb, lambdas=[0.07, 100.0], questions=6))
+    edits = query(world, "SELECT * FROM edits").to_pylist()
+    assert len(edits) == 2 * result.value["questions_edited"] > 0
+    assert all(e["original"] != e["target"] and 0 <= e["change_rate"] <= 1 for e in edits)
+    strong = [e for e in edits if e["lambda"] == 100.0]
+    assert all(e["success"] == (e["new"] == e["target"]) for e in edits) and any(e["success"] for e in strong)
+    metrics = {m["metric"]: m["value"] for m in run_metrics(world, result.run.run_id)}
+    assert metrics["surgery_success@100"] == pytest.approx(100 * sum(e["success"] for e in strong) / len(strong))
+    assert "surgery_change_rate@0.07" in metrics
+    after = load_model(model_stages.find_model(world, qa_with_nkb))[0].state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the stage undid every edit
+
+
+def test_nkb_edit_saves_a_new_version_and_leaves_the_old_one(world, qa_with_nkb, capsys):
+    from flows.cli import main
+    question = query(world, "SELECT question, answers FROM questions WHERE split = 'validation' LIMIT 1").to_pylist()[0]
+    source = model_stages.find_model(world, qa_with_nkb)
+    before = load_model(source)[0].state_dict()
+    assert main(["--home", str(world.home), "edit", "--model", qa_with_nkb, "--question", question["question"],
+                 "--answer", question["answers"][0], "--lam", "100", "--name", "kb.qa.fixed"]) == 0
+    out = capsys.readouterr().out
+    assert "kb.qa.fixed" in out and "old answer" in out
+    edited_dir = model_stages.find_model(world, "kb.qa.fixed")
+    info = json.loads((edited_dir / "nkb-model.json").read_text())
+    (log,) = info["edits"]
+    assert log["question"] == question["question"] and log["wanted"] == question["answers"][0] and log["steps"]
+    assert not (edited_dir / "weights").exists()  # the T5 weights are the source's
+    edited = load_model(edited_dir)[0].state_dict()
+    changed = [k for k in before if not torch.equal(before[k], edited[k])]
+    assert changed and all(".nkb_values" in k for k in changed)
+    assert all(torch.equal(before[k], v) for k, v in load_model(source)[0].state_dict().items())
