@@ -152,6 +152,9 @@ def cmd_demo(args) -> int:
                 "SELECT input, target FROM ssm_examples LIMIT 5"):
         print(f'  {h} sql "{sql}"')
     print(f"  {h} runs")
+    if args.models:
+        print(f"  {h} report --plot report.png\n")
+        return cmd_report(argparse.Namespace(home=args.home, format="table", output=None, plot=None))
     return 0
 
 
@@ -220,6 +223,26 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_edit(args) -> int:
+    from flows.configs import EditConfig
+    from flows.knowledge_stages import edit
+    try:
+        config = EditConfig(model=args.model, question=args.question, answer=args.answer, name=args.name,
+                            layer=args.layer, lam=args.lam, device=args.device)
+    except ValidationError as exc:
+        raise SystemExit(f"error: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
+    result = edit(Warehouse(args.home), config)
+    v = result.value or {}
+    if result.skipped:
+        print(f"this edit was already made: model {result.run.checkpoint} (run {result.run.run_id})")
+        return 0
+    print(f"edited model: {v['model']} (from {args.model}, which is unchanged)\n"
+          f"  old answer: {v['old_answer']!r}\n  new answer: {v['new_answer']!r}"
+          f"{'  (the whole wanted answer)' if v['whole_answer'] else '  (not yet the whole wanted answer)'}\n"
+          f"  slots edited: {v['slots_edited']}, λ = {args.lam}; the log is in {result.run.checkpoint}/nkb-model.json")
+    return 0
+
+
 def cmd_server(args) -> int:
     from flows import server
     project = Path(args.project)
@@ -264,9 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Generate the sample world and run every stage on it, end to end.")
     demo.add_argument("--people", type=int, help="people in the sample world (default: the stage's default)")
     demo.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")
-    demo.add_argument("--models", action=argparse.BooleanOptionalAction, default=False,
-                      help="also train, fine-tune and evaluate the report's models (the Table 3 flow; "
-                           "tens of minutes on CPU; default: off while its budgets are being tuned)")
+    demo.add_argument("--models", action=argparse.BooleanOptionalAction, default=True,
+                      help="also train, fine-tune and evaluate the report's models (the Table 3 flow; about "
+                           "15 minutes on 2 CPU cores); --no-models stops after the data stages")
     demo.set_defaults(func=cmd_demo)
 
     run = sub.add_parser("run", help="run one stage", description="Run one stage with its config; "
@@ -307,6 +330,19 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--output", metavar="FILE", help="write to FILE instead of standard output")
     rep.add_argument("--plot", metavar="PNG", help="also draw the loss curves and EM per model into this PNG file")
     rep.set_defaults(func=cmd_report)
+
+    ed = sub.add_parser("edit", help="edit one fact in a model's NKB, saved as a new model version",
+                        description="Knowledge surgery on one question: at each step of the wanted answer, the slot "
+                                    "that fires most gets v += λ (e_wanted − e_predicted). The result is a new model "
+                                    "(the old one stays selectable by its name) with an edit log.")
+    ed.add_argument("--model", required=True, help="model with an NKB, e.g. base+nkb.qa")
+    ed.add_argument("--question", required=True, help="the question, as in the QA data")
+    ed.add_argument("--answer", required=True, help="the answer wanted after the edit")
+    ed.add_argument("--lam", type=float, default=0.07, help="edit strength λ (default 0.07, the paper's best)")
+    ed.add_argument("--name", help="name of the edited model (default <model>.edit-<digest>)")
+    ed.add_argument("--layer", help="NKB block to edit (default: the last decoder block with an NKB)")
+    ed.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (default auto)")
+    ed.set_defaults(func=cmd_edit)
 
     srv = sub.add_parser("server", help="start, stop or inspect a local Prefect server with workers",
                          description="up: start a Prefect server on 127.0.0.1, create the cpu and gpu work pools "

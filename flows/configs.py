@@ -129,6 +129,8 @@ class BaseModelConfig(StageConfig):
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout rate of the model (0 trains about twice as fast on CPU).")
     seed: int = Field(0, description="Seed for initialisation, data order and noise.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
+    devices: int = Field(1, ge=1, description="Devices (GPUs, or CPU processes) to train on; above 1 the stage "
+                                              "relaunches itself under torchrun, data parallel.")
 
 
 class InjectConfig(StageConfig):
@@ -154,6 +156,8 @@ class InjectConfig(StageConfig):
                           "article's subject) is copied, not recalled. false: any salient span, as the paper.")
     seed: int = Field(0, description="Seed for slot initialisation, masking and order.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
+    devices: int = Field(1, ge=1, description="Devices (GPUs, or CPU processes) to train on; above 1 the stage "
+                                              "relaunches itself under torchrun, data parallel.")
 
     def model_name(self) -> str:
         return self.name or f"{Path(self.base_model).name}+{self.variant}"
@@ -178,6 +182,8 @@ class FinetuneConfig(StageConfig):
                              "span (… answer: <extra_id_0> → <extra_id_0> answer <extra_id_1>).")
     seed: int = Field(0, description="Seed for the order of questions.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
+    devices: int = Field(1, ge=1, description="Devices (GPUs, or CPU processes) to train on; above 1 the stage "
+                                              "relaunches itself under torchrun, data parallel.")
 
     def model_name(self) -> str:
         return self.name or f"{Path(self.model).name}.qa"
@@ -209,6 +215,51 @@ class ReportConfig(StageConfig):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
 
 
+class AnalyzeConfig(StageConfig):
+    """Read NKB slots (or a FFN's neurons) as key-value memories: values on the vocabulary, keys by the
+    questions that make them fire."""
+
+    model: str = Field("base+nkb.qa", description="Model to analyse (a name, or a model directory).")
+    kind: Literal["nkb", "ffn"] = Field("nkb", description="nkb: the NKB slots; ffn: the layer's original FFN neurons.")
+    layers: Optional[list[str]] = Field(None, description="Blocks to analyse (encoder.N / decoder.N); default: "
+                                                         "every block with an NKB (for ffn: the last decoder block).")
+    top_k: int = Field(10, ge=1, le=100, description="Tokens kept per value vector.")
+    top_questions: int = Field(5, ge=1, description="Questions kept per key (those that make the slot fire most).")
+    split: str = Field("validation", pattern=_NAME, description="Questions whose activations are recorded.")
+    facts: Optional[str] = Field(None, description="JSONL with question_id and relation, for key coherence; "
+                                                   "default: the sample world's facts.jsonl when present.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
+
+
+class SurgeryConfig(StageConfig):
+    """Knowledge surgery (the paper's section 6): edit the top slot's value to change one answer; sweep λ."""
+
+    model: str = Field("base+nkb.qa", description="Fine-tuned model with an NKB (a name, or a model directory).")
+    layer: Optional[str] = Field(None, description="NKB block whose slots are edited; default: the last decoder "
+                                                   "block with an NKB.")
+    lambdas: list[float] = Field(default_factory=lambda: [0.01, 0.03, 0.05, 0.07, 0.09],
+                                 description="Edit strengths λ in v += λ (e_target − e_original).")
+    questions: int = Field(50, ge=1, description="Validation questions to edit (those whose first predicted token "
+                                                 "is not the gold answer's).")
+    others: int = Field(5, ge=1, description="Other validation questions checked for changed predictions per edit.")
+    split: str = Field("validation", pattern=_NAME, description="Questions to edit.")
+    seed: int = Field(0, description="Seed for choosing the questions.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
+
+
+class EditConfig(StageConfig):
+    """Edit one fact of a model's NKB in place and save the result as a new model version with an edit log."""
+
+    model: str = Field(description="Model with an NKB to edit (a name, or a model directory).")
+    question: str = Field(min_length=1, description="The question, as asked in QA (without the 'question:' prefix).")
+    answer: str = Field(min_length=1, description="The answer the model should give after the edit.")
+    name: Optional[str] = Field(None, pattern=_MODEL_NAME, description="Name of the edited model; default "
+                                                                        "<model>.edit-<digest of the edit>.")
+    layer: Optional[str] = Field(None, description="NKB block to edit; default: the last decoder block with an NKB.")
+    lam: float = Field(0.07, gt=0, description="Edit strength λ (the paper's best: 0.07).")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
+
+
 class ModelsConfig(StageConfig):
     """Sizes and budgets of the model stages in the pipeline (the report's rows), for one machine."""
 
@@ -217,12 +268,19 @@ class ModelsConfig(StageConfig):
         default_factory=lambda: ["transformer", "base", "base+nkb", "base+nkb-a", "large"],
         description="Report rows to train and evaluate (base is always built: the others derive from it).")
     large_size: Literal["tiny", "small", "large"] = Field("small", description="Size of the larger base.")
-    pretrain_steps: int = Field(800, ge=1, description="Span-corruption steps of the base (and larger) model.")
+    large_steps: int = Field(200, ge=1, description="Pretraining steps of the larger base (a `small` step costs ~5 "
+                                                   "`tiny` ones on CPU).")
+    pretrain_steps: int = Field(600, ge=1, description="Span-corruption steps of the base (and larger) model.")
     pretrain_batch_size: int = Field(32, ge=1, description="Sequences per pretraining step.")
-    max_words: int = Field(60, ge=8, description="Segment length for SSM (short segments: more facts per compute).")
-    inject_steps: int = Field(1500, ge=1, description="NKB injection steps.")
+    max_words: int = Field(15, ge=8, description="Segment length for SSM. About one sentence: the masked fact then "
+                                                "has only its subject to be recalled from, as in a question.")
+    inject_layers: list[str] = Field(default_factory=lambda: ["encoder.-1", "decoder.0", "decoder.1"],
+                                     description="Blocks that get NKB slots (encoder.N / decoder.N).")
+    inject_steps: int = Field(2000, ge=1, description="NKB injection steps (only the slots train: cheap).")
     inject_batch_size: int = Field(64, ge=1, description="SSM examples per injection step.")
-    inject_lr: float = Field(1e-2, gt=0, description="Injection learning rate.")
+    inject_lr: float = Field(3e-2, gt=0, description="NKB injection learning rate.")
+    nkb_a_steps: int = Field(500, ge=1, description="NKB-a injection steps (every parameter trains: ~3x a NKB step).")
+    nkb_a_lr: float = Field(1e-3, gt=0, description="NKB-a injection learning rate (the paper's).")
     slots: Optional[int] = Field(None, ge=1, description="NKB slots; default d_ff.")
     finetune_epochs: int = Field(30, ge=1, description="QA fine-tuning epochs.")
     finetune_lr: float = Field(1e-3, gt=0, description="QA fine-tuning learning rate.")

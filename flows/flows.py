@@ -87,6 +87,9 @@ inject_flow = _stage_flow(STAGES["inject"])
 finetune_flow = _stage_flow(STAGES["finetune"])
 evaluate_flow = _stage_flow(STAGES["evaluate"])
 report_flow = _stage_flow(STAGES["report"])
+analyze_flow = _stage_flow(STAGES["analyze"])
+surgery_flow = _stage_flow(STAGES["surgery"])
+edit_flow = _stage_flow(STAGES["edit"])
 
 
 def run_stage(name: str, config, home: Optional[str], force: bool, dispatch: bool = False) -> dict:
@@ -124,11 +127,15 @@ def table3(models: ModelsConfig = ModelsConfig(), home: Optional[str] = None, fo
     if "transformer" in wanted:
         rows.append(run("base-model", pretrain.model_copy(update={"name": "transformer", "steps": 0})))
     if "large" in wanted:
-        rows.append(run("base-model", pretrain.model_copy(update={"name": "large", "size": models.large_size})))
+        large = {"name": "large", "size": models.large_size, "steps": models.large_steps}
+        rows.append(run("base-model", pretrain.model_copy(update=large)))
     injection = InjectConfig(steps=models.inject_steps, batch_size=models.inject_batch_size, lr=models.inject_lr,
-                             slots=models.slots, device=device)
-    rows += [run("inject", injection.model_copy(update={"variant": variant}))
-             for variant in ("nkb", "nkb-a") if f"base+{variant}" in wanted]
+                             layers=models.inject_layers, slots=models.slots, device=device)
+    if "base+nkb" in wanted:
+        rows.append(run("inject", injection))
+    if "base+nkb-a" in wanted:
+        rows.append(run("inject", injection.model_copy(update={"variant": "nkb-a", "steps": models.nkb_a_steps,
+                                                               "lr": models.nkb_a_lr})))
     evaluated = [name for name in ("transformer", "base", "base+nkb", "base+nkb-a", "large") if name in wanted]
     for name in evaluated:
         rows.append(run("finetune", FinetuneConfig(model=name, epochs=models.finetune_epochs, lr=models.finetune_lr,
@@ -164,4 +171,5 @@ def pipeline(world: SampleWorldConfig = SampleWorldConfig(), home: Optional[str]
 STAGE_FLOWS = {"sample-world": sample_world_flow, "ingest": ingest_flow, "questions": questions_flow,
                "index": index_flow, "retrieve": retrieve_flow, "salient-spans": salient_spans_flow,
                "base-model": base_model_flow, "inject": inject_flow, "finetune": finetune_flow,
-               "evaluate": evaluate_flow, "report": report_flow}
+               "evaluate": evaluate_flow, "report": report_flow, "analyze": analyze_flow, "surgery": surgery_flow,
+               "edit": edit_flow}

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from flows import model_stages, stages
-from flows.configs import (BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig, InjectConfig, IngestConfig, QuestionsConfig, RetrieveConfig,
-                           ReportConfig, SalientSpansConfig, SampleWorldConfig, StageConfig)
+from flows import knowledge_stages, model_stages, stages
+from flows.configs import (AnalyzeConfig, BaseModelConfig, EditConfig, EvaluateConfig, FinetuneConfig, IndexConfig,
+                           IngestConfig, InjectConfig, QuestionsConfig, ReportConfig, RetrieveConfig,
+                           SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig)
 from warehouse import StageResult, Warehouse
 
 
@@ -35,4 +36,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("finetune", FinetuneConfig, model_stages.finetune, pool="gpu"),
     Stage("evaluate", EvaluateConfig, model_stages.evaluate, pool="gpu"),
     Stage("report", ReportConfig, model_stages.report, pool="gpu"),
+    Stage("analyze", AnalyzeConfig, knowledge_stages.analyze, pool="gpu"),
+    Stage("surgery", SurgeryConfig, knowledge_stages.surgery, pool="gpu"),
+    Stage("edit", EditConfig, knowledge_stages.edit, pool="gpu"),
 ]}

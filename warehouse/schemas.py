@@ -59,6 +59,8 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
     ]),
     "nkb_values": pa.schema([
         RUN_ID,
+        pa.field("model", pa.string()),
+        pa.field("kind", pa.string()),                      # nkb slots, or ffn neurons
         pa.field("layer", pa.string()),
         pa.field("slot", pa.int32(), nullable=False),
         pa.field("top_tokens", pa.list_(pa.string())),
@@ -67,10 +69,13 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
     ]),
     "nkb_keys": pa.schema([
         RUN_ID,
+        pa.field("model", pa.string()),
+        pa.field("kind", pa.string()),
         pa.field("layer", pa.string()),
         pa.field("slot", pa.int32(), nullable=False),
-        pa.field("top_questions", pa.list_(pa.string())),
+        pa.field("top_questions", pa.list_(pa.string())),    # question_ids, strongest first
         pa.field("weights", pa.list_(pa.float32())),
+        pa.field("relation", pa.string()),                   # the relation all top questions share, else NULL
     ]),
     "report": pa.schema([
         RUN_ID,
@@ -86,11 +91,14 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
     ]),
     "edits": pa.schema([
         RUN_ID,
+        pa.field("model", pa.string()),
         pa.field("question_id", pa.string()),
+        pa.field("layer", pa.string()),
         pa.field("slot", pa.int32()),
         pa.field("lambda", pa.float64()),
         pa.field("original", pa.string()),
         pa.field("target", pa.string()),
+        pa.field("new", pa.string()),                        # the first token after the edit
         pa.field("success", pa.bool_()),
         pa.field("change_rate", pa.float64()),
     ]),

@@ -40,7 +40,7 @@ def test_stage_flow_validates_and_fails_on_bad_input(tmp_path):
 def test_table3_flow_trains_every_row_and_reports(tmp_path):
     home = str(tmp_path / "wh")
     pipeline(world=SampleWorldConfig(people=10, background_people=30), home=home, train_models=False)
-    tiny = ModelsConfig(base_size="tiny", large_size="tiny", pretrain_steps=3, pretrain_batch_size=8, inject_steps=3,
+    tiny = ModelsConfig(base_size="tiny", large_size="tiny", pretrain_steps=3, pretrain_batch_size=8, inject_steps=3, nkb_a_steps=2,
                         inject_batch_size=8, finetune_epochs=1, device="cpu")
     rows = table3(tiny, home)
     assert [r["stage"] for r in rows].count("finetune") == 5 and rows[-1]["stage"] == "report"

@@ -1,0 +1,202 @@
+"""Reading NKB slots (and any T5 FFN) as key-value memories, and editing one fact in place.
+
+A FFN (or the NKB) computes `Σ_i act(x·k_i) v_i`: key i decides how strongly slot i fires, value i is
+what it adds to the residual stream (Geva et al.; the NKB paper's sections 5 and 6).
+
+Values are read through the model's own output path: the decoder's final layer norm (T5's RMS norm,
+with its learned scale), then, since our T5s tie the output embedding to the input one, the
+`d_model ** -0.5` rescaling T5 applies before the tied `lm_head`, then softmax. Both are applied
+because that is what happens to anything added to the last decoder block's residual stream; the
+norm changes which tokens come first (its scale is per dimension), the rescaling only sharpens or
+flattens the probabilities. For slots in earlier blocks this is the "logit lens" reading.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from nkb_model.nkb import NKBFeedForward, mounted_layers, resolve_layers, _ffn_parent
+
+CATEGORIES = {"PERSON": "Person", "GPE": "Place", "LOC": "Place", "FAC": "Place", "ORG": "Organisation",
+              "DATE": "Date"}
+
+
+# ---- memories: keys and values of a layer ------------------------------------------------------
+
+@dataclass
+class Memory:
+    """The key-value memory of one FFN-like layer: keys (slots, d_model), values (slots, d_model)."""
+    layer: str
+    kind: str          # "nkb" or "ffn"
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+def memories(model: nn.Module, layer: str, kind: str = "nkb") -> Memory:
+    """The slots of the NKB mounted on `layer`, or (kind="ffn") the neurons of its original FFN (for a
+    gated FFN the key is the gate's row: the gate decides whether the neuron fires)."""
+    (name,) = resolve_layers(model, [layer])
+    ffn = _ffn_parent(model, name).DenseReluDense
+    if kind == "nkb":
+        if not isinstance(ffn, NKBFeedForward):
+            raise ValueError(f"no NKB is mounted on {name}; mounted: {', '.join(mounted_layers(model)) or 'none'}")
+        return Memory(name, kind, ffn.nkb_keys.weight.detach(), ffn.nkb_values.weight.detach().T)
+    base = ffn.base_layer if isinstance(ffn, NKBFeedForward) else ffn
+    key_layer = base.wi_0 if hasattr(base, "wi_0") else base.wi
+    return Memory(name, kind, key_layer.weight.detach(), base.wo.weight.detach().T)
+
+
+def output_logits(model: nn.Module, vectors: torch.Tensor) -> torch.Tensor:
+    """Vocabulary logits for vectors added to the decoder's residual stream (see the module docstring)."""
+    decoder = model.get_decoder()
+    lm_head = model.get_output_embeddings()
+    with torch.no_grad():
+        hidden = decoder.final_layer_norm(vectors.to(lm_head.weight.dtype))
+        if model.config.tie_word_embeddings:
+            hidden = hidden * model.config.d_model ** -0.5
+        return lm_head(hidden).float()
+
+
+def project_values(model: nn.Module, values: torch.Tensor, top_k: int = 10, batch: int = 4096):
+    """(token ids, probabilities), each (slots, top_k): the tokens every value vector promotes most."""
+    ids, probs = [], []
+    for lo in range(0, values.shape[0], batch):
+        p = output_logits(model, values[lo:lo + batch]).softmax(-1)
+        top = p.topk(top_k, dim=-1)
+        ids.append(top.indices)
+        probs.append(top.values)
+    return torch.cat(ids), torch.cat(probs)
+
+
+class SpanLexicon:
+    """Which entity category a vocabulary piece belongs to, learned from the salient spans: a piece
+    belongs to the labels of the spans with a word that starts with it (majority label wins)."""
+
+    def __init__(self, texts: list[str], labels: list[str]):
+        self._labels: dict[str, Counter] = {}
+        for text, label in zip(texts, labels):
+            for word in text.split():
+                for end in range(2, len(word) + 1):
+                    self._labels.setdefault(word[:end], Counter())[label] += 1
+
+    def category(self, piece: str) -> str:
+        piece = piece.replace("▁", "").strip()
+        found = self._labels.get(piece) if len(piece) >= 2 else None
+        if not found:
+            return "None"
+        return CATEGORIES.get(found.most_common(1)[0][0], "Other")
+
+
+# ---- keys: which inputs make a slot fire --------------------------------------------------------
+
+def first_step_weights(model: nn.Module, tokenizer, texts: list[str], layer: str, kind: str = "nkb",
+                       batch_size: int = 64) -> torch.Tensor:
+    """How strongly each slot of `layer` fires when the first answer token is generated: (texts, slots).
+
+    Decoder layers: at the first decoding position. Encoder layers (no decoding step there): the
+    strongest activation over the input's tokens."""
+    memory = memories(model, layer, kind)
+    ffn = _ffn_parent(model, memory.layer).DenseReluDense
+    captured: list[torch.Tensor] = []
+
+    def hook(_module, inputs, _output):
+        x = inputs[0]
+        captured.append((ffn.slot_weights(x) if kind == "nkb" else _neuron_weights(ffn, x)).detach())
+
+    handle = ffn.register_forward_hook(hook)
+    device = next(model.parameters()).device
+    rows = []
+    try:
+        for lo in range(0, len(texts), batch_size):
+            enc = tokenizer(texts[lo:lo + batch_size], return_tensors="pt", padding=True, truncation=True,
+                            max_length=256).to(device)
+            start = torch.full((enc["input_ids"].shape[0], 1), model.config.decoder_start_token_id, device=device)
+            captured.clear()
+            with torch.no_grad():
+                model(**enc, decoder_input_ids=start)
+            weights = captured[-1]
+            if memory.layer.startswith("decoder"):
+                rows.append(weights[:, 0].float().cpu())
+            else:
+                mask = enc["attention_mask"].unsqueeze(-1).bool()
+                rows.append(weights.masked_fill(~mask, float("-inf")).amax(1).float().cpu())
+    finally:
+        handle.remove()
+    return torch.cat(rows)
+
+
+def _neuron_weights(ffn: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    base = ffn.base_layer if isinstance(ffn, NKBFeedForward) else ffn
+    if hasattr(base, "wi_0"):
+        return base.act(base.wi_0(x)) * base.wi_1(x)
+    return base.act(base.wi(x))
+
+
+def coherence(top_questions: list[list[int]], relation_of: list[str]) -> float:
+    """Share of slots whose top questions all share one relation (slots with fewer than 2 are left out)."""
+    judged = [rows for rows in top_questions if len(rows) >= 2]
+    if not judged:
+        return 0.0
+    return sum(len({relation_of[i] for i in rows}) == 1 for rows in judged) / len(judged)
+
+
+# ---- surgery ---------------------------------------------------------------------------------------
+
+@dataclass
+class Edit:
+    """v_slot += lam * (e_target - e_original) on one NKB value: exactly undoable (the old row is kept)."""
+    layer: str
+    slot: int
+    lam: float
+    target_token: int
+    original_token: int
+    old_value: torch.Tensor
+
+    def undo(self, model: nn.Module) -> None:
+        values = mounted_layers(model)[self.layer].nkb_values.weight
+        with torch.no_grad():
+            values[:, self.slot] = self.old_value.to(values.device, values.dtype)
+
+
+def output_embedding(model: nn.Module, token: int) -> torch.Tensor:
+    return model.get_output_embeddings().weight[token].detach()
+
+
+def edit_slot(model: nn.Module, layer: str, slot: int, target_token: int, original_token: int, lam: float) -> Edit:
+    """Apply the NKB paper's surgery to one slot (the sign of its Table 7 and the authors' code)."""
+    values = mounted_layers(model)[layer].nkb_values.weight
+    old = values[:, slot].detach().clone()
+    delta = output_embedding(model, target_token) - output_embedding(model, original_token)
+    with torch.no_grad():
+        values[:, slot] += lam * delta.to(values.dtype)
+    return Edit(layer, slot, lam, target_token, original_token, old)
+
+
+def first_token(model: nn.Module, tokenizer, texts: list[str]) -> list[int]:
+    """The greedy first answer token for each input."""
+    device = next(model.parameters()).device
+    enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=256).to(device)
+    start = torch.full((len(texts), 1), model.config.decoder_start_token_id, device=device)
+    with torch.no_grad():
+        logits = model(**enc, decoder_input_ids=start).logits[:, -1]
+    return logits.argmax(-1).tolist()
+
+
+def top_slot(model: nn.Module, tokenizer, text: str, layer: str, prefix: list[int] | None = None) -> int:
+    """The slot of `layer` that fires most at the next decoding step after `prefix` (default: the first)."""
+    ffn = mounted_layers(model)[layer]
+    captured = []
+    handle = ffn.register_forward_hook(lambda m, i, o: captured.append(m.slot_weights(i[0]).detach()))
+    device = next(model.parameters()).device
+    try:
+        enc = tokenizer([text], return_tensors="pt").to(device)
+        ids = torch.tensor([[model.config.decoder_start_token_id] + (prefix or [])], device=device)
+        with torch.no_grad():
+            model(**enc, decoder_input_ids=ids)
+    finally:
+        handle.remove()
+    return int(captured[-1][0, -1].argmax())
