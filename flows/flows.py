@@ -15,8 +15,9 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from flows import stages
 from flows.registry import STAGES, Stage
 from flows.report_plot import report_markdown
-from flows.configs import (BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig, InjectConfig, ModelsConfig,
-                           ReportConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig)
+from flows.configs import (AnalyzeConfig, BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig, InjectConfig,
+                           ModelsConfig, ReportConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig,
+                           SurgeryConfig)
 from warehouse import Warehouse, resolve_home
 
 
@@ -153,7 +154,7 @@ def pipeline(world: SampleWorldConfig = SampleWorldConfig(), home: Optional[str]
              train_models: bool = True, models: ModelsConfig = ModelsConfig(), dispatch: bool = False) -> list[dict]:
     """Generate the sample world, ingest its corpora, load its QA datasets, index the knowledge corpus,
     retrieve the top-3 documents per question, find their salient spans, and (with `train_models`)
-    run the Table 3 flow. dispatch: GPU-pool stages run through their deployments (needs a server with
+    run the Table 3 flow, then analyse and edit base+NKB's slots. dispatch: GPU-pool stages run through their deployments (needs a server with
     a worker on the `gpu` pool, see `nkb server up`); otherwise everything runs in this process."""
     rows = [sample_world_flow(world, home, force)]
     ingests, question_sets = stages.sample_world_inputs(Warehouse(home))
@@ -164,6 +165,9 @@ def pipeline(world: SampleWorldConfig = SampleWorldConfig(), home: Optional[str]
     rows.append(salient_spans_flow(SalientSpansConfig(max_words=models.max_words), home, force))
     if train_models:
         rows += table3(models, home, force, dispatch)
+        if "base+nkb" in models.rows:  # what the slots hold, and editing them (the paper's sections 5 and 6)
+            rows.append(run_stage("analyze", AnalyzeConfig(device=models.device), home, force, dispatch))
+            rows.append(run_stage("surgery", SurgeryConfig(device=models.device), home, force, dispatch))
     create_table_artifact(key="pipeline-run", table=rows, description="Stages of this pipeline run")
     return rows
 
