@@ -270,7 +270,7 @@ class ModelsConfig(StageConfig):
     large_size: Literal["tiny", "small", "large"] = Field("small", description="Size of the larger base.")
     large_steps: int = Field(200, ge=1, description="Pretraining steps of the larger base (a `small` step costs ~5 "
                                                    "`tiny` ones on CPU).")
-    pretrain_steps: int = Field(600, ge=1, description="Span-corruption steps of the base (and larger) model.")
+    pretrain_steps: int = Field(800, ge=1, description="Span-corruption steps of the base (and larger) model.")
     pretrain_batch_size: int = Field(32, ge=1, description="Sequences per pretraining step.")
     max_words: int = Field(15, ge=8, description="Segment length for SSM. About one sentence: the masked fact then "
                                                 "has only its subject to be recalled from, as in a question.")
