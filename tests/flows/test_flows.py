@@ -57,6 +57,7 @@ def test_salient_spans_on_a_local_dask_cluster_equal_the_in_process_run(tmp_path
     spans = "SELECT * EXCLUDE (run_id) FROM salient_spans ORDER BY ALL"
     in_process = query(Warehouse(home), spans).to_pylist()
     # A 2-worker local cluster; small shards so that both workers get some.
-    row = salient_spans_flow(SalientSpansConfig(max_words=60, shard_size=10, dask="local:2"), home, force=True)
+    config = SalientSpansConfig(max_words=ModelsConfig().max_words, shard_size=10, dask="local:2")  # as the pipeline's
+    row = salient_spans_flow(config, home, force=True)
     assert not row["skipped"] and row["shards"] > 2
     assert query(Warehouse(home), spans).to_pylist() == in_process
