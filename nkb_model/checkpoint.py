@@ -15,8 +15,13 @@ import json
 from pathlib import Path
 
 from transformers import AutoTokenizer, T5ForConditionalGeneration
+from transformers.utils import logging as hf_logging
 
 from nkb_model.nkb import load_nkb, mounted_layers, save_nkb, unmount_nkb
+
+# Every model stage loads several small local directories; transformers' per-load "Loading weights" bar
+# would bury the stages' own progress bars (which say what the work is) under one line per load.
+hf_logging.disable_progress_bar()
 
 INFO = "nkb-model.json"
 
