@@ -4,6 +4,7 @@
     <dir>/ (HF files)      a base model: an ordinary Hugging Face directory
     <dir>/weights/         T5 weights, when this model changed them (nkb-a, fine-tuned)
     <dir>/nkb/             NKB slots and their config (save_nkb), when the model has an NKB
+    <dir>/kformer/         Kformer's embedding copy and projections (save_kformer), when it has Kformer
 
 A model whose T5 weights are those of its base (NKB injection with the base frozen) stores only
 its slots and points at the base directory.
@@ -17,6 +18,7 @@ from pathlib import Path
 from transformers import AutoTokenizer, T5ForConditionalGeneration
 from transformers.utils import logging as hf_logging
 
+from nkb_model.kformer import load_kformer, save_kformer, unmount_kformer
 from nkb_model.nkb import load_nkb, mounted_layers, save_nkb, unmount_nkb
 
 # Every model stage loads several small local directories; transformers' per-load "Loading weights" bar
@@ -56,6 +58,8 @@ def load_model(directory: str | Path, with_nkb: bool = True):
     tokenizer = AutoTokenizer.from_pretrained(weights)
     if with_nkb and (directory / "nkb").exists():
         load_nkb(model, directory / "nkb")
+    if (directory / "kformer").exists():
+        load_kformer(model, directory / "kformer")
     return model, tokenizer, info
 
 
@@ -65,11 +69,19 @@ def save_model(model, tokenizer, directory: str | Path, info: dict, weights_chan
     directory.mkdir(parents=True, exist_ok=True)
     if mounted_layers(model):
         save_nkb(model, directory / "nkb")
-    if weights_changed:
-        removed = unmount_nkb(model) if mounted_layers(model) else None
+    if hasattr(model, "kformer"):
+        save_kformer(model, directory / "kformer")
+    if weights_changed:  # T5's own files hold T5's weights only
+        had_nkb, had_kformer = bool(mounted_layers(model)), hasattr(model, "kformer")
+        if had_nkb:
+            unmount_nkb(model)
+        if had_kformer:
+            unmount_kformer(model)
         model.save_pretrained(directory / "weights")
         tokenizer.save_pretrained(directory / "weights")
-        if removed is not None:
-            load_nkb(model, directory / "nkb")  # put the slots back for the caller
+        if had_nkb:  # put the additions back for the caller
+            load_nkb(model, directory / "nkb")
+        if had_kformer:
+            load_kformer(model, directory / "kformer")
     (directory / INFO).write_text(json.dumps(info, indent=1))
     return directory

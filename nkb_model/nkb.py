@@ -157,28 +157,36 @@ def mark_only_nkb_trainable(model: nn.Module) -> int:
 
 # ---- saving and loading, apart from the base ------------------------------------------------
 
-def save_nkb(model: nn.Module, directory: str | Path) -> Path:
-    """Write the NKB weights (safetensors) and their config, nothing of the base model."""
+def save_addition(state: dict[str, torch.Tensor], config_json: str, directory: str | Path, weights_file: str,
+                  config_file: str) -> Path:
+    """Write an addition's weights (safetensors) and its config, nothing of the base model."""
     from safetensors.torch import save_file
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_file({n: t.contiguous() for n, t in nkb_state_dict(model).items()}, str(directory / WEIGHTS_FILE))
-    (directory / CONFIG_FILE).write_text(model.nkb_config.to_json())
+    save_file({n: t.contiguous() for n, t in state.items()}, str(directory / weights_file))
+    (directory / config_file).write_text(config_json)
     return directory
 
 
-def load_nkb(model: nn.Module, directory: str | Path) -> list[str]:
-    """Mount an NKB saved by `save_nkb` on a base model and load its weights exactly."""
+def load_weights_exactly(params: dict[str, nn.Parameter], path: Path, what: str) -> None:
+    """Copy a safetensors file into freshly mounted parameters; the names must match one to one."""
     from safetensors.torch import load_file
-    directory = Path(directory)
-    config = NKBConfig(**json.loads((directory / CONFIG_FILE).read_text()))
-    names = mount_nkb(model, config)
-    weights = load_file(str(directory / WEIGHTS_FILE))
-    params = dict(nkb_parameters(model))
+    weights = load_file(str(path))
     if set(weights) != set(params):
-        raise ValueError(f"{directory}: NKB weights do not match the mounted layers "
+        raise ValueError(f"{path.parent}: {what} weights do not match the mounted layers "
                          f"(file has {sorted(weights)[:3]}..., model expects {sorted(params)[:3]}...)")
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor)
+
+
+def save_nkb(model: nn.Module, directory: str | Path) -> Path:
+    return save_addition(nkb_state_dict(model), model.nkb_config.to_json(), directory, WEIGHTS_FILE, CONFIG_FILE)
+
+
+def load_nkb(model: nn.Module, directory: str | Path) -> list[str]:
+    """Mount an NKB saved by `save_nkb` on a base model and load its weights exactly."""
+    directory = Path(directory)
+    names = mount_nkb(model, NKBConfig(**json.loads((directory / CONFIG_FILE).read_text())))
+    load_weights_exactly(dict(nkb_parameters(model)), directory / WEIGHTS_FILE, "NKB")
     return names
