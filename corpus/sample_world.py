@@ -18,6 +18,11 @@ Written files (names are fixed; `WorldFiles` lists them):
     headqa/{train,validation}.json   HEAD-QA exams format, 4 options per question
     facts.jsonl                  one line per fact: subject, relation, object, dataset, split, question_id
     probes.jsonl                 cloze prompts (`<extra_id_0>` marks the answer) in unseen wordings
+    summaries/{train,validation}.jsonl    summarisation-like task, XSum format: a background person's
+                                 facts in shuffled sentences → a one-sentence summary of three of them
+    translation/{train,validation}.jsonl  translation-like task, WMT format: English sentences → an
+                                 invented language ("xx": a fixed word-for-word lexicon, names kept,
+                                 adjectives after their noun)
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from corpus.qa import make_question_id
 
 RELATIONS = ("born_in", "birth_year", "employer", "educated_at", "notable_work")
 DATASETS = {"nq": "nq_open", "webquestions": "webquestions", "headqa": "headqa"}
+# Generation tasks: name -> (kind, source language, target language)
+GENERATION_TASKS = {"summaries": ("summarization", None, None), "translation": ("translation", "en", "xx")}
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December"]
 
@@ -149,18 +156,21 @@ class WorldFiles:
     questions: dict[str, dict[str, Path]]   # dataset -> split -> path
     facts: Path
     probes: Path
+    generation: dict[str, dict[str, Path]]  # task -> split -> path
 
     @classmethod
     def at(cls, root: Path) -> "WorldFiles":
         root = Path(root)
         questions = {ds: {sp: root / ds / f"{sp}.{'jsonl' if fmt == 'nq_open' else 'json'}"
                           for sp in ("train", "validation")} for ds, fmt in DATASETS.items()}
+        generation = {task: {sp: root / task / f"{sp}.jsonl" for sp in ("train", "validation")}
+                      for task in GENERATION_TASKS}
         return cls(root, root / "knowledge.xml.bz2", root / "general.jsonl", questions, root / "facts.jsonl",
-                   root / "probes.jsonl")
+                   root / "probes.jsonl", generation)
 
     def all_paths(self) -> list[Path]:
         return [self.knowledge_dump, self.general_text, self.facts, self.probes] + [
-            p for splits in self.questions.values() for p in splits.values()]
+            p for splits in [*self.questions.values(), *self.generation.values()] for p in splits.values()]
 
 
 class _Names:
@@ -313,7 +323,37 @@ class SampleWorld:
                     fh.write(json.dumps({"fact_id": f.fact_id, "probe": k, "relation": f.relation, "wording": wording,
                                          "dataset": f.dataset, "split": f.split, "prompt": prompt,
                                          "answer": f.object}, ensure_ascii=False) + "\n")
+        self._write_generation(files)
         return files
+
+    # -- general-generation tasks (the paper's Table 4 check), from background people only --
+
+    def _write_generation(self, files: WorldFiles, per_split: dict[str, int] | None = None) -> None:
+        """A summarisation-like and a translation-like task. They draw from their own random stream, so
+        adding them left every other file byte-identical; train and validation use disjoint people."""
+        rng = random.Random(f"{self.seed}-generation")
+        per_split = per_split or {"train": 200, "validation": 50}
+        pool = list(self.background or self.people)
+        rng.shuffle(pool)
+        n_val = max(1, len(pool) * per_split["validation"] // sum(per_split.values()))
+        people = {"validation": pool[:n_val][:per_split["validation"]], "train": pool[n_val:][:per_split["train"]]}
+        lexicon = _Lexicon(random.Random(f"{self.seed}-lexicon"))
+        for split, group in people.items():
+            summaries, translations = [], []
+            for i, p in enumerate(group, start=1):
+                sentences = [_plain(self._fill(rng.choice([t for h, t in ARTICLE_WORDINGS[rel] if h == "person"]
+                                                          or [t for _, t in ARTICLE_WORDINGS[rel]]), p))
+                             for rel in RELATIONS]
+                sentences.append(f"{p.name} was {_a(p.occupation)}.")
+                rng.shuffle(sentences)
+                summary = f"{p.name}, {_a(p.occupation)} from {p.birth_city}, is best known for {p.work}."
+                summaries.append({"id": f"s{i}", "document": " ".join(sentences), "summary": summary})
+                english = rng.choice(sentences)
+                translations.append({"id": f"t{i}", "translation": {"en": english, "xx": lexicon.translate(english)}})
+            for task, records in (("summaries", summaries), ("translation", translations)):
+                path = files.generation[task][split]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
 
     def _probe_prompts(self, fact: Fact) -> list[tuple[str, str]]:
         """Cloze prompts for a fact: in each probe wording ("unseen": no article uses it) and, when the
@@ -437,6 +477,35 @@ class SampleWorld:
                             "questions": questions}
                     data = {"version": "1.0", "language": "en", "exams": {exam["name"]: exam}}
                     path.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
+
+
+class _Lexicon:
+    """The invented target language: each lower-case English word has a fixed invented word; capitalised
+    words and numbers (names, places, titles, years) stay; an adjective-like word (one of the title
+    adjectives) follows its noun, so the task is not only word-for-word."""
+
+    def __init__(self, rng: random.Random):
+        self.names, self.words = _Names(rng), {}
+
+    def word(self, english: str) -> str:
+        if english not in self.words:
+            self.words[english] = self.names.word(1 + min(3, len(english) // 3)).lower()
+        return self.words[english]
+
+    def translate(self, sentence: str) -> str:
+        tokens = re.findall(r"[\w'’-]+|[^\w\s]", sentence)
+        out = [t if (t[0].isupper() or t[0].isdigit() or not t[0].isalnum()) else self.word(t.lower()) for t in tokens]
+        for k in range(len(tokens) - 1):  # "modest means" → "means modest"
+            if tokens[k].lower() in _MOVABLE and tokens[k + 1][0].isalpha() and tokens[k + 1][0].islower():
+                out[k], out[k + 1] = out[k + 1], out[k]
+        return re.sub(r"\s+([^\w\s])", r"\1", " ".join(out))
+
+
+_MOVABLE = {"modest", "many", "later", "native"}
+
+
+def _plain(wikitext_sentence: str) -> str:
+    return re.sub(r"\[\[|\]\]|''", "", wikitext_sentence)
 
 
 def _a(noun: str) -> str:

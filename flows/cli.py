@@ -220,6 +220,16 @@ def cmd_report(args) -> int:
     columns["params injected"] = [first[m]["params_injected"] for m in models]
     print(f"Report {run_id} ({rows[0]['split']}; EM in %; probe: cloze prompts in unseen wordings, before fine-tuning)")
     _emit(FORMATTERS[args.format](pa.table(columns)), args.output)
+    generation = query(wh, "SELECT model, task, metric, round(score, 1) AS score FROM report_generation "
+                           "ORDER BY task, model").to_pylist() if wh.partition_files("report_generation") else []
+    if generation and not args.output:
+        tasks = list(dict.fromkeys(f"{g['task']} ({g['metric']})" for g in generation))
+        gen_models = list(dict.fromkeys(g["model"] for g in generation))
+        table = {"model": gen_models} | {t: [next((g["score"] for g in generation if g["model"] == m
+                                                   and f"{g['task']} ({g['metric']})" == t), None) for m in gen_models]
+                                         for t in tasks}
+        print("\nGeneral generation after fine-tuning on each task (ROUGE-L F1 % / SacreBLEU; beam search)")
+        print(FORMATTERS[args.format](pa.table(table)))
     return 0
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"
@@ -17,7 +17,7 @@ class StageConfig(BaseModel):
 
 
 class SampleWorldConfig(StageConfig):
-    """Generate the fictional sample world: a MediaWiki dump, general text, QA files, facts, probes."""
+    """Generate the fictional sample world: a MediaWiki dump, general text, QA files, facts, probes, two generation tasks."""
 
     seed: int = Field(13, description="Random seed; the same seed gives byte-identical files.")
     people: int = Field(120, ge=5, description="People whose facts are asked about (5 facts each).")
@@ -67,6 +67,20 @@ class QuestionsConfig(StageConfig):
         if not v.strip():
             raise ValueError("path is empty")
         return v
+
+
+class GenerationDataConfig(StageConfig):
+    """Read a summarisation or translation split into `gen_examples` (the general-generation check)."""
+
+    path: str = Field(description="Summarisation: JSONL of {document, summary} (XSum-style). Translation: JSON or "
+                                  "JSONL of {translation: {<src>: ..., <tgt>: ...}} (WMT-style).")
+    kind: Literal["summarization", "translation"] = Field(description="What the task is.")
+    task: str = Field(pattern=_NAME, description="Task name, e.g. xsum or wmt16-de-en.")
+    split: str = Field(pattern=_NAME, description="Split name, e.g. train, validation, test.")
+    source_lang: Optional[str] = Field(None, description="Translation: source language key; default: the first of "
+                                                         "the two in the first record.")
+    target_lang: Optional[str] = Field(None, description="Translation: target language key.")
+    limit: Optional[int] = Field(None, ge=1, description="Keep only the first this many examples.")
 
 
 class IndexConfig(StageConfig):
@@ -180,13 +194,33 @@ class FinetuneConfig(StageConfig):
     answer_format: Literal["plain", "sentinel"] = Field(
         "plain", description="plain: question → answer (the paper's); sentinel: the answer asked for like a masked "
                              "span (… answer: <extra_id_0> → <extra_id_0> answer <extra_id_1>).")
+    knowledge: Literal["none", "concat", "kformer"] = Field(
+        "none", description="none: closed-book; concat: the retrieved documents appended to the question (then "
+                            "truncated to max_input_len); kformer: the retrieved documents as Kformer knowledge "
+                            "vectors in the FFNs, trained end to end.")
+    knowledge_docs: int = Field(5, ge=1, description="Retrieved documents per question for concat/kformer (Kformer's "
+                                                     "N; the questions have as many as the retrieve stage's k).")
+    kformer_layers: list[str] = Field(default_factory=lambda: ["encoder.-3", "encoder.-2", "encoder.-1"],
+                                      description="Blocks that get Kformer (the top 3 encoder blocks, or all of a "
+                                                  "shallower encoder).")
+    kformer_doc_tokens: int = Field(64, ge=1, description="Leading tokens of each document averaged into its vector.")
+    kformer_rank: bool = Field(False, description="Rank every retrieved candidate by inner product with the mean "
+                                                  "question embedding and keep the best knowledge_docs (as Kformer does).")
+    task: Optional[str] = Field(None, pattern=_NAME, description="A general-generation task of `gen_examples` "
+                                                                "(e.g. summaries, translation) to train on instead of QA.")
     seed: int = Field(0, description="Seed for the order of questions.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
     devices: int = Field(1, ge=1, description="Devices (GPUs, or CPU processes) to train on; above 1 the stage "
                                               "relaunches itself under torchrun, data parallel.")
 
+    @model_validator(mode="after")
+    def _knowledge_is_for_qa(self):
+        if self.task and self.knowledge != "none":
+            raise ValueError("knowledge (concat/kformer) uses the questions' retrieved documents: QA only, not a task")
+        return self
+
     def model_name(self) -> str:
-        return self.name or f"{Path(self.model).name}.qa"
+        return self.name or f"{Path(self.model).name}.{self.task or 'qa'}"
 
 
 class EvaluateConfig(StageConfig):
@@ -195,8 +229,14 @@ class EvaluateConfig(StageConfig):
     model: str = Field("base+nkb.qa", description="Model to evaluate (a name from finetune, or a HF T5 directory).")
     datasets: Optional[list[str]] = Field(None, description="Datasets to evaluate; default: every one with the split.")
     split: str = Field("validation", pattern=_NAME, description="Split to evaluate.")
+    task: Optional[str] = Field(None, pattern=_NAME, description="General-generation task to score (ROUGE-L for "
+                                                                "summarisation, SacreBLEU for translation); default: "
+                                                                "the task the model was fine-tuned on, else QA (EM).")
+    num_beams: Optional[int] = Field(None, ge=1, description="Beam size; default 1 (greedy) for QA, 4 for "
+                                                             "generation tasks (the paper's).")
     batch_size: int = Field(64, ge=1, description="Questions per generation batch.")
-    max_new_tokens: int = Field(24, ge=1, description="Longest answer generated, in tokens.")
+    max_new_tokens: Optional[int] = Field(None, ge=1, description="Longest output in tokens; default 24 for QA "
+                                                                  "answers, 64 for generation tasks.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
 
 
@@ -208,8 +248,15 @@ class ReportConfig(StageConfig):
     nkb: Optional[str] = Field("base+nkb", description="The base with NKB slots injected.")
     nkb_a: Optional[str] = Field("base+nkb-a", description="The base with NKB injected while training everything.")
     large: Optional[str] = Field("large", description="The larger base model.")
-    finetuned_suffix: str = Field(".qa", description="Each row's fine-tuned model is <model><suffix>.")
+    kformer: Optional[str] = Field("base.kformer", description="The base fine-tuned with Kformer (a fine-tuned model).")
+    concat: Optional[str] = Field("base.concat", description="The base fine-tuned on questions with their retrieved "
+                                                             "documents appended (a fine-tuned model).")
+    finetuned_suffix: str = Field(".qa", description="Each row's fine-tuned model is <model><suffix> (Kformer and "
+                                                     "concat name their fine-tuned model directly).")
     split: str = Field("validation", pattern=_NAME, description="Split whose EM is reported.")
+    generation_tasks: list[str] = Field(default_factory=lambda: ["summaries", "translation"],
+                                        description="General-generation tasks whose scores of base, base+NKB and "
+                                                    "base+NKB-a (fine-tuned as <model>.<task>) are reported.")
     probes: Optional[str] = Field(None, description="Cloze probe file (JSONL: prompt, answer, split); default: "
                                                     "the sample world's probes.jsonl.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
@@ -264,8 +311,8 @@ class ModelsConfig(StageConfig):
     """Sizes and budgets of the model stages in the pipeline (the report's rows), for one machine."""
 
     base_size: Literal["tiny", "small", "large"] = Field("tiny", description="Size of the base model.")
-    rows: list[Literal["transformer", "base", "base+nkb", "base+nkb-a", "large"]] = Field(
-        default_factory=lambda: ["transformer", "base", "base+nkb", "base+nkb-a", "large"],
+    rows: list[Literal["transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat"]] = Field(
+        default_factory=lambda: ["transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat"],
         description="Report rows to train and evaluate (base is always built: the others derive from it).")
     large_size: Literal["tiny", "small", "large"] = Field("small", description="Size of the larger base.")
     large_steps: int = Field(200, ge=1, description="Pretraining steps of the larger base (a `small` step costs ~5 "
@@ -284,4 +331,8 @@ class ModelsConfig(StageConfig):
     slots: Optional[int] = Field(None, ge=1, description="NKB slots; default d_ff.")
     finetune_epochs: int = Field(30, ge=1, description="QA fine-tuning epochs.")
     finetune_lr: float = Field(1e-3, gt=0, description="QA fine-tuning learning rate.")
+    generation_tasks: list[str] = Field(default_factory=lambda: ["summaries", "translation"],
+                                        description="General-generation tasks on which base, base+NKB and base+NKB-a "
+                                                    "are fine-tuned and scored (the paper's Table 4).")
+    generation_epochs: int = Field(5, ge=1, description="Fine-tuning epochs per generation task.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device for every model stage.")

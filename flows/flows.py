@@ -80,6 +80,7 @@ def _stage_flow(stage: Stage):
 sample_world_flow = _stage_flow(STAGES["sample-world"])
 ingest_flow = _stage_flow(STAGES["ingest"])
 questions_flow = _stage_flow(STAGES["questions"])
+generation_data_flow = _stage_flow(STAGES["generation-data"])
 index_flow = _stage_flow(STAGES["index"])
 retrieve_flow = _stage_flow(STAGES["retrieve"])
 salient_spans_flow = _stage_flow(STAGES["salient-spans"])
@@ -142,10 +143,23 @@ def table3(models: ModelsConfig = ModelsConfig(), home: Optional[str] = None, fo
         rows.append(run("finetune", FinetuneConfig(model=name, epochs=models.finetune_epochs, lr=models.finetune_lr,
                                                    device=device)))
         rows.append(run("evaluate", EvaluateConfig(model=f"{name}.qa", device=device)))
-    optional = {field: name if name in wanted else None
-                for field, name in (("transformer", "transformer"), ("nkb", "base+nkb"), ("nkb_a", "base+nkb-a"),
-                                    ("large", "large"))}
-    rows.append(run("report", ReportConfig(**optional, device=device)))
+    for name in ("base", "base+nkb", "base+nkb-a"):  # does injection hurt general generation? (Table 4)
+        if name in wanted:
+            for task in models.generation_tasks:
+                rows.append(run("finetune", FinetuneConfig(model=name, task=task, epochs=models.generation_epochs,
+                                                           lr=models.finetune_lr, device=device)))
+                rows.append(run("evaluate", EvaluateConfig(model=f"{name}.{task}", device=device)))
+    for mode in ("kformer", "concat"):  # the base with retrieved documents, on the same fine-tuning budget
+        if mode in wanted:
+            rows.append(run("finetune", FinetuneConfig(model="base", name=f"base.{mode}", knowledge=mode,
+                                                       epochs=models.finetune_epochs, lr=models.finetune_lr,
+                                                       device=device)))
+            rows.append(run("evaluate", EvaluateConfig(model=f"base.{mode}", device=device)))
+    optional = {field: name if row in wanted else None
+                for field, row, name in (("transformer", "transformer", "transformer"), ("nkb", "base+nkb", "base+nkb"),
+                                         ("nkb_a", "base+nkb-a", "base+nkb-a"), ("large", "large", "large"),
+                                         ("kformer", "kformer", "base.kformer"), ("concat", "concat", "base.concat"))}
+    rows.append(run("report", ReportConfig(**optional, generation_tasks=models.generation_tasks, device=device)))
     return rows
 
 
@@ -160,6 +174,7 @@ def pipeline(world: SampleWorldConfig = SampleWorldConfig(), home: Optional[str]
     ingests, question_sets = stages.sample_world_inputs(Warehouse(home))
     rows += [ingest_flow(config, home, force) for config in ingests]
     rows += [questions_flow(config, home, force) for config in question_sets]
+    rows += [generation_data_flow(config, home, force) for config in stages.generation_inputs(Warehouse(home))]
     rows.append(index_flow(IndexConfig(), home, force))
     rows.append(retrieve_flow(RetrieveConfig(), home, force))
     rows.append(salient_spans_flow(SalientSpansConfig(max_words=models.max_words), home, force))
@@ -173,6 +188,7 @@ def pipeline(world: SampleWorldConfig = SampleWorldConfig(), home: Optional[str]
 
 
 STAGE_FLOWS = {"sample-world": sample_world_flow, "ingest": ingest_flow, "questions": questions_flow,
+               "generation-data": generation_data_flow,
                "index": index_flow, "retrieve": retrieve_flow, "salient-spans": salient_spans_flow,
                "base-model": base_model_flow, "inject": inject_flow, "finetune": finetune_flow,
                "evaluate": evaluate_flow, "report": report_flow, "analyze": analyze_flow, "surgery": surgery_flow,

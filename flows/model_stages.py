@@ -5,6 +5,7 @@ The device and precision are chosen once here, at each stage's entry, and passed
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -224,6 +225,53 @@ def qa_pair(question: str, answer: str | None, answer_format: str) -> tuple[str,
     return f"question: {question}", answer
 
 
+def retrieved_documents(wh: Warehouse, question_ids: list[str], docs: int | None) -> list[list[str]]:
+    """The texts of each question's retrieved documents in rank order (the top `docs`, or all)."""
+    wanted = pc.field("question_id").isin(question_ids)
+    hits = wh.read("retrievals", ["question_id", "rank", "doc_id"],
+                   filter=wanted if docs is None else wanted & (pc.field("rank") <= docs))
+    if hits.num_rows == 0:
+        raise ValueError("no retrievals for these questions; run the retrieve stage first")
+    documents = wh.read("documents", ["doc_id", "text"], filter=pc.field("doc_id").isin(hits.column("doc_id").unique()))
+    text_of = dict(zip(documents.column("doc_id").to_pylist(), documents.column("text").to_pylist()))
+    by_question: dict[str, list[tuple[int, str]]] = {}
+    for q, rank, doc in zip(*(hits.column(c).to_pylist() for c in ("question_id", "rank", "doc_id"))):
+        by_question.setdefault(q, []).append((rank, text_of.get(doc, "")))
+    return [[text for _, text in sorted(by_question.get(q, []))] for q in question_ids]
+
+
+def qa_inputs(wh: Warehouse, questions, tokenizer, info: dict):
+    """Model inputs for `questions` the way the model was fine-tuned (`info`): the texts, and for Kformer the
+    documents' token ids. Concat appends the documents after the question, so truncation cuts documents."""
+    texts = [qa_pair(q, None, info.get("answer_format", "plain"))[0] for q in questions.column("question").to_pylist()]
+    mode = info.get("knowledge", "none")
+    if mode == "none":
+        return texts, None
+    ranked = mode == "kformer" and info.get("kformer_rank", False)
+    documents = retrieved_documents(wh, questions.column("question_id").to_pylist(),
+                                    None if ranked else info["knowledge_docs"])
+    if mode == "concat":
+        return [f"{t} context: {' '.join(d)}" for t, d in zip(texts, documents)], None
+    from nkb_model.kformer import encode_documents
+    return texts, encode_documents(tokenizer, documents, info["kformer_doc_tokens"])
+
+
+def gen_examples(wh: Warehouse, task: str, split: str):
+    """A general-generation task's split from `gen_examples`, in id order."""
+    table = wh.read("gen_examples", filter=(pc.field("task") == task) & (pc.field("split") == split))
+    if table.num_rows == 0:
+        tasks = sorted({n for n, _ in wh.lineage("gen_examples")})
+        raise ValueError(f"no {split!r} examples of task {task!r} (loaded: {', '.join(tasks) or 'none'}); "
+                         "run the generation-data stage first")
+    return table.sort_by("example_id")
+
+
+def gen_inputs(table) -> list[str]:
+    from corpus.generation import model_input
+    return [model_input(k, s, a, b) for k, s, a, b in zip(*(table.column(c).to_pylist() for c in
+                                                             ("kind", "source", "source_lang", "target_lang")))]
+
+
 def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> StageResult:
     """All parameters (optionally not the NKB) trained on `question: …` → first answer."""
     if config.devices > 1 and not distributed.in_worker():
@@ -234,9 +282,17 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
     from nkb_model.train import TrainConfig, choose_device, train
     source = find_model(wh, config.model)
     name = config.model_name()
-    questions = _questions(wh, config.datasets, config.split)
-    datasets = sorted(set(questions.column("dataset").to_pylist()))
-    inputs = [str(source), read_info(source).get("built_by", "")] + _questions_lineage(wh, datasets, config.split)
+    if config.task:
+        questions = gen_examples(wh, config.task, config.split)
+        datasets = [config.task]
+        lineage = [f"{n}:{f}" for n, f in wh.lineage("gen_examples") if n == f"{config.task}.{config.split}"]
+    else:
+        questions = _questions(wh, config.datasets, config.split)
+        datasets = sorted(set(questions.column("dataset").to_pylist()))
+        lineage = _questions_lineage(wh, datasets, config.split)
+    inputs = [str(source), read_info(source).get("built_by", "")] + lineage
+    if config.knowledge != "none":
+        inputs += [f"{n}:{f}" for n, f in wh.lineage("retrievals") if n in datasets]
     fp = fingerprint("finetune", config.model_dump(exclude={"device", "devices", "micro_batch_size"}) | {"name": name}, inputs)
     target = model_dir(wh, name, fp)
     device = choose_device(config.device)
@@ -244,10 +300,23 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
         run.run.device = device.name
-        pairs = [qa_pair(q, a[0], config.answer_format) for q, a in
-                 zip(questions.column("question").to_pylist(), questions.column("answers").to_pylist())]
-        texts, answers = [p[0] for p in pairs], [p[1] for p in pairs]
+        knowledge = {"knowledge": config.knowledge, "knowledge_docs": config.knowledge_docs,
+                     "kformer_doc_tokens": config.kformer_doc_tokens, "kformer_rank": config.kformer_rank,
+                     "answer_format": config.answer_format, "max_input_len": config.max_input_len, "task": config.task}
         model, tokenizer, source_info = load_model(source)
+        if config.task:
+            texts, knowledge_ids, answers = gen_inputs(questions), None, questions.column("target").to_pylist()
+        else:
+            answers = [qa_pair(q, a[0], config.answer_format)[1] for q, a in
+                       zip(questions.column("question").to_pylist(), questions.column("answers").to_pylist())]
+            texts, knowledge_ids = qa_inputs(wh, questions, tokenizer, knowledge)
+        if config.knowledge == "kformer":
+            import torch
+
+            from nkb_model.kformer import KformerConfig, mount_kformer
+            torch.manual_seed(config.seed)
+            mount_kformer(model, KformerConfig(layers=config.kformer_layers, docs=config.knowledge_docs,
+                                               doc_tokens=config.kformer_doc_tokens, rank_by_question=config.kformer_rank))
         model.to(device.device)
         for param_name, param in model.named_parameters():
             param.requires_grad = not (config.freeze_nkb and ".nkb_" in param_name)
@@ -256,19 +325,20 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
             for layer in mounted_layers(model).values():
                 layer.nkb_dropout.eval()
         batches = Seq2SeqBatches(lambda epoch: (texts, answers), tokenizer, min(config.batch_size, len(texts)),
-                                 config.seed, config.max_input_len)
+                                 config.seed, config.max_input_len, max_target_len=128 if config.task else 64,
+                                 knowledge_ids=knowledge_ids)
         steps = config.epochs * batches.per_epoch
         train_config = TrainConfig(steps=steps, batch_size=batches.batch_size, micro_batch_size=config.micro_batch_size,
                                    lr=config.lr, optimizer=config.optimizer)
         work = target.parent / f".train-{target.name}"
         losses = train(model, batches, train_config, device, work, desc=f"finetune {name}")
         for step, loss in losses:
-            run.metric("qa_loss", loss, split=config.split, step=step)
+            run.metric(f"{config.task}_loss" if config.task else "qa_loss", loss, split=config.split, step=step)
         model.to("cpu")
         info = {**{k: v for k, v in source_info.items() if k in ("params_injected", "layers", "slots", "base_model")},
                 "name": name, "kind": "finetuned", "source": config.model, "source_kind": source_info["kind"],
                 "params": sum(p.numel() for p in model.parameters()), "built_by": run.run_id,
-                "final_loss": losses[-1][1], "datasets": datasets, "answer_format": config.answer_format}
+                "final_loss": losses[-1][1], "datasets": datasets, **knowledge}
         _publish(run, target, work, lambda d: save_model(model, tokenizer, d, info, weights_changed=True))
         run.run.outputs["steps"] = steps
         return {"model": name, "questions": len(texts), "steps": steps, "final_loss": round(losses[-1][1], 4),
@@ -280,62 +350,119 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
 
 
 def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> StageResult:
-    """Greedy answers for every question of the split; EM (SQuAD normalisation, max over gold answers)."""
-    import torch
-
+    """QA: greedy answers for every question of the split, EM (SQuAD normalisation, max over gold answers).
+    A generation task: beam search, ROUGE-L (summarisation) or SacreBLEU (translation)."""
     from nkb_model.checkpoint import load_model
-    from nkb_model.evaluation import filled_span
-    from nkb_model.metrics import exact_match
+    from nkb_model.metrics import bleu, exact_match, rouge_l
     from nkb_model.train import choose_device
     source = find_model(wh, config.model)
-    name = read_info(source)["name"]
-    questions = _questions(wh, config.datasets, config.split)
-    datasets = sorted(set(questions.column("dataset").to_pylist()))
-    inputs = [str(source), read_info(source).get("built_by", "")]
-    inputs += _questions_lineage(wh, datasets, config.split)
-    fp = fingerprint("evaluate", config.model_dump(exclude={"device", "batch_size"}), inputs)
+    source_info = read_info(source)
+    name, task = source_info["name"], config.task or source_info.get("task")
+    if task:
+        examples = gen_examples(wh, task, config.split)
+        groups = [task]
+        lineage = [f"{n}:{f}" for n, f in wh.lineage("gen_examples") if n == f"{task}.{config.split}"]
+    else:
+        examples = _questions(wh, config.datasets, config.split)
+        groups = sorted(set(examples.column("dataset").to_pylist()))
+        lineage = _questions_lineage(wh, groups, config.split)
+        if source_info.get("knowledge", "none") != "none":
+            lineage += [f"{n}:{f}" for n, f in wh.lineage("retrievals") if n in groups]
+    num_beams = config.num_beams or (4 if task else 1)
+    max_new_tokens = config.max_new_tokens or (64 if task else 24)
+    fp = fingerprint("evaluate", config.model_dump(exclude={"device", "batch_size"}) | {"task": task},
+                     [str(source), source_info.get("built_by", "")] + lineage)
     device = choose_device(config.device)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
         run.run.device = device.name
-        model, tokenizer, _ = load_model(source)
+        model, tokenizer, info = load_model(source)
         model.to(device.device).eval()
-        answer_format = read_info(source).get("answer_format", "plain")
-        texts = [qa_pair(q, None, answer_format)[0] for q in questions.column("question").to_pylist()]
-        predictions = []
-        for lo in range(0, len(texts), config.batch_size):
-            enc = tokenizer(texts[lo:lo + config.batch_size], return_tensors="pt", padding=True, truncation=True,
-                            max_length=256).to(device.device)
-            with torch.no_grad(), torch.autocast(device.device.type, dtype=device.autocast_dtype or torch.float32,
-                                                 enabled=device.autocast_dtype is not None):
-                out = model.generate(**enc, max_new_tokens=config.max_new_tokens, do_sample=False, num_beams=1)
-            predictions += [filled_span(t) for t in tokenizer.batch_decode(out, skip_special_tokens=False)]
-        gold = questions.column("answers").to_pylist()
-        correct = [exact_match(p, g) for p, g in zip(predictions, gold)]
-        ds = questions.column("dataset").to_pylist()
+        if task:
+            texts, knowledge_ids = gen_inputs(examples), None
+        else:
+            texts, knowledge_ids = qa_inputs(wh, examples, tokenizer, info)
+        outputs = _generate(model, tokenizer, texts, knowledge_ids, device, config.batch_size,
+                            info.get("max_input_len", 256), max_new_tokens, num_beams)
+        if task:
+            ids, ds = examples.column("example_id").to_pylist(), [task] * examples.num_rows
+            references = examples.column("target").to_pylist()
+            correct = [p.strip() == r.strip() for p, r in zip(outputs, references)]
+            kind = examples.column("kind")[0].as_py()
+            metric, score = ("rougeL", rouge_l(outputs, references)) if kind == "summarization" else \
+                ("bleu", bleu(outputs, references))
+            run.metric(metric, score, dataset=task, split=config.split)
+            scores = {metric: score}
+        else:
+            ids, ds = examples.column("question_id").to_pylist(), examples.column("dataset").to_pylist()
+            correct = [exact_match(p, g) for p, g in zip(outputs, examples.column("answers").to_pylist())]
+            scores = {}
+            for dataset in groups:
+                hits = [c for c, d in zip(correct, ds) if d == dataset]
+                scores[dataset] = 100.0 * sum(hits) / len(hits)
+                run.metric("em", scores[dataset], dataset=dataset, split=config.split)
         run.write("predictions", f"{name}.{config.split}", {
-            "question_id": questions.column("question_id").to_pylist(), "dataset": ds,
-            "split": [config.split] * len(ds), "prediction": predictions, "exact_match": correct})
-        scores = {}
-        for dataset in datasets:
-            hits = [c for c, d in zip(correct, ds) if d == dataset]
-            scores[dataset] = 100.0 * sum(hits) / len(hits)
-            run.metric("em", scores[dataset], dataset=dataset, split=config.split)
-        return {"model": name, "questions": len(texts), "em": {k: round(v, 2) for k, v in scores.items()},
+            "question_id": ids, "dataset": ds, "split": [config.split] * len(ds), "prediction": outputs,
+            "exact_match": correct})
+        return {"model": name, "questions": len(texts), ("scores" if task else "em"): {k: round(v, 2) for k, v in scores.items()},
                 "seconds": time.perf_counter() - started, "device": device.name}
 
-    return run_stage(wh, "evaluate", config.model_dump() | {"model_name": name}, fp, body, force=force,
+    return run_stage(wh, "evaluate", config.model_dump() | {"model_name": name, "task": task}, fp, body, force=force,
                      device=device.name)
+
+
+def _generate(model, tokenizer, texts: list[str], knowledge_ids, device, batch_size: int, max_input_len: int,
+              max_new_tokens: int, num_beams: int) -> list[str]:
+    """Decoded outputs, batch by batch: for sentinel-format QA the span after `<extra_id_0>`, else the text."""
+    import torch
+
+    from nkb_model.evaluation import filled_span
+    outputs = []
+    for lo in range(0, len(texts), batch_size):
+        enc = tokenizer(texts[lo:lo + batch_size], return_tensors="pt", padding=True, truncation=True,
+                        max_length=max_input_len).to(device.device)
+        with contextlib.ExitStack() as stack, torch.no_grad():
+            stack.enter_context(torch.autocast(device.device.type, dtype=device.autocast_dtype or torch.float32,
+                                               enabled=device.autocast_dtype is not None))
+            if knowledge_ids is not None:
+                from nkb_model.kformer import knowledge
+                stack.enter_context(knowledge(model, knowledge_ids[lo:lo + batch_size].to(device.device),
+                                              enc["input_ids"]))
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, num_beams=num_beams)
+        outputs += [filled_span(t) for t in tokenizer.batch_decode(out, skip_special_tokens=False)]
+    return outputs
 
 
 # ---- the report (the paper's Table 3) ---------------------------------------------------------
 
-def _latest_em(wh: Warehouse, model_name: str, split: str) -> dict[str, float]:
+def _latest_scores(wh: Warehouse, model_name: str, split: str, metrics=("em",)) -> dict[str, float]:
+    """{dataset or task: score} of the newest successful evaluation of a model."""
     for run in list_runs(wh, stage="evaluate"):
         if run.status == "success" and run.config.get("model_name") == model_name and run.config.get("split") == split:
-            return {r["dataset"]: r["value"] for r in run_metrics(wh, run.run_id, "em")}
+            return {r["dataset"]: r["value"] for r in run_metrics(wh, run.run_id) if r["metric"] in metrics}
     return {}
+
+
+GENERATION_METRICS = ("rougeL", "bleu")
+
+
+def _generation_scores(wh: Warehouse, available, config: ReportConfig) -> dict[str, list]:
+    """The general-generation check: each pre-fine-tuning row's `<model>.<task>` scores."""
+    out = {k: [] for k in ("model", "task", "split", "metric", "score")}
+    for label, name, _, finetuned in available:
+        if finetuned == name or label not in ("base", "base+NKB", "base+NKB-a"):
+            continue
+        for task in config.generation_tasks:
+            for run in list_runs(wh, stage="evaluate"):
+                if run.status == "success" and run.config.get("model_name") == f"{name}.{task}" \
+                        and run.config.get("split") == config.split:
+                    for r in run_metrics(wh, run.run_id):
+                        if r["metric"] in GENERATION_METRICS:
+                            for key, value in zip(out, (label, task, config.split, r["metric"], r["value"])):
+                                out[key].append(value)
+                    break
+    return out
 
 
 def _probe_em(model, tokenizer, probes: list[dict], device) -> float | None:
@@ -358,13 +485,17 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
     from nkb_model.evaluation import heldout_loss
     from nkb_model.nkb import unmount_nkb
     from nkb_model.train import choose_device
-    rows_spec = [("Transformer", config.transformer), ("base", config.base), ("base+NKB", config.nkb),
-                 ("base+NKB-a", config.nkb_a), ("large", config.large)]
+    # (label, model before fine-tuning, its fine-tuned model); Kformer and concat exist only fine-tuned: they
+    # have no probe or held-out loss of their own (their model before fine-tuning is the base).
+    suffix = config.finetuned_suffix
+    rows_spec = [("Transformer", config.transformer, None), ("base", config.base, None), ("base+NKB", config.nkb, None),
+                 ("base+NKB-a", config.nkb_a, None), ("large", config.large, None),
+                 ("Kformer", config.kformer, config.kformer), ("concat", config.concat, config.concat)]
     available = []
-    for label, name in rows_spec:
+    for label, name, finetuned in rows_spec:
         if name:
             try:
-                available.append((label, name, find_model(wh, name)))
+                available.append((label, name, find_model(wh, name), finetuned or name + suffix))
             except ValueError:
                 continue
     if not available:
@@ -372,9 +503,11 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
     probes_path = Path(config.probes) if config.probes else WorldFiles.at(world_dir(wh)).probes
     probes = [json.loads(line) for line in open(probes_path, encoding="utf-8")] if probes_path.exists() else []
     probes = [p for p in probes if p.get("split", config.split) == config.split]
-    inputs = [f"{label}:{read_info(d).get('built_by', '')}" for label, _, d in available]
-    inputs += [f"{name}{config.finetuned_suffix}:{json.dumps(_latest_em(wh, name + config.finetuned_suffix, config.split), sort_keys=True)}"
-               for _, name, _ in available]
+    inputs = [f"{label}:{read_info(d).get('built_by', '')}" for label, _, d, _ in available]
+    inputs += [f"{finetuned}:{json.dumps(_latest_scores(wh, finetuned, config.split), sort_keys=True)}"
+               for _, _, _, finetuned in available]
+    generation = _generation_scores(wh, available, config)
+    inputs.append(json.dumps(generation, sort_keys=True))
     fp = fingerprint("report", config.model_dump(exclude={"device"}), inputs + [str(len(probes))])
     device = choose_device(config.device)
 
@@ -383,19 +516,21 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
         out = {k: [] for k in ("model", "dataset", "split", "em", "params_total", "params_injected", "probe_em",
                                "probe_seen_em", "heldout_loss")}
         summary = []
-        for label, name, directory in available:
+        for label, name, directory, finetuned in available:
             info = read_info(directory)
             model, tokenizer, _ = load_model(directory)
             model.to(device.device)
-            probe_em, probe_seen_em = (_probe_em(model, tokenizer, [p for p in probes if p.get("wording", "unseen") == w],
-                                                 device) for w in ("unseen", "seen"))
-            held_path = _base_dir_of(directory) / "held_out.npy"
-            loss = heldout_loss(model, tokenizer, np.load(held_path), device) if held_path.exists() else None
+            probe_em = probe_seen_em = loss = None
+            if finetuned != name:
+                probe_em, probe_seen_em = (_probe_em(model, tokenizer, [p for p in probes if p.get("wording", "unseen") == w],
+                                                     device) for w in ("unseen", "seen"))
+                held_path = _base_dir_of(directory) / "held_out.npy"
+                loss = heldout_loss(model, tokenizer, np.load(held_path), device) if held_path.exists() else None
             if info["kind"] in ("nkb", "nkb-a") and loss is not None:
                 unmount_nkb(model)
                 run.metric("heldout_loss_nkb_unmounted", heldout_loss(model, tokenizer, np.load(held_path), device),
                            dataset=label)
-            ems = _latest_em(wh, name + config.finetuned_suffix, config.split)
+            ems = _latest_scores(wh, finetuned, config.split)
             total = info.get("params") or sum(p.numel() for p in model.parameters())
             injected = info.get("params_injected", 0)
             # A row whose fine-tuned model has not been evaluated still shows its probe and held-out loss.
@@ -412,6 +547,7 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
             summary.append({"model": label, "em": ems, "probe_em": probe_em, "probe_seen_em": probe_seen_em,
                             "heldout_loss": loss})
         run.write("report", "latest", out)
-        return {"rows": summary}
+        run.write("report_generation", "latest", generation)
+        return {"rows": summary, "generation": [dict(zip(generation, r)) for r in zip(*generation.values())]}
 
     return run_stage(wh, "report", config.model_dump(), fp, body, force=force, device=device.name)

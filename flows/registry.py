@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from flows import knowledge_stages, model_stages, stages
-from flows.configs import (AnalyzeConfig, BaseModelConfig, EditConfig, EvaluateConfig, FinetuneConfig, IndexConfig,
+from flows.configs import (AnalyzeConfig, BaseModelConfig, EditConfig, EvaluateConfig, FinetuneConfig,
+                           GenerationDataConfig, IndexConfig,
                            IngestConfig, InjectConfig, QuestionsConfig, ReportConfig, RetrieveConfig,
                            SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig)
 from warehouse import StageResult, Warehouse
@@ -28,6 +29,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("sample-world", SampleWorldConfig, stages.generate_sample_world),
     Stage("ingest", IngestConfig, stages.ingest),
     Stage("questions", QuestionsConfig, stages.load_questions),
+    Stage("generation-data", GenerationDataConfig, stages.load_generation_data),
     Stage("index", IndexConfig, stages.build_index),
     Stage("retrieve", RetrieveConfig, stages.retrieve),
     Stage("salient-spans", SalientSpansConfig, stages.find_salient_spans),

@@ -25,7 +25,7 @@ from corpus import documents as docs
 from corpus import qa
 from corpus import sample_world
 from corpus.errors import InputFileError, require_file
-from flows.configs import (IndexConfig, IngestConfig, QuestionsConfig, RetrieveConfig, SalientSpansConfig,
+from flows.configs import (GenerationDataConfig, IndexConfig, IngestConfig, QuestionsConfig, RetrieveConfig, SalientSpansConfig,
                            SampleWorldConfig)
 from warehouse import ShardTarget, StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs, run_stage
 
@@ -144,6 +144,36 @@ def load_questions(wh: Warehouse, config: QuestionsConfig, force: bool = False) 
                 "seconds": time.perf_counter() - started}
 
     return run_stage(wh, "questions", params, fp, body, force=force)
+
+
+def load_generation_data(wh: Warehouse, config: GenerationDataConfig, force: bool = False) -> StageResult:
+    """Read one summarisation or translation split into `gen_examples`, partition = `<task>.<split>`."""
+    from corpus import generation
+    require_file(config.path)
+    path = os.path.abspath(config.path)
+    params = config.model_dump() | {"path": path}
+    fp = fingerprint("generation-data", params | {"path": None}, [file_digest(path)])
+
+    def body(run: StagedRun) -> dict:
+        started = time.perf_counter()
+        langs = (config.source_lang, config.target_lang)
+        if config.kind == "translation" and not all(langs):
+            langs = generation.translation_languages(path)
+        examples = list(itertools.islice(generation.read_examples(path, config.kind, *langs), config.limit))
+        if not examples:
+            raise InputFileError(path, None, "no examples found")
+        ids = [e.local_id for e in examples]
+        if len(set(ids)) != len(ids):
+            raise InputFileError(path, None, f"example id {next(i for i in ids if ids.count(i) > 1)!r} occurs more than once")
+        n = len(examples)
+        run.write("gen_examples", f"{config.task}.{config.split}", {
+            "example_id": [f"{config.task}/{config.split}/{i}" for i in ids], "task": [config.task] * n,
+            "kind": [config.kind] * n, "split": [config.split] * n, "source": [e.source for e in examples],
+            "target": [e.target for e in examples], "source_lang": [langs[0]] * n, "target_lang": [langs[1]] * n})
+        run.metric("examples", n, dataset=config.task, split=config.split)
+        return {"task": config.task, "split": config.split, "examples": n, "seconds": time.perf_counter() - started}
+
+    return run_stage(wh, "generation-data", params, fp, body, force=force)
 
 
 # ---- index ----------------------------------------------------------------------------------
@@ -380,6 +410,7 @@ def load_sample_world(wh: Warehouse, config: SampleWorldConfig, general: bool = 
     ingests, questions = sample_world_inputs(wh)
     results += [ingest(wh, c) for c in (ingests if general else ingests[:1])]
     results += [load_questions(wh, c) for c in questions]
+    results += [load_generation_data(wh, c) for c in generation_inputs(wh)]
     return results
 
 
@@ -391,3 +422,12 @@ def sample_world_inputs(wh: Warehouse) -> tuple[list[IngestConfig], list[Questio
     questions = [QuestionsConfig(path=str(path), format=sample_world.DATASETS[dataset], dataset=dataset, split=split)
                  for dataset, splits in files.questions.items() for split, path in splits.items()]
     return ingests, questions
+
+
+def generation_inputs(wh: Warehouse) -> list[GenerationDataConfig]:
+    """The configs that load a generated sample world's summarisation-like and translation-like tasks."""
+    files = sample_world.WorldFiles.at(world_dir(wh))
+    return [GenerationDataConfig(path=str(path), kind=sample_world.GENERATION_TASKS[task][0], task=task, split=split,
+                                 source_lang=sample_world.GENERATION_TASKS[task][1],
+                                 target_lang=sample_world.GENERATION_TASKS[task][2])
+            for task, splits in files.generation.items() for split, path in splits.items()]

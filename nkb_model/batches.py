@@ -13,8 +13,10 @@ import torch
 
 class Seq2SeqBatches:
     def __init__(self, examples_for_epoch: Callable[[int], tuple[list[str], list[str]]], tokenizer, batch_size: int,
-                 seed: int = 0, max_input_len: int = 512, max_target_len: int = 64):
+                 seed: int = 0, max_input_len: int = 512, max_target_len: int = 64,
+                 knowledge_ids: torch.Tensor | None = None):
         self.examples_for_epoch, self.tokenizer = examples_for_epoch, tokenizer
+        self.knowledge_ids = knowledge_ids  # (examples, N, tokens): Kformer's documents of each (fixed) example
         self.batch_size, self.seed = batch_size, seed
         self.max_input_len, self.max_target_len = max_input_len, max_target_len
         self._epoch, self._encoded = None, None
@@ -36,7 +38,10 @@ class Seq2SeqBatches:
         epoch, index = divmod(step, self.per_epoch)
         enc_in, enc_out, order = self._encode(epoch)
         rows = order[index * self.batch_size:(index + 1) * self.batch_size]
-        return pad_pairs([(enc_in[r], enc_out[r]) for r in rows], self.tokenizer.pad_token_id)
+        batch = pad_pairs([(enc_in[r], enc_out[r]) for r in rows], self.tokenizer.pad_token_id)
+        if self.knowledge_ids is not None:
+            batch["knowledge_ids"] = self.knowledge_ids[torch.as_tensor(rows)]
+        return batch
 
 
 def pad_pairs(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:

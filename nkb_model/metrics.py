@@ -1,4 +1,5 @@
-"""Exact match with SQuAD's answer normalisation (lower case, no punctuation, no articles, single spaces)."""
+"""Evaluation metrics: exact match with SQuAD's answer normalisation (lower case, no punctuation, no
+articles, single spaces), ROUGE-L and SacreBLEU for the general-generation check."""
 
 from __future__ import annotations
 
@@ -21,3 +22,20 @@ def exact_match(prediction: str, gold_answers: Iterable[str]) -> bool:
     """True when the normalised prediction equals any normalised gold answer."""
     pred = normalize_answer(prediction)
     return any(pred == normalize_answer(gold) for gold in gold_answers)
+
+
+def rouge_l(predictions: list[str], references: list[str]) -> float:
+    """Mean ROUGE-L F1 in % (Google's `rouge-score`, Porter stemming), as summarisation papers report it."""
+    from rouge_score import rouge_scorer
+    if len(predictions) != len(references) or not references:
+        raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    return 100.0 * sum(scorer.score(r, p)["rougeL"].fmeasure for p, r in zip(predictions, references)) / len(references)
+
+
+def bleu(predictions: list[str], references: list[str]) -> float:
+    """Corpus BLEU with SacreBLEU's defaults (13a tokenisation, one reference per example)."""
+    import sacrebleu
+    if len(predictions) != len(references) or not references:
+        raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
+    return float(sacrebleu.corpus_bleu(predictions, [references]).score)

@@ -26,6 +26,17 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
         pa.field("answers", pa.list_(pa.string())),
         RUN_ID,
     ]),
+    "gen_examples": pa.schema([                             # summarisation / translation (the paper's Table 4)
+        pa.field("example_id", pa.string(), nullable=False),
+        pa.field("task", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),        # summarization | translation
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("source", pa.string()),
+        pa.field("target", pa.string()),
+        pa.field("source_lang", pa.string()),
+        pa.field("target_lang", pa.string()),
+        RUN_ID,
+    ]),
     "retrievals": pa.schema([
         pa.field("question_id", pa.string(), nullable=False),
         pa.field("dataset", pa.string(), nullable=False),
@@ -76,6 +87,14 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
         pa.field("top_questions", pa.list_(pa.string())),    # question_ids, strongest first
         pa.field("weights", pa.list_(pa.float32())),
         pa.field("relation", pa.string()),                   # the relation all top questions share, else NULL
+    ]),
+    "report_generation": pa.schema([                        # general-generation scores per model and task
+        RUN_ID,
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("task", pa.string(), nullable=False),
+        pa.field("split", pa.string()),
+        pa.field("metric", pa.string()),                      # rougeL (F, %) or bleu (SacreBLEU)
+        pa.field("score", pa.float64()),
     ]),
     "report": pa.schema([
         RUN_ID,

@@ -19,14 +19,15 @@ def test_pipeline_flow_runs_every_stage_and_then_skips(tmp_path):
     world = SampleWorldConfig(people=10, background_people=5)
     rows = pipeline(world=world, home=home, train_models=False)
     assert [r["stage"] for r in rows] == (["sample-world", "ingest", "ingest"] + ["questions"] * 6
-                                          + ["index", "retrieve", "salient-spans"])
+                                          + ["generation-data"] * 4 + ["index", "retrieve", "salient-spans"])
     assert not any(r["skipped"] for r in rows)
     counts = {t: n for t, _, n in Warehouse(home).row_counts()}
-    assert counts["documents"] > 20 and counts["questions"] == 50 and counts["runs"] == 12
+    assert counts["documents"] > 20 and counts["questions"] == 50 and counts["runs"] == 16
+    assert counts["gen_examples"] > 0
     assert counts["retrievals"] > 100 and counts["segments"] > 20 and counts["salient_spans"] > 100
     again = pipeline(world=world, home=home, train_models=False)
     assert all(r["skipped"] for r in again)
-    assert len(list_runs(Warehouse(home))) == 12
+    assert len(list_runs(Warehouse(home))) == 16
 
 
 def test_stage_flow_validates_and_fails_on_bad_input(tmp_path):
@@ -41,11 +42,14 @@ def test_table3_flow_trains_every_row_and_reports(tmp_path):
     home = str(tmp_path / "wh")
     pipeline(world=SampleWorldConfig(people=10, background_people=30), home=home, train_models=False)
     tiny = ModelsConfig(base_size="tiny", large_size="tiny", pretrain_steps=3, pretrain_batch_size=8, inject_steps=3, nkb_a_steps=2,
-                        inject_batch_size=8, finetune_epochs=1, device="cpu")
+                        inject_batch_size=8, finetune_epochs=1, generation_epochs=1, device="cpu")
     rows = table3(tiny, home)
-    assert [r["stage"] for r in rows].count("finetune") == 5 and rows[-1]["stage"] == "report"
+    # QA for 5 rows, Kformer and concat, and 2 generation tasks for base, base+NKB and base+NKB-a
+    assert [r["stage"] for r in rows].count("finetune") == 5 + 2 + 6 and rows[-1]["stage"] == "report"
     report = query(Warehouse(home), "SELECT DISTINCT model FROM report").column("model").to_pylist()
-    assert sorted(report) == sorted(["Transformer", "base", "base+NKB", "base+NKB-a", "large"])
+    assert sorted(report) == sorted(["Transformer", "base", "base+NKB", "base+NKB-a", "large", "Kformer", "concat"])
+    generation = query(Warehouse(home), "SELECT model, task FROM report_generation").to_pylist()
+    assert len(generation) == 6 and {g["model"] for g in generation} == {"base", "base+NKB", "base+NKB-a"}
 
 
 @pytest.mark.slow

@@ -130,6 +130,66 @@ def test_report_rows_probe_and_no_forgetting(world, capsys):
     assert set(out[0]) == {"model", "dataset", "split", "em", "params_total", "params_injected"}
 
 
+@pytest.mark.parametrize("mode", ["kformer", "concat"])
+def test_finetune_and_evaluate_with_retrieved_documents(world, mode):
+    from safetensors.torch import load_file
+
+    from flows.configs import ReportConfig
+    base_dir = Path(model_stages.pretrain_base_model(world, TINY).run.checkpoint)
+    questions = model_stages._questions(world, None, "validation")
+    info = {"knowledge": mode, "knowledge_docs": 2, "kformer_doc_tokens": 16}
+    _, tokenizer, _ = load_model(base_dir)
+    texts, ids = model_stages.qa_inputs(world, questions, tokenizer, info)
+    top = model_stages.retrieved_documents(world, questions.column("question_id").to_pylist()[:1], 2)[0]
+    assert len(top) == 2
+    if mode == "concat":
+        assert ids is None and texts[0].endswith(" context: " + " ".join(top))
+    else:
+        assert texts[0].startswith("question: ") and "context" not in texts[0] and ids.shape == (len(texts), 2, 16)
+
+    result = model_stages.finetune(world, FinetuneConfig(model="base", name=f"base.{mode}", knowledge=mode,
+                                                         knowledge_docs=3, epochs=1, batch_size=16))
+    directory = Path(result.run.checkpoint)
+    assert (directory / "kformer").exists() == (mode == "kformer")
+    t5_keys = set(load_file(str(directory / "weights" / "model.safetensors")))
+    assert t5_keys == set(load_file(str(base_dir / "model.safetensors")))  # T5's files hold T5's weights only
+    model, _, info = load_model(directory)
+    assert info["knowledge"] == mode and hasattr(model, "kformer") == (mode == "kformer")
+    evaluated = model_stages.evaluate(world, EvaluateConfig(model=f"base.{mode}"))
+    assert evaluated.value["questions"] == questions.num_rows
+    report = model_stages.report(world, ReportConfig(), force=True)
+    label = {"kformer": "Kformer", "concat": "concat"}[mode]
+    row = next(r for r in report.value["rows"] if r["model"] == label)
+    assert row["em"] == {m["dataset"]: m["value"] for m in run_metrics(world, evaluated.run.run_id, "em")}
+    assert row["probe_em"] is None and row["heldout_loss"] is None
+
+
+def test_generation_tasks_fine_tune_score_and_reach_the_report(world, capsys):
+    from flows.cli import main
+    from flows.configs import ReportConfig
+    from nkb_model.metrics import bleu
+    model_stages.pretrain_base_model(world, TINY)
+    tasks = {r["task"]: r["n"] for r in query(world, "SELECT task, count(*) AS n FROM gen_examples "
+                                                       "WHERE split = 'validation' GROUP BY task").to_pylist()}
+    assert set(tasks) == {"summaries", "translation"}
+    for task in tasks:
+        model_stages.finetune(world, FinetuneConfig(model="base", task=task, epochs=1, batch_size=16))
+        result = model_stages.evaluate(world, EvaluateConfig(model=f"base.{task}", num_beams=2, max_new_tokens=8))
+        assert result.value["questions"] == tasks[task]
+    run_id = result.run.run_id  # translation: the recorded BLEU is SacreBLEU over the stored predictions
+    rows = query(world, f"SELECT p.prediction, g.target FROM predictions p JOIN gen_examples g ON p.question_id = "
+                        f"g.example_id WHERE p.run_id = '{run_id}' ORDER BY g.example_id").to_pylist()
+    recorded = run_metrics(world, run_id, "bleu")[0]["value"]
+    assert recorded == pytest.approx(bleu([r["prediction"] for r in rows], [r["target"] for r in rows]))
+    report = model_stages.report(world, ReportConfig(), force=True)
+    assert {(g["model"], g["task"], g["metric"]) for g in report.value["generation"]} == {
+        ("base", "summaries", "rougeL"), ("base", "translation", "bleu")}
+    assert main(["--home", str(world.home), "report"]) == 0
+    assert "summaries (rougeL)" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="QA only"):
+        FinetuneConfig(model="base", task="summaries", knowledge="concat")
+
+
 @pytest.mark.slow
 def test_injection_on_two_processes_under_torchrun_matches_one_process(world):
     """devices=2 on CPU: torchrun with the Gloo backend, each process half of every batch."""

@@ -102,7 +102,7 @@ def test_a_worker_runs_a_triggered_stage_and_it_writes_the_warehouse(running):
 def test_pipeline_dispatches_gpu_stages_to_the_gpu_pool(running, client):
     _, home = running
     models = {"base_size": "tiny", "rows": ["base"], "pretrain_steps": 2, "pretrain_batch_size": 4,
-              "finetune_epochs": 1, "max_words": 40, "device": "cpu"}
+              "finetune_epochs": 1, "max_words": 40, "generation_tasks": [], "device": "cpu"}
     flow_run = run_deployment_here(running, "pipeline/pipeline",
                                    {"world": SMALL_WORLD, "models": models, "dispatch": True, "home": str(home)},
                                    timeout=600)

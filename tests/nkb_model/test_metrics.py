@@ -22,3 +22,23 @@ def test_exact_match(prediction, gold, expected):
 
 def test_normalize_answer():
     assert normalize_answer("The  Quick, Brown-Fox!") == "quick brownfox"
+
+
+def test_rouge_l_on_known_cases():
+    from nkb_model.metrics import rouge_l
+    assert rouge_l(["the cat sat on the mat"], ["the cat sat on the mat"]) == pytest.approx(100)
+    # LCS 2 of a 2-token prediction and a 6-token reference: P = 1, R = 1/3, F = 0.5
+    assert rouge_l(["the cat"], ["the cat sat on the mat"]) == pytest.approx(50)
+    assert rouge_l(["cats running"], ["cat runs"]) == pytest.approx(100)  # Porter stemming
+    assert rouge_l(["x y", "the cat"], ["a b", "the cat"]) == pytest.approx(50)  # mean over examples
+    with pytest.raises(ValueError):
+        rouge_l(["a"], [])
+
+
+def test_bleu_on_known_cases():
+    from nkb_model.metrics import bleu
+    assert bleu(["the cat sat on the mat ."], ["the cat sat on the mat ."]) == pytest.approx(100)
+    assert bleu(["dog"], ["the cat sat on the mat"]) == pytest.approx(0)
+    # equal lengths (no brevity penalty); n-gram precisions 6/7, 4/6, 3/5, 2/4
+    score = bleu(["the cat sat on the red mat"], ["the cat sat on the mat today"])
+    assert score == pytest.approx(100 * (6 / 7 * 4 / 6 * 3 / 5 * 2 / 4) ** 0.25, rel=1e-6)
