@@ -172,11 +172,12 @@ def test_generation_tasks_fine_tune_score_and_reach_the_report(world, capsys):
     tasks = {r["task"]: r["n"] for r in query(world, "SELECT task, count(*) AS n FROM gen_examples "
                                                        "WHERE split = 'validation' GROUP BY task").to_pylist()}
     assert set(tasks) == {"summaries", "translation"}
+    results = {}
     for task in tasks:
         model_stages.finetune(world, FinetuneConfig(model="base", task=task, epochs=1, batch_size=16))
-        result = model_stages.evaluate(world, EvaluateConfig(model=f"base.{task}", num_beams=2, max_new_tokens=8))
-        assert result.value["questions"] == tasks[task]
-    run_id = result.run.run_id  # translation: the recorded BLEU is SacreBLEU over the stored predictions
+        results[task] = model_stages.evaluate(world, EvaluateConfig(model=f"base.{task}", num_beams=2, max_new_tokens=8))
+        assert results[task].value["questions"] == tasks[task]
+    run_id = results["translation"].run.run_id  # the recorded BLEU is SacreBLEU over the stored predictions
     rows = query(world, f"SELECT p.prediction, g.target FROM predictions p JOIN gen_examples g ON p.question_id = "
                         f"g.example_id WHERE p.run_id = '{run_id}' ORDER BY g.example_id").to_pylist()
     recorded = run_metrics(world, run_id, "bleu")[0]["value"]
