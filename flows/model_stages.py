@@ -266,6 +266,10 @@ def gen_examples(wh: Warehouse, task: str, split: str):
     return table.sort_by("example_id")
 
 
+def _gen_lineage(wh: Warehouse, task: str, split: str) -> list[str]:
+    return [f"{n}:{f}" for n, f in wh.lineage("gen_examples") if n == f"{task}.{split}"]
+
+
 def gen_inputs(table) -> list[str]:
     from corpus.generation import model_input
     return [model_input(k, s, a, b) for k, s, a, b in zip(*(table.column(c).to_pylist() for c in
@@ -285,7 +289,7 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
     if config.task:
         questions = gen_examples(wh, config.task, config.split)
         datasets = [config.task]
-        lineage = [f"{n}:{f}" for n, f in wh.lineage("gen_examples") if n == f"{config.task}.{config.split}"]
+        lineage = _gen_lineage(wh, config.task, config.split)
     else:
         questions = _questions(wh, config.datasets, config.split)
         datasets = sorted(set(questions.column("dataset").to_pylist()))
@@ -361,7 +365,7 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
     if task:
         examples = gen_examples(wh, task, config.split)
         groups = [task]
-        lineage = [f"{n}:{f}" for n, f in wh.lineage("gen_examples") if n == f"{task}.{config.split}"]
+        lineage = _gen_lineage(wh, task, config.split)
     else:
         examples = _questions(wh, config.datasets, config.split)
         groups = sorted(set(examples.column("dataset").to_pylist()))
@@ -436,12 +440,17 @@ def _generate(model, tokenizer, texts: list[str], knowledge_ids, device, batch_s
 
 # ---- the report (the paper's Table 3) ---------------------------------------------------------
 
-def _latest_scores(wh: Warehouse, model_name: str, split: str, metrics=("em",)) -> dict[str, float]:
-    """{dataset or task: score} of the newest successful evaluation of a model."""
+def _latest_metrics(wh: Warehouse, model_name: str, split: str) -> list[dict]:
+    """The metrics rows of the newest successful evaluation of a model."""
     for run in list_runs(wh, stage="evaluate"):
         if run.status == "success" and run.config.get("model_name") == model_name and run.config.get("split") == split:
-            return {r["dataset"]: r["value"] for r in run_metrics(wh, run.run_id) if r["metric"] in metrics}
-    return {}
+            return run_metrics(wh, run.run_id)
+    return []
+
+
+def _latest_scores(wh: Warehouse, model_name: str, split: str) -> dict[str, float]:
+    """{dataset: EM} of the newest successful evaluation of a model."""
+    return {r["dataset"]: r["value"] for r in _latest_metrics(wh, model_name, split) if r["metric"] == "em"}
 
 
 GENERATION_METRICS = ("rougeL", "bleu")
@@ -454,14 +463,10 @@ def _generation_scores(wh: Warehouse, available, config: ReportConfig) -> dict[s
         if finetuned == name or label not in ("base", "base+NKB", "base+NKB-a"):
             continue
         for task in config.generation_tasks:
-            for run in list_runs(wh, stage="evaluate"):
-                if run.status == "success" and run.config.get("model_name") == f"{name}.{task}" \
-                        and run.config.get("split") == config.split:
-                    for r in run_metrics(wh, run.run_id):
-                        if r["metric"] in GENERATION_METRICS:
-                            for key, value in zip(out, (label, task, config.split, r["metric"], r["value"])):
-                                out[key].append(value)
-                    break
+            for r in _latest_metrics(wh, f"{name}.{task}", config.split):
+                if r["metric"] in GENERATION_METRICS:
+                    for key, value in zip(out, (label, task, config.split, r["metric"], r["value"])):
+                        out[key].append(value)
     return out
 
 
