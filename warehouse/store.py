@@ -6,6 +6,7 @@ Layout of a warehouse home (default `./.nkb`, or `$NKB_HOME`):
     tables/<table>/.staging/<run_id>/    files being written by a run that has not committed yet
     warehouse.duckdb                     views over the Parquet tables + native `runs` and `metrics`
     warehouse.lock                       flock: exclusive for writers, shared for readers
+    views.home                           the home the views' absolute paths were made for
     files/                               other stage outputs (generated dumps, indexes, checkpoints)
 
 DuckDB allows one read-write process at a time, so connections are short-lived and taken under the
@@ -65,9 +66,17 @@ class Warehouse:
             d.mkdir(parents=True, exist_ok=True)
         for name in PARQUET_TABLES:
             (self.tables_dir / name).mkdir(exist_ok=True)
-        if not self.db_path.exists():
+        self.views_marker = self.home / "views.home"
+        if not self.db_path.exists() or not self._views_point_here():
             with self.write_connection():
-                pass  # creates the file, the native tables and the views
+                pass  # creates the file, the native tables and the views (again, for a moved or copied warehouse)
+
+    def _views_point_here(self) -> bool:
+        """DuckDB views hold absolute Parquet paths: a warehouse that was moved or copied needs them redone."""
+        try:
+            return self.views_marker.read_text() == str(self.home)
+        except OSError:
+            return False
 
     # ---- locking and connections -------------------------------------------------------------
 
@@ -121,6 +130,8 @@ class Warehouse:
             con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {body}')
         for name, body in DERIVED_VIEWS.items():
             con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {body}')
+        if not self._views_point_here():
+            self.views_marker.write_text(str(self.home))
 
     # ---- Parquet tables -------------------------------------------------------------------
 

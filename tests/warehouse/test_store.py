@@ -49,6 +49,16 @@ def test_views_use_absolute_paths(tmp_path, monkeypatch):
     con.close()
 
 
+def test_a_moved_warehouse_still_answers_queries(tmp_path):
+    import shutil
+    wh = Warehouse(tmp_path / "wh")
+    write_docs(wh)
+    shutil.move(tmp_path / "wh", tmp_path / "moved")
+    moved = Warehouse(tmp_path / "moved")  # its views are redone to point at the new place
+    assert query(moved, "SELECT count(*) AS n FROM documents").to_pylist() == [{"n": 2}]
+    assert Warehouse(tmp_path / "moved")._views_point_here()
+
+
 def test_plain_duckdb_cli_opens_the_file(tmp_path):
     cli = shutil.which("duckdb") or str(Path(sys.executable).parent / "duckdb")
     if not os.path.exists(cli):
