@@ -162,9 +162,11 @@ def load_generation_data(wh: Warehouse, config: GenerationDataConfig, force: boo
         examples = list(itertools.islice(generation.read_examples(path, config.kind, *langs), config.limit))
         if not examples:
             raise InputFileError(path, None, "no examples found")
-        ids = [e.local_id for e in examples]
-        if len(set(ids)) != len(ids):
-            raise InputFileError(path, None, f"example id {next(i for i in ids if ids.count(i) > 1)!r} occurs more than once")
+        ids, seen = [e.local_id for e in examples], set()
+        for i in ids:
+            if i in seen:
+                raise InputFileError(path, None, f"example id {i!r} occurs more than once")
+            seen.add(i)
         n = len(examples)
         run.write("gen_examples", f"{config.task}.{config.split}", {
             "example_id": [f"{config.task}/{config.split}/{i}" for i in ids], "task": [config.task] * n,

@@ -140,3 +140,18 @@ def test_bad_input_gives_one_clear_error_and_changes_nothing(tmp_path, loaded, m
     assert len(runs) - runs_before in (0, 1)  # at most a failed-run record, naming the error
     if len(runs) > runs_before:
         assert runs[0].status == "failed" and where in runs[0].error
+
+
+def test_generation_data_stage_refuses_repeated_ids(tmp_path):
+    from flows.configs import GenerationDataConfig
+    from flows.stages import load_generation_data
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"id": "a", "document": "D", "summary": "s"}\n{"id": "a", "document": "E", "summary": "t"}\n')
+    wh = Warehouse(tmp_path / "wh")
+    config = GenerationDataConfig(path=str(path), kind="summarization", task="x", split="train")
+    with pytest.raises(InputFileError, match="example id 'a' occurs more than once"):
+        load_generation_data(wh, config)
+    path.write_text('{"id": "a", "document": "D", "summary": "s"}\n')
+    assert load_generation_data(wh, config).value["examples"] == 1
+    assert query(wh, "SELECT example_id, source, target FROM gen_examples").to_pylist() == [
+        {"example_id": "x/train/a", "source": "D", "target": "s"}]
