@@ -8,6 +8,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+ModelSize = Literal["tiny", "mini", "small", "large"]  # nkb_model.base_model.SIZES
+
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"
 
@@ -125,7 +127,7 @@ class BaseModelConfig(StageConfig):
     """Train a T5-style tokenizer on warehouse text and pretrain a small T5 with span corruption."""
 
     name: str = Field("base", pattern=_NAME, description="Name of the model in reports, e.g. base or large.")
-    size: Literal["tiny", "small", "large"] = Field("small", description="tiny (~2M parameters), small (~11M), large (~30M).")
+    size: ModelSize = Field("small", description="tiny (~2M parameters), mini (~3M), small (~11M), large (~30M).")
     vocab_size: int = Field(4000, ge=100, description="SentencePiece pieces (plus <pad>, </s>, <unk> and 100 sentinels).")
     tokenizer_corpora: list[str] = Field(default_factory=lambda: ["general", "sampleworld"],
                                          description="Corpora of `documents` the tokenizer is trained on.")
@@ -310,13 +312,14 @@ class EditConfig(StageConfig):
 class ModelsConfig(StageConfig):
     """Sizes and budgets of the model stages in the pipeline (the report's rows), for one machine."""
 
-    base_size: Literal["tiny", "small", "large"] = Field("tiny", description="Size of the base model.")
+    base_size: ModelSize = Field("tiny", description="Size of the base model.")
     rows: list[Literal["transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat"]] = Field(
         default_factory=lambda: ["transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat"],
         description="Report rows to train and evaluate (base is always built: the others derive from it).")
-    large_size: Literal["tiny", "small", "large"] = Field("small", description="Size of the larger base.")
-    large_steps: int = Field(200, ge=1, description="Pretraining steps of the larger base (a `small` step costs ~5 "
-                                                   "`tiny` ones on CPU).")
+    large_size: ModelSize = Field("mini", description="Size of the larger base (mini: 2x tiny's parameters for "
+                                                       "~1.4x its step time on CPU; small: 6.5x for ~4x).")
+    large_steps: Optional[int] = Field(None, ge=1, description="Pretraining steps of the larger base; default "
+                                                               "pretrain_steps, the base's own budget.")
     pretrain_steps: int = Field(800, ge=1, description="Span-corruption steps of the base (and larger) model.")
     pretrain_batch_size: int = Field(32, ge=1, description="Sequences per pretraining step.")
     max_words: int = Field(15, ge=8, description="Segment length for SSM. About one sentence: the masked fact then "

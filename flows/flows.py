@@ -129,7 +129,7 @@ def table3(models: ModelsConfig = ModelsConfig(), home: Optional[str] = None, fo
     if "transformer" in wanted:
         rows.append(run("base-model", pretrain.model_copy(update={"name": "transformer", "steps": 0})))
     if "large" in wanted:
-        large = {"name": "large", "size": models.large_size, "steps": models.large_steps}
+        large = {"name": "large", "size": models.large_size, "steps": models.large_steps or models.pretrain_steps}
         rows.append(run("base-model", pretrain.model_copy(update=large)))
     injection = InjectConfig(steps=models.inject_steps, batch_size=models.inject_batch_size, lr=models.inject_lr,
                              layers=models.inject_layers, slots=models.slots, device=device)
