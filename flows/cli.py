@@ -49,9 +49,9 @@ def _field_help(name: str, field) -> str:
     return f"  {name}={kind}  ({default})\n      {field.description or ''}"
 
 
-def _stage_epilog(stage) -> str:
+def _config_epilog(config: type) -> str:
     lines = ["config fields (set with --set key=value):"]
-    lines += [_field_help(n, f) for n, f in stage.config.model_fields.items()]
+    lines += [_field_help(n, f) for n, f in config.model_fields.items()]
     return "\n".join(lines)
 
 
@@ -61,28 +61,30 @@ def _is_list(annotation) -> bool:
     return typing.get_origin(annotation) is list
 
 
-def _parse_sets(stage, pairs: list[str]):
+def _parse_sets(config: type, pairs: list[str], command: str):
+    """`config` from `--set key=value` pairs; a list takes a,b,c and an empty value gives an optional field
+    its default (None) and a list no items. Errors name the field and `command`, whose --help lists them."""
     values: dict[str, typing.Any] = {}
-    fields = stage.config.model_fields
+    fields = config.model_fields
     for pair in pairs:
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not sep:
             raise SystemExit(f"error: --set expects key=value, got {pair!r}")
         if key not in fields:
-            raise SystemExit(f"error: {stage.name} has no config field {key!r}; fields: {', '.join(fields)}")
-        if value == "" and not fields[key].is_required():
+            raise SystemExit(f"error: `{command}` has no config field {key!r}; fields: {', '.join(fields)}")
+        optional = type(None) in typing.get_args(fields[key].annotation)
+        if value == "" and optional:
             values[key] = None
         elif _is_list(fields[key].annotation):
             values[key] = [v.strip() for v in value.split(",") if v.strip()]
         else:
             values[key] = value
     try:
-        return stage.config.model_validate(values)
+        return config.model_validate(values)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
-        raise SystemExit(f"error: invalid config for {stage.name}: {problems}\n"
-                         f"(see `nkb run {stage.name} --help`)") from None
+        raise SystemExit(f"error: invalid config for `{command}`: {problems}\n(see `{command} --help`)") from None
 
 
 def _emit(text: str, output: str | None) -> None:
@@ -109,7 +111,7 @@ def cmd_run(args) -> int:
     from flows import stages
     from flows.registry import STAGES
     stage = STAGES[args.stage]
-    config = _parse_sets(stage, args.set or [])
+    config = _parse_sets(stage.config, args.set or [], f"nkb run {stage.name}")
     started = time.perf_counter()
     if args.prefect or os.environ.get("PREFECT_API_URL") or getattr(config, "dask", None):
         from flows.flows import STAGE_FLOWS
@@ -125,12 +127,13 @@ def cmd_run(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from flows.configs import SampleWorldConfig
+    from flows.configs import ModelsConfig, SampleWorldConfig
     from flows.flows import pipeline
     home = resolve_home(args.home)
+    models = _parse_sets(ModelsConfig, args.set or [], "nkb demo")
     started = time.perf_counter()
     world = SampleWorldConfig(people=args.people) if args.people else SampleWorldConfig()
-    rows = pipeline(world=world, home=str(home), force=args.force, train_models=args.models)
+    rows = pipeline(world=world, home=str(home), force=args.force, train_models=args.models, models=models)
     seconds = time.perf_counter() - started
     print(f"\nThe pipeline finished in {seconds:.0f} s. Stages:")
     for r in rows:
@@ -287,6 +290,7 @@ def cmd_server(args) -> int:
 # ---- parser --------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
+    from flows.configs import ModelsConfig
     from flows.registry import STAGES
     parser = argparse.ArgumentParser(prog="nkb", description="Neural Knowledge Bank pipeline: stages, warehouse, SQL.",
                                      epilog=EPILOG)
@@ -294,12 +298,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="run the whole pipeline on the built-in sample world",
-                          description="Generate the sample world and run every stage on it, end to end.")
+                          description="Generate the sample world and run every stage on it, end to end. "
+                                      "--set changes the models' sizes and budgets, e.g. `--set rows=base,base+nkb "
+                                      "--set generation_tasks=` trains only those rows, without the generation check.",
+                          epilog=_config_epilog(ModelsConfig), formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--people", type=int, help="people in the sample world (default: the stage's default)")
     demo.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")
     demo.add_argument("--models", action=argparse.BooleanOptionalAction, default=True,
                       help="also train, fine-tune and evaluate the report's models (the Table 3 flow; about "
-                           "15 minutes on 2 CPU cores); --no-models stops after the data stages")
+                           "25 minutes on 2 CPU cores with every row); --no-models stops after the data stages")
+    demo.add_argument("--set", action="append", metavar="KEY=VALUE",
+                      help="set a field of the models' config (repeatable; listed below)")
     demo.set_defaults(func=cmd_demo)
 
     run = sub.add_parser("run", help="run one stage", description="Run one stage with its config; "
@@ -307,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     stage_sub = run.add_subparsers(dest="stage", required=True, metavar="STAGE")
     for stage in STAGES.values():
         p = stage_sub.add_parser(stage.name, help=stage.summary, description=stage.summary,
-                                 epilog=_stage_epilog(stage), formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 epilog=_config_epilog(stage.config), formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config field (repeatable)")
         p.add_argument("--force", action="store_true", help="rerun even if the same inputs already succeeded")
         p.add_argument("--prefect", action="store_true",

@@ -50,6 +50,17 @@ def test_unknown_field_and_bad_value(capsys, home):
         main(["--home", home, "run", "sample-world", "--set", "people=2"])
 
 
+def test_demo_sets_the_models_config():
+    from flows.cli import _parse_sets
+    from flows.configs import ModelsConfig
+    models = _parse_sets(ModelsConfig, ["rows=base, base+nkb", "generation_tasks=", "large_steps=", "inject_steps=10"],
+                         "nkb demo")
+    assert models.rows == ["base", "base+nkb"] and models.generation_tasks == [] and models.large_steps is None
+    assert models.inject_steps == 10 and models.pretrain_steps == ModelsConfig().pretrain_steps
+    with pytest.raises(SystemExit, match="invalid config for `nkb demo`: rows.0"):
+        _parse_sets(ModelsConfig, ["rows=bigger"], "nkb demo")
+
+
 def test_missing_file_is_one_line(capsys, home, tmp_path):
     code, _, err = run_cli(capsys, "--home", home, "run", "ingest", "--set", f"path={tmp_path}/none.xml.bz2")
     assert code == 1 and err.strip() == f"error: {tmp_path}/none.xml.bz2: no such file"
