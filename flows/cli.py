@@ -253,6 +253,10 @@ def cmd_edit(args) -> int:
           f"  old answer: {v['old_answer']!r}\n  new answer: {v['new_answer']!r}"
           f"{'  (the whole wanted answer)' if v['whole_answer'] else '  (not yet the whole wanted answer)'}\n"
           f"  slots edited: {v['slots_edited']}, λ = {args.lam}; the log is in {result.run.checkpoint}/nkb-model.json")
+    if not v["whole_answer"]:
+        # The paper's λ fits its T5's scale; small models need more (the sample world's: about 1).
+        print(f"  a larger --lam edits harder (it is {args.lam}; try {max(1.0, 4 * args.lam):g}), at the price of "
+              f"changing more unrelated answers")
     return 0
 
 

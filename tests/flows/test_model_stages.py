@@ -275,3 +275,8 @@ def test_nkb_edit_saves_a_new_version_and_leaves_the_old_one(world, qa_with_nkb,
     changed = [k for k in before if not torch.equal(before[k], edited[k])]
     assert changed and all(".nkb_values" in k for k in changed)
     assert all(torch.equal(before[k], v) for k, v in load_model(source)[0].state_dict().items())
+    # Too weak an edit leaves the old answer, and the command says how to edit harder.
+    assert main(["--home", str(world.home), "edit", "--model", qa_with_nkb, "--question", question["question"],
+                 "--answer", question["answers"][0], "--lam", "1e-9", "--name", "kb.qa.weak"]) == 0
+    out = capsys.readouterr().out
+    assert "not yet the whole wanted answer" in out and "a larger --lam edits harder" in out
