@@ -65,4 +65,3 @@ def test_sample_world_tasks_are_disjoint_and_readable(tmp_path):
     assert summary.target.split(",")[0] in summary.source  # the summary is about the document's person
     pair = next(read_translations(files.generation["translation"]["train"], "en", "xx"))
     assert pair.source.split()[:2] == pair.target.split()[:2] and pair.source != pair.target  # names kept
-
