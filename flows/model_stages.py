@@ -470,11 +470,27 @@ def _generation_scores(wh: Warehouse, available, config: ReportConfig) -> dict[s
     return out
 
 
-def _probe_em(model, tokenizer, probes: list[dict], device) -> float | None:
+def _probe(run: StagedRun, name: str, model, tokenizer, probes: list[dict], split: str, device) -> list[float | None]:
+    """EM of the probe in unseen and in seen (article) wording. Every fill goes to `predictions`, so that a
+    low probe can be read fact by fact: question_id `<model>/<fact_id>/<probe>`, dataset `probe-<wording>`."""
     from nkb_model.evaluation import probe
-    if not probes:
-        return None
-    return probe(model, tokenizer, [p["prompt"] for p in probes], [p["answer"] for p in probes], device)[0]
+    from nkb_model.metrics import exact_match
+    ems, out = [], {"question_id": [], "dataset": [], "split": [], "prediction": [], "exact_match": []}
+    for wording in ("unseen", "seen"):
+        mine = [p for p in probes if p.get("wording", "unseen") == wording]
+        if not mine:
+            ems.append(None)
+            continue
+        em, fills = probe(model, tokenizer, [p["prompt"] for p in mine], [p["answer"] for p in mine], device)
+        ems.append(em)
+        out["question_id"] += [f"{name}/{p['fact_id']}/{p['probe']}" for p in mine]
+        out["dataset"] += [f"probe-{wording}"] * len(mine)
+        out["split"] += [split] * len(mine)
+        out["prediction"] += fills
+        out["exact_match"] += [exact_match(f, [p["answer"]]) for f, p in zip(fills, mine)]
+    if out["question_id"]:
+        run.write("predictions", f"{name}.probe.{split}", out)
+    return ems
 
 
 def _base_dir_of(directory: Path) -> Path:
@@ -527,8 +543,7 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
             model.to(device.device)
             probe_em = probe_seen_em = loss = None
             if finetuned != name:
-                probe_em, probe_seen_em = (_probe_em(model, tokenizer, [p for p in probes if p.get("wording", "unseen") == w],
-                                                     device) for w in ("unseen", "seen"))
+                probe_em, probe_seen_em = _probe(run, name, model, tokenizer, probes, config.split, device)
                 held_path = _base_dir_of(directory) / "held_out.npy"
                 loss = heldout_loss(model, tokenizer, np.load(held_path), device) if held_path.exists() else None
             if info["kind"] in ("nkb", "nkb-a") and loss is not None:

@@ -122,6 +122,15 @@ def test_report_rows_probe_and_no_forgetting(world, capsys):
     assert {r["dataset"] for r in nkb_rows} == {"nq", "webquestions", "headqa", "average"}
     assert all(r["params_injected"] > 0 and r["probe_em"] is not None and r["probe_seen_em"] is not None
                for r in nkb_rows)
+    # Every probe fill is kept in `predictions`, and they add up to the report's probe EM.
+    fills = query(world, f"SELECT split_part(question_id, '/', 1) AS name, dataset, avg(exact_match::int) * 100 AS em, "
+                         f"count(*) AS n FROM predictions WHERE run_id = '{result.run.run_id}' GROUP BY ALL").to_pylist()
+    probe_ems = {(f["name"], f["dataset"]): f["em"] for f in fills}
+    assert set(probe_ems) == {(m, f"probe-{w}") for m in ("base", "base+nkb") for w in ("unseen", "seen")}
+    for label, name in (("base", "base"), ("base+NKB", "base+nkb")):
+        row = next(r for r in rows if r["model"] == label)
+        assert probe_ems[name, "probe-unseen"] == pytest.approx(row["probe_em"])
+        assert probe_ems[name, "probe-seen"] == pytest.approx(row["probe_seen_em"])
     base_loss = next(r["heldout_loss"] for r in rows if r["model"] == "base")
     unmounted = {m["dataset"]: m["value"] for m in run_metrics(world, result.run.run_id, "heldout_loss_nkb_unmounted")}
     assert unmounted["base+NKB"] == base_loss  # the slots removed, the frozen base is exactly the base
