@@ -543,7 +543,7 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
             model.to(device.device)
             probe_em = probe_seen_em = loss = None
             if finetuned != name:
-                probe_em, probe_seen_em = _probe(run, name, model, tokenizer, probes, config.split, device)
+                probe_em, probe_seen_em = _probe(run, info["name"], model, tokenizer, probes, config.split, device)
                 held_path = _base_dir_of(directory) / "held_out.npy"
                 loss = heldout_loss(model, tokenizer, np.load(held_path), device) if held_path.exists() else None
             if info["kind"] in ("nkb", "nkb-a") and loss is not None:
