@@ -474,20 +474,19 @@ def _probe(run: StagedRun, name: str, model, tokenizer, probes: list[dict], spli
     """EM of the probe in unseen and in seen (article) wording. Every fill goes to `predictions`, so that a
     low probe can be read fact by fact: question_id `<model>/<fact_id>/<probe>`, dataset `probe-<wording>`."""
     from nkb_model.evaluation import probe
-    from nkb_model.metrics import exact_match
     ems, out = [], {"question_id": [], "dataset": [], "split": [], "prediction": [], "exact_match": []}
     for wording in ("unseen", "seen"):
         mine = [p for p in probes if p.get("wording", "unseen") == wording]
         if not mine:
             ems.append(None)
             continue
-        em, fills = probe(model, tokenizer, [p["prompt"] for p in mine], [p["answer"] for p in mine], device)
-        ems.append(em)
+        fills, hits = probe(model, tokenizer, [p["prompt"] for p in mine], [p["answer"] for p in mine], device)
+        ems.append(100.0 * sum(hits) / len(hits))
         out["question_id"] += [f"{name}/{p['fact_id']}/{p['probe']}" for p in mine]
         out["dataset"] += [f"probe-{wording}"] * len(mine)
         out["split"] += [split] * len(mine)
         out["prediction"] += fills
-        out["exact_match"] += [exact_match(f, [p["answer"]]) for f, p in zip(fills, mine)]
+        out["exact_match"] += hits
     if out["question_id"]:
         run.write("predictions", f"{name}.probe.{split}", out)
     return ems

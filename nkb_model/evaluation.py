@@ -27,8 +27,8 @@ def filled_span(decoded: str) -> str:
 
 @torch.no_grad()
 def probe(model, tokenizer, prompts: list[str], answers: list[str], device: Device, batch_size: int = 64,
-          max_new_tokens: int = 16) -> tuple[float, list[str]]:
-    """LAMA-style cloze probe: share (%) of prompts whose `<extra_id_0>` the model fills with the answer."""
+          max_new_tokens: int = 16) -> tuple[list[str], list[bool]]:
+    """LAMA-style cloze probe: what the model fills `<extra_id_0>` of each prompt with, and whether that is the answer."""
     model.eval()
     fills = []
     for lo in range(0, len(prompts), batch_size):
@@ -36,8 +36,7 @@ def probe(model, tokenizer, prompts: list[str], answers: list[str], device: Devi
         with _autocast(device):
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1)
         fills += [filled_span(t) for t in tokenizer.batch_decode(out, skip_special_tokens=False)]
-    hits = [exact_match(f, [a]) for f, a in zip(fills, answers)]
-    return 100.0 * sum(hits) / max(1, len(hits)), fills
+    return fills, [exact_match(f, [a]) for f, a in zip(fills, answers)]
 
 
 @torch.no_grad()
