@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from flows import distributed
 from flows.configs import BaseModelConfig, EvaluateConfig, FinetuneConfig, InjectConfig, ReportConfig
-from flows.stages import corpus_lineage
+from flows.stages import corpus_lineage, ner_processes, progress
 from nkb_model.checkpoint import INFO, hf_dir, read_info
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, run_metrics, run_stage
 
@@ -79,7 +79,11 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
     from nkb_model.train import TrainConfig, choose_device, train
     corpora = sorted(set(config.tokenizer_corpora) | {config.pretrain_corpus})
     params = config.model_dump(exclude={"device", "devices", "micro_batch_size"})
-    fp = fingerprint("base-model", params, [f"{c}:{corpus_lineage(wh, c)}" for c in corpora])
+    inputs = [f"{c}:{corpus_lineage(wh, c)}" for c in corpora]
+    if config.ssm_share:
+        from corpus import ner
+        inputs.append(ner.model_id())
+    fp = fingerprint("base-model", params, inputs)
     target = model_dir(wh, config.name, fp)
     device = choose_device(config.device)
 
@@ -97,6 +101,9 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
         model = base_model.new_t5(tokenizer, config.size, config.dropout, config.seed).to(device.device)
         model.train()
         batches = base_model.SpanCorruptionBatches(train_rows, tokenizer, config.batch_size, config.seed)
+        if config.ssm_share and config.steps:
+            batches = base_model.Interleaved(batches, _salient_span_batches(tokenizer, train_rows, config),
+                                             config.ssm_share)
         train_config = TrainConfig(steps=config.steps, batch_size=config.batch_size,
                                    micro_batch_size=config.micro_batch_size, lr=config.lr,
                                    warmup_steps=config.warmup_steps, optimizer=config.optimizer)
@@ -125,6 +132,41 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
     target.parent.mkdir(parents=True, exist_ok=True)
     return run_stage(wh, "base-model", config.model_dump(), fp, body, force=force, device=device.name,
                      still_valid=_model_present)
+
+
+def _salient_span_batches(tokenizer, rows: np.ndarray, config: BaseModelConfig):
+    """SSM batches over the sentences of the pretraining rows (their own text: the held-out rows stay unseen),
+    one entity or date masked per sentence and redrawn every epoch, like the injection corpus's."""
+    import pyarrow as pa
+
+    from corpus import ner
+    from corpus.segment import segment
+    from corpus.ssm import ssm_examples
+    from nkb_model.batches import Seq2SeqBatches
+    eos = tokenizer.eos_token
+    texts = [doc for row in tokenizer.batch_decode(rows) for doc in row.split(eos)]
+    ids, pieces = zip(*((f"{t}.{i}", piece) for t, text in enumerate(texts)
+                        for i, piece in enumerate(segment(text, config.ssm_max_words))))
+    spans = {"segment_id": [], "start_char": [], "end_char": []}
+    found = ner.salient_spans(zip(pieces, ids), n_process=ner_processes(len(ids)))
+    for seg_id, seg_spans in progress(iterable=found, total=len(ids), desc="pretraining salient spans", unit=" seg"):
+        for span in seg_spans:
+            for column, value in zip(spans, (seg_id, span.start_char, span.end_char)):
+                spans[column].append(value)
+    segments = pa.table({"segment_id": list(ids), "text": list(pieces)})
+    spans = pa.table(spans, schema=pa.schema([("segment_id", pa.string()), ("start_char", pa.int32()),
+                                              ("end_char", pa.int32())]))
+
+    def examples(epoch: int) -> tuple[list[str], list[str]]:
+        ex = ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=True)
+        return ex.column("input").to_pylist(), ex.column("target").to_pylist()
+
+    available = len(examples(0)[0])
+    if not available:
+        raise ValueError(f"ssm_share={config.ssm_share}, but spaCy found no salient span in the "
+                         f"{config.pretrain_corpus!r} pretraining text")
+    return Seq2SeqBatches(examples, tokenizer, min(config.ssm_batch_size, available), config.seed,
+                          max_input_len=config.seq_len)
 
 
 def _lineage(wh: Warehouse, table: str, partition: str) -> str:

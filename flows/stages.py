@@ -324,6 +324,11 @@ class NerShard(BaseModel):
     model: Optional[str] = None
 
 
+def ner_processes(segments: int) -> int:
+    """spaCy worker processes for `segments` segments: one per CPU core, unless too few to pay ~2 s of start-up."""
+    return (os.cpu_count() or 1) if segments > 2000 else 1
+
+
 def ner_shard(job: NerShard, on_segment: Optional[Callable[[], None]] = None) -> int:
     """Run NER over one shard's segments and write its `salient_spans` shard; returns rows written."""
     import pyarrow.parquet as pq
@@ -372,7 +377,7 @@ def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = 
                 seg_texts.append(piece)
                 seg_docs.append(doc_id)
         run.write("segments", config.corpus, {"segment_id": seg_ids, "doc_id": seg_docs, "text": seg_texts})
-        n_process = config.n_process or ((os.cpu_count() or 1) if len(seg_ids) > 2000 and not config.dask else 1)
+        n_process = config.n_process or (ner_processes(len(seg_ids)) if not config.dask else 1)
         shards = run.shards("salient_spans", config.corpus)
         resumed = shards.done_count()
         segments_file = str(run.staged_path("segments", config.corpus))

@@ -96,3 +96,22 @@ class SpanCorruptionBatches:
             inp, tgt = corrupt(self.rows[row].tolist(), self.sentinels, rng)
             pairs.append((inp + [self.eos], tgt + [self.eos]))
         return pad_pairs(pairs, self.pad)
+
+
+class Interleaved:
+    """`batch(step)` drawing a `share` of the steps, spread evenly, from `second` and the rest from `first`;
+    each source sees its own consecutive step numbers, so the mix stays a pure function of the step."""
+
+    def __init__(self, first, second, share: float):
+        if not 0 < share < 1:
+            raise ValueError(f"share must be between 0 and 1, not {share}")
+        self.first, self.second, self.share = first, second, share
+
+    def source(self, step: int) -> tuple[int, int]:
+        """(0, the first source's step) or (1, the second's) for pipeline step `step`."""
+        taken = int((step + 1) * self.share)  # steps of `second` up to and including this one
+        return (1, taken - 1) if taken > int(step * self.share) else (0, step - taken)
+
+    def __call__(self, step: int) -> dict[str, torch.Tensor]:
+        which, own_step = self.source(step)
+        return (self.second if which else self.first)(own_step)

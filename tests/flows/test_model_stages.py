@@ -47,6 +47,25 @@ def test_base_model_rerun_is_skipped_and_a_changed_config_retrains(world):
     assert not other.skipped and other.run.checkpoint != model_stages.pretrain_base_model(world, TINY).run.checkpoint
 
 
+def test_salient_span_pretraining_masks_entities_of_the_training_rows(world):
+    import numpy as np
+    config = TINY.model_copy(update={"name": "ssm-base", "ssm_share": 0.5, "ssm_batch_size": 8})
+    result = model_stages.pretrain_base_model(world, config)
+    assert not result.skipped and result.value["final_loss"] is not None
+    tokenizer = AutoTokenizer.from_pretrained(result.run.checkpoint)
+    texts = [d["text"] for d in world.read("documents", ["text"]).to_pylist()[:40]]
+    rows = np.asarray([tokenizer(t).input_ids[:64] for t in texts if len(tokenizer(t).input_ids) >= 64])
+    batches = model_stages._salient_span_batches(tokenizer, rows, config)
+    seen = " ".join(tokenizer.batch_decode(rows, skip_special_tokens=True))
+    batch = batches(0)
+    inputs = tokenizer.batch_decode(batch["input_ids"], skip_special_tokens=False)
+    targets = tokenizer.batch_decode(batch["labels"].clamp(min=0), skip_special_tokens=False)
+    assert len(inputs) == 8 and all(i.count("<extra_id_0>") == 1 for i in inputs)
+    for target in targets:  # "<extra_id_0> span <extra_id_1></s>": an entity of these rows' own text
+        span = target.split("<extra_id_0>")[1].split("<extra_id_1>")[0].strip()
+        assert span and span in seen
+
+
 INJECT = InjectConfig(steps=8, batch_size=8, warmup_steps=2, lr=1e-2)
 
 
