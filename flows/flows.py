@@ -142,7 +142,7 @@ def table3(models: ModelsConfig = ModelsConfig(), home: Optional[str] = None, fo
     evaluated = [name for name in ("transformer", "base", "base+nkb", "base+nkb-a", "large") if name in wanted]
     for name in evaluated:
         rows.append(run("finetune", FinetuneConfig(model=name, epochs=models.finetune_epochs, lr=models.finetune_lr,
-                                                   device=device)))
+                                                   answer_format=models.answer_format, device=device)))
         rows.append(run("evaluate", EvaluateConfig(model=f"{name}.qa", device=device)))
     for name in ("base", "base+nkb", "base+nkb-a"):  # does injection hurt general generation? (Table 4)
         if name in wanted:
@@ -154,7 +154,7 @@ def table3(models: ModelsConfig = ModelsConfig(), home: Optional[str] = None, fo
         if mode in wanted:
             rows.append(run("finetune", FinetuneConfig(model="base", name=f"base.{mode}", knowledge=mode,
                                                        epochs=models.finetune_epochs, lr=models.finetune_lr,
-                                                       device=device)))
+                                                       answer_format=models.answer_format, device=device)))
             rows.append(run("evaluate", EvaluateConfig(model=f"base.{mode}", device=device)))
     optional = {field: name if row in wanted else None
                 for field, row, name in (("transformer", "transformer", "transformer"), ("nkb", "base+nkb", "base+nkb"),

@@ -42,10 +42,13 @@ def test_table3_flow_trains_every_row_and_reports(tmp_path):
     home = str(tmp_path / "wh")
     pipeline(world=SampleWorldConfig(people=10, background_people=30), home=home, train_models=False)
     tiny = ModelsConfig(base_size="tiny", large_size="tiny", pretrain_steps=3, pretrain_batch_size=8, inject_steps=3, nkb_a_steps=2,
-                        inject_batch_size=8, finetune_epochs=1, generation_epochs=1, device="cpu")
+                        inject_batch_size=8, finetune_epochs=1, generation_epochs=1, answer_format="plain", device="cpu")
     rows = table3(tiny, home)
     # QA for 5 rows, Kformer and concat, and 2 generation tasks for base, base+NKB and base+NKB-a
     assert [r["stage"] for r in rows].count("finetune") == 5 + 2 + 6 and rows[-1]["stage"] == "report"
+    qa_formats = query(Warehouse(home), "SELECT config::JSON->>'answer_format' AS f FROM runs WHERE stage = 'finetune' "
+                                        "AND config::JSON->>'task' IS NULL").column("f").to_pylist()
+    assert qa_formats == ["plain"] * 7  # every QA row, Kformer and concat included, in the models' one format
     report = query(Warehouse(home), "SELECT DISTINCT model FROM report").column("model").to_pylist()
     assert sorted(report) == sorted(["Transformer", "base", "base+NKB", "base+NKB-a", "large", "Kformer", "concat"])
     generation = query(Warehouse(home), "SELECT model, task FROM report_generation").to_pylist()
