@@ -6,6 +6,7 @@ The device and precision are chosen once here, at each stage's entry, and passed
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shutil
 import tempfile
@@ -147,16 +148,15 @@ def _salient_span_batches(tokenizer, rows: np.ndarray, config: BaseModelConfig):
     texts = [doc for row in tokenizer.batch_decode(rows) for doc in row.split(eos)]
     ids, pieces = zip(*((f"{t}.{i}", piece) for t, text in enumerate(texts)
                         for i, piece in enumerate(segment(text, config.ssm_max_words))))
-    spans = {"segment_id": [], "start_char": [], "end_char": []}
     found = ner.salient_spans(zip(pieces, ids), n_process=ner_processes(len(ids)))
-    for seg_id, seg_spans in progress(iterable=found, total=len(ids), desc="pretraining salient spans", unit=" seg"):
-        for span in seg_spans:
-            for column, value in zip(spans, (seg_id, span.start_char, span.end_char)):
-                spans[column].append(value)
+    found = progress(iterable=found, total=len(ids), desc="pretraining salient spans", unit=" seg")
+    spans = pa.Table.from_pylist(
+        [{"segment_id": seg_id, "start_char": span.start_char, "end_char": span.end_char}
+         for seg_id, seg_spans in found for span in seg_spans],
+        schema=pa.schema([("segment_id", pa.string()), ("start_char", pa.int32()), ("end_char", pa.int32())]))
     segments = pa.table({"segment_id": list(ids), "text": list(pieces)})
-    spans = pa.table(spans, schema=pa.schema([("segment_id", pa.string()), ("start_char", pa.int32()),
-                                              ("end_char", pa.int32())]))
 
+    @functools.lru_cache(maxsize=1)  # epoch 0 is asked for by the check below and twice by Seq2SeqBatches
     def examples(epoch: int) -> tuple[list[str], list[str]]:
         ex = ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=True)
         return ex.column("input").to_pylist(), ex.column("target").to_pylist()
