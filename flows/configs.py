@@ -350,7 +350,8 @@ class ModelsConfig(StageConfig):
     answer_format: Literal["plain", "sentinel"] = Field(
         "sentinel", description="QA format of every row's fine-tuning (finetune's answer_format). sentinel: the "
                                 "answer asked for like a masked span, the path the NKB was injected on; with plain "
-                                "(the paper's) the tiny base+NKB led base by 8.6 EM instead of 18.3.")
+                                "(the paper's) the tiny base+NKB, injected 2,000 steps, led base by 8.6 EM instead "
+                                "of 18.3.")
     generation_tasks: list[str] = Field(default_factory=lambda: ["summaries", "translation"],
                                         description="General-generation tasks on which base, base+NKB and base+NKB-a "
                                                     "are fine-tuned and scored (the paper's Table 4).")
