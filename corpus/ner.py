@@ -8,6 +8,7 @@ its own token-to-vector layer, so excluding everything else gives identical enti
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -53,8 +54,17 @@ def salient_spans(texts: Iterable[tuple[str, str]], labels: Iterable[str] = DEFA
                   n_process: int = 1, model: str | None = None) -> Iterator[tuple[str, list[Span]]]:
     """(id, spans) for each (id, text), in input order; only entities whose label is in `labels`."""
     keep = frozenset(labels)
-    nlp = load_ner(model)
-    for doc, key in nlp.pipe(texts, as_tuples=True, batch_size=batch_size, n_process=n_process):
+    docs = load_ner(model).pipe(texts, as_tuples=True, batch_size=batch_size, n_process=n_process)
+    while True:
+        with warnings.catch_warnings():  # around spaCy's code only: a filter must not outlive a `yield`
+            # W127 says a worker exited non-zero after the last document came back (a worker lost earlier
+            # raises instead). Inside a Prefect 3.8 flow every forked worker does: Prefect resets its log and
+            # event services in the child but keeps their at-exit drains, which then fail an assertion.
+            warnings.filterwarnings("ignore", message=r"\[W127\]", category=UserWarning)
+            found = next(docs, None)
+        if found is None:
+            return
+        doc, key = found
         yield key, [Span(e.start_char, e.end_char, e.label_, e.text) for e in doc.ents if e.label_ in keep]
 
 

@@ -1,7 +1,12 @@
 """The Prefect flows, run for real under Prefect's test harness (a temporary local server)."""
 
+import warnings
+
 import pytest
+from prefect import flow
 from prefect.testing.utilities import prefect_test_harness
+
+from corpus import ner
 
 from flows.configs import IngestConfig, ModelsConfig, SampleWorldConfig
 from flows.flows import ingest_flow, pipeline, table3
@@ -37,6 +42,19 @@ def test_stage_flow_validates_and_fails_on_bad_input(tmp_path):
         ingest_flow(IngestConfig(path=str(bad)), home=str(tmp_path / "wh"))
     assert query(Warehouse(tmp_path / "wh"), "SELECT count(*) AS n FROM documents").to_pylist() == [{"n": 0}]
 
+
+def test_multiprocess_ner_inside_a_flow_neither_warns_nor_loses_documents():
+    texts = [(f"Ada Lovelace was born in London on 10 December 1815, note {i}.", str(i)) for i in range(300)]
+
+    @flow
+    def spans(n_process: int) -> list:
+        return [(key, [s.text for s in found]) for key, found in ner.salient_spans(texts, n_process=n_process)]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        forked = spans(2)
+    assert [str(w.message) for w in caught if "W127" in str(w.message)] == []
+    assert forked == spans(1) and len(forked) == 300
 
 def test_table3_flow_trains_every_row_and_reports(tmp_path):
     home = str(tmp_path / "wh")
