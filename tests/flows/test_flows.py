@@ -7,7 +7,6 @@ from prefect import flow
 from prefect.testing.utilities import prefect_test_harness
 
 from corpus import ner
-
 from flows.configs import IngestConfig, ModelsConfig, SampleWorldConfig
 from flows.flows import ingest_flow, pipeline, table3
 from warehouse import Warehouse, list_runs, query
@@ -55,6 +54,7 @@ def test_multiprocess_ner_inside_a_flow_neither_warns_nor_loses_documents():
         forked = spans(2)
     assert [str(w.message) for w in caught if "W127" in str(w.message)] == []
     assert forked == spans(1) and len(forked) == 300
+
 
 def test_table3_flow_trains_every_row_and_reports(tmp_path):
     home = str(tmp_path / "wh")
