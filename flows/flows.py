@@ -133,7 +133,8 @@ def table3(models: ModelsConfig = ModelsConfig(), home: Optional[str] = None, fo
         large = {"name": "large", "size": models.large_size, "steps": models.large_steps or models.pretrain_steps}
         rows.append(run("base-model", pretrain.model_copy(update=large)))
     injection = InjectConfig(steps=models.inject_steps, batch_size=models.inject_batch_size, lr=models.inject_lr,
-                             layers=models.inject_layers, slots=models.slots, device=device)
+                             layers=models.inject_layers, slots=models.slots,
+                             general_share=models.inject_general_share, device=device)
     if "base+nkb" in wanted:
         rows.append(run("inject", injection))
     if "base+nkb-a" in wanted:

@@ -23,6 +23,7 @@ from nkb_model.checkpoint import INFO, hf_dir, read_info
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, run_metrics, run_stage
 
 MODEL_STAGES = ("base-model", "inject", "finetune", "edit")  # stages whose runs publish a model
+GENERAL_SEQ_LEN = 128  # general-text rows for injection into a base without held-out rows (e.g. t5-base)
 
 
 def _texts(wh: Warehouse, corpus: str) -> list[str]:
@@ -189,6 +190,8 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
     name = config.model_name()
     inputs = [str(base_dir), read_info(base_dir).get("built_by", ""), _lineage(wh, "segments", config.corpus),
               _lineage(wh, "salient_spans", config.corpus)]
+    if config.general_share:
+        inputs.append(f"{config.general_corpus}:{corpus_lineage(wh, config.general_corpus)}")
     fp = fingerprint("inject", config.model_dump(exclude={"device", "devices", "micro_batch_size"}) | {"name": name}, inputs)
     target = model_dir(wh, name, fp)
     device = choose_device(config.device)
@@ -219,7 +222,10 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
                 p.requires_grad = True
             trainable = sum(p.numel() for p in model.parameters())
             model.train()
-        batches = Seq2SeqBatches(examples, tokenizer, config.batch_size, config.seed, config.max_input_len)
+        ssm = batches = Seq2SeqBatches(examples, tokenizer, config.batch_size, config.seed, config.max_input_len)
+        if config.general_share:
+            from nkb_model.base_model import Interleaved
+            batches = Interleaved(ssm, _general_batches(wh, tokenizer, base_dir, config), config.general_share)
         train_config = TrainConfig(steps=config.steps, batch_size=config.batch_size,
                                    micro_batch_size=config.micro_batch_size, lr=config.lr,
                                    warmup_steps=config.warmup_steps, optimizer=config.optimizer)
@@ -237,12 +243,28 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         run.metric("params_total", total)
         run.metric("params_injected", trainable)
         return {"model": name, "params_total": total, "params_injected": trainable,
-                "final_loss": round(losses[-1][1], 4), "examples_per_epoch": batches.per_epoch * config.batch_size,
+                "final_loss": round(losses[-1][1], 4), "examples_per_epoch": ssm.per_epoch * config.batch_size,
                 "seconds": time.perf_counter() - started, "device": device.name}
 
     target.parent.mkdir(parents=True, exist_ok=True)
     return run_stage(wh, "inject", config.model_dump(), fp, body, force=force, device=device.name,
                      still_valid=_model_present)
+
+
+def _general_batches(wh: Warehouse, tokenizer, base_dir: Path, config: InjectConfig):
+    """Span-corruption batches of the general corpus packed as the base's pretraining packed it, without the
+    base's held-out rows: the no-forgetting check's text stays unseen by the slots."""
+    from nkb_model.base_model import SpanCorruptionBatches, pack
+    held_path = base_dir / "held_out.npy"
+    held = np.load(held_path) if held_path.exists() else np.zeros((0, GENERAL_SEQ_LEN), dtype=np.int64)
+    ids = tokenizer(_texts(wh, config.general_corpus), add_special_tokens=False)["input_ids"]
+    rows = pack(ids, held.shape[1], tokenizer.eos_token_id)
+    held_set = {row.tobytes() for row in held}
+    rows = rows[[row.tobytes() not in held_set for row in rows]]
+    if not len(rows):
+        raise ValueError(f"general_share={config.general_share}, but corpus {config.general_corpus!r} has no text "
+                         f"beyond the base's held-out rows")
+    return SpanCorruptionBatches(rows, tokenizer, min(config.general_batch_size, len(rows)), config.seed)
 
 
 # ---- closed-book QA -----------------------------------------------------------------------------

@@ -89,6 +89,25 @@ def test_nkb_injection_changes_only_the_slots(world):
     assert model_stages.inject(world, INJECT).skipped
 
 
+def test_injection_mixing_in_general_text_never_shows_the_slots_held_out_text(world):
+    import numpy as np
+    base_dir = Path(model_stages.pretrain_base_model(world, TINY).run.checkpoint)
+    config = INJECT.model_copy(update={"name": "base+nkb-general", "general_share": 0.5, "general_batch_size": 4})
+    _, tokenizer, _ = load_model(base_dir)
+    held = np.load(base_dir / "held_out.npy")
+    general = model_stages._general_batches(world, tokenizer, base_dir, config)
+    assert len(held) and general.rows.shape[1] == held.shape[1] == TINY.seq_len
+    seen = {row.tobytes() for row in general.rows}
+    assert not seen & {row.tobytes() for row in held}
+    assert len(general.rows) + len(held) == len(seen | {row.tobytes() for row in held})  # held-out rows alone left out
+    result = model_stages.inject(world, config)
+    assert not result.skipped
+    base, _, _ = load_model(base_dir)
+    injected, _, _ = load_model(result.run.checkpoint)
+    before, after = _base_tensors(base), _base_tensors(injected)
+    assert all(torch.equal(before[n], after[n]) for n in before)
+
+
 def test_nkb_a_trains_everything(world):
     model_stages.pretrain_base_model(world, TINY)
     result = model_stages.inject(world, INJECT.model_copy(update={"variant": "nkb-a"}))
