@@ -91,7 +91,8 @@ def test_nkb_injection_changes_only_the_slots(world):
 
 def test_injection_mixing_in_general_text_never_shows_the_slots_held_out_text(world):
     import numpy as np
-    base_dir = Path(model_stages.pretrain_base_model(world, TINY).run.checkpoint)
+    model_stages.pretrain_base_model(world, TINY)
+    base_dir = model_stages.find_model(world, "base")  # the newest "base": the one inject mounts on
     config = INJECT.model_copy(update={"name": "base+nkb-general", "general_share": 0.5, "general_batch_size": 4})
     _, tokenizer, _ = load_model(base_dir)
     held = np.load(base_dir / "held_out.npy")
@@ -184,7 +185,8 @@ def test_finetune_and_evaluate_with_retrieved_documents(world, mode):
     from safetensors.torch import load_file
 
     from flows.configs import ReportConfig
-    base_dir = Path(model_stages.pretrain_base_model(world, TINY).run.checkpoint)
+    model_stages.pretrain_base_model(world, TINY)
+    base_dir = model_stages.find_model(world, "base")  # the newest "base": the one inject mounts on
     questions = model_stages._questions(world, None, "validation")
     info = {"knowledge": mode, "knowledge_docs": 2, "kformer_doc_tokens": 16}
     _, tokenizer, _ = load_model(base_dir)
