@@ -94,9 +94,7 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
         run.run.device = device.name
         tokenizer = base_model.train_tokenizer(
             (t for c in config.tokenizer_corpora for t in _texts(wh, c)), config.vocab_size)
-        texts = _texts(wh, config.pretrain_corpus)
-        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-        rows = base_model.pack(ids, config.seq_len, tokenizer.eos_token_id)
+        rows = _packed_rows(wh, tokenizer, config.pretrain_corpus, config.seq_len)
         order = np.random.default_rng(config.seed).permutation(len(rows))
         n_held = int(len(rows) * config.held_out_share)
         held_out, train_rows = rows[order[:n_held]], rows[order[n_held:]]
@@ -134,6 +132,14 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
     target.parent.mkdir(parents=True, exist_ok=True)
     return run_stage(wh, "base-model", config.model_dump(), fp, body, force=force, device=device.name,
                      still_valid=_model_present)
+
+
+def _packed_rows(wh: Warehouse, tokenizer, corpus: str, seq_len: int) -> np.ndarray:
+    """A corpus's documents tokenized and packed into rows of `seq_len` tokens; the same for pretraining and for
+    injection's general text, so that injection can tell the base's held-out rows apart."""
+    from nkb_model.base_model import pack
+    ids = tokenizer(_texts(wh, corpus), add_special_tokens=False)["input_ids"]
+    return pack(ids, seq_len, tokenizer.eos_token_id)
 
 
 def _salient_span_batches(tokenizer, rows: np.ndarray, config: BaseModelConfig):
@@ -254,11 +260,10 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
 def _general_batches(wh: Warehouse, tokenizer, base_dir: Path, config: InjectConfig):
     """Span-corruption batches of the general corpus packed as the base's pretraining packed it, without the
     base's held-out rows: the no-forgetting check's text stays unseen by the slots."""
-    from nkb_model.base_model import SpanCorruptionBatches, pack
+    from nkb_model.base_model import SpanCorruptionBatches
     held_path = base_dir / "held_out.npy"
     held = np.load(held_path) if held_path.exists() else np.zeros((0, GENERAL_SEQ_LEN), dtype=np.int64)
-    ids = tokenizer(_texts(wh, config.general_corpus), add_special_tokens=False)["input_ids"]
-    rows = pack(ids, held.shape[1], tokenizer.eos_token_id)
+    rows = _packed_rows(wh, tokenizer, config.general_corpus, held.shape[1])
     held_set = {row.tobytes() for row in held}
     rows = rows[[row.tobytes() not in held_set for row in rows]]
     if not len(rows):

@@ -185,8 +185,7 @@ def test_finetune_and_evaluate_with_retrieved_documents(world, mode):
     from safetensors.torch import load_file
 
     from flows.configs import ReportConfig
-    model_stages.pretrain_base_model(world, TINY)
-    base_dir = model_stages.find_model(world, "base")  # the newest "base": the one inject mounts on
+    base_dir = Path(model_stages.pretrain_base_model(world, TINY).run.checkpoint)
     questions = model_stages._questions(world, None, "validation")
     info = {"knowledge": mode, "knowledge_docs": 2, "kformer_doc_tokens": 16}
     _, tokenizer, _ = load_model(base_dir)
