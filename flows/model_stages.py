@@ -8,8 +8,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -51,17 +49,10 @@ def find_model(wh: Warehouse, name: str) -> Path:
 
 
 def _publish(run: StagedRun, target: Path, work: Path, write) -> None:
-    """Write a model into a temporary folder, swap it in as `target`, then drop the training checkpoint."""
+    """Write a model that becomes `target` when the run commits; the training checkpoint `work` goes then."""
     if not run.is_leader:
         return  # torchrun ranks above 0: rank 0 publishes
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-model-", dir=target.parent))
-    try:
-        write(tmp)
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(work, ignore_errors=True)
+    run.publish_folder(target, write, drop=work)
     run.run.checkpoint = str(target)
 
 

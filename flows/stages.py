@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import tempfile
 import time
 from dataclasses import asdict
@@ -55,18 +54,8 @@ def generate_sample_world(wh: Warehouse, config: SampleWorldConfig, force: bool 
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
-        tmp = Path(tempfile.mkdtemp(prefix=".sample-world-", dir=wh.files_dir))
-        try:
-            files = sample_world.generate(tmp, **params)
-            old = target.with_name(f".sample-world-old-{run.run_id}")
-            if target.exists():
-                target.rename(old)
-            tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        n_facts = sum(1 for _ in open(target / files.facts.name, encoding="utf-8"))
+        files = run.publish_folder(target, lambda d: sample_world.generate(d, **params))
+        n_facts = sum(1 for _ in open(files.facts, encoding="utf-8"))
         run.run.outputs["files"] = len(files.all_paths())
         run.metric("facts", n_facts)
         return {"dir": str(target), "facts": n_facts, "seconds": time.perf_counter() - started}
@@ -201,22 +190,23 @@ def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> Stag
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-index-", dir=target.parent))
-        try:
-            docs = ((d, f"{t}\n{x}") for batch in wh.scan("documents", ["doc_id", "title", "text"],
-                                                           filter=pc.field("corpus") == config.corpus)
-                    for d, t, x in zip(*(batch.column(c).to_pylist() for c in ("doc_id", "title", "text"))))
+        docs = ((d, f"{t}\n{x}") for batch in wh.scan("documents", ["doc_id", "title", "text"],
+                                                       filter=pc.field("corpus") == config.corpus)
+                for d, t, x in zip(*(batch.column(c).to_pylist() for c in ("doc_id", "title", "text"))))
+        with tempfile.TemporaryDirectory(prefix=".tmp-index-", dir=target.parent) as tmp:
             with progress(desc=f"export {config.corpus}", unit=" docs") as bar:
-                n = bm25.write_json_collection(_counting(docs, bar), tmp / "collection")
-            bm25.build_index(tmp / "collection", tmp / "index", threads=config.threads, log_path=tmp / "index.log")
-            seconds = time.perf_counter() - started
-            meta = {"index_id": fp[:12], "corpus": config.corpus, "k1": config.k1, "b": config.b, "documents": n,
-                    "built_by": run.run_id, "seconds": seconds}
-            (tmp / "index" / INDEX_META).write_text(json.dumps(meta, indent=1))
-            shutil.rmtree(target, ignore_errors=True)
-            (tmp / "index").rename(target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+                n = bm25.write_json_collection(_counting(docs, bar), Path(tmp) / "collection")
+
+            def fill(directory: Path) -> float:
+                bm25.build_index(Path(tmp) / "collection", directory, threads=config.threads,
+                                 log_path=Path(tmp) / "index.log")
+                seconds = time.perf_counter() - started
+                meta = {"index_id": fp[:12], "corpus": config.corpus, "k1": config.k1, "b": config.b,
+                        "documents": n, "built_by": run.run_id, "seconds": seconds}
+                (directory / INDEX_META).write_text(json.dumps(meta, indent=1))
+                return seconds
+
+            seconds = run.publish_folder(target, fill)
         run.run.checkpoint = str(target)
         run.run.outputs["indexed_documents"] = n
         run.metric("index_docs_per_second", n / seconds, dataset=config.corpus)

@@ -3,9 +3,11 @@
 A stage runs inside `run_stage`: if a successful run with the same stage and inputs fingerprint
 exists it is skipped (unless forced); otherwise the stage body writes its outputs into a staging
 area, and only when the body returns are the staged files renamed into place and the run row,
-metrics and views written, all under the warehouse's exclusive lock. A body that raises (bad input,
-a crash, Ctrl-C) leaves every table as it was; a failed run row records the error. A process killed
-outright leaves only staging files behind, which the next run of that table sweeps away.
+metrics and views written, all under the warehouse's exclusive lock. Folders a stage publishes under
+`files/` (models, indexes, the sample world) are staged and swapped in at the same commit. A body that
+raises (bad input, a crash, Ctrl-C) leaves every table and published folder as it was; a failed run row
+records the error. A process killed outright leaves only staging folders behind, which the next run sweeps
+away.
 """
 
 from __future__ import annotations
@@ -113,6 +115,8 @@ class StagedRun:
         self._staging_dirs: set[Path] = set()
         self._shard_sets: list[ShardSet] = []
         self._replaced: list[tuple[str, str]] = []  # (table, partition prefix) whose old files go at commit
+        self._folders: list[tuple[Path, Path]] = []  # (staged folder, final folder)
+        self._dropped: list[Path] = []  # folders removed once the run has committed
 
     # -- Parquet outputs --
 
@@ -172,6 +176,25 @@ class StagedRun:
             con.close()
         return row[0] if row else None
 
+    # -- folders under files/ --
+
+    def publish_folder(self, final: Path, fill: Callable[[Path], Any], drop: Path | None = None) -> Any:
+        """`fill` writes into an empty staging folder, which replaces `final` when the run commits; returns
+        what `fill` returns. `drop` (e.g. the training checkpoint the result supersedes) goes after the commit;
+        if the run fails, `final` and `drop` stay as they were."""
+        staging_dir = final.parent / ".staging" / f"{self.run_id}.{os.getpid()}"
+        staging_dir.mkdir(parents=True, exist_ok=True)
+        self._staging_dirs.add(staging_dir)
+        staged = staging_dir / final.name
+        if staged.exists() or any(f == final for _, f in self._folders):
+            raise ValueError(f"run {self.run_id} publishes {final} twice")
+        staged.mkdir()
+        value = fill(staged)
+        self._folders.append((staged, final))
+        if drop is not None:
+            self._dropped.append(drop)
+        return value
+
     # -- metrics --
 
     def metric(self, metric: str, value: float, dataset: str | None = None,
@@ -191,12 +214,18 @@ class StagedRun:
                         old.unlink()
             for staged, final in self._staged:
                 os.replace(staged, final)
+            for staged, final in self._folders:
+                if final.exists():  # a forced rerun: the old folder goes with the staging folder
+                    final.rename(staged.with_name(staged.name + ".replaced"))
+                staged.rename(final)
             if self._metrics:
                 con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)", self._metrics)
             self.run.status = "success"
             self.run.finished_at = _now()
             _insert_run(con, self.run)
         self._cleanup()
+        for folder in self._dropped:
+            shutil.rmtree(folder, ignore_errors=True)
         for shard_set in self._shard_sets:
             shutil.rmtree(shard_set.directory, ignore_errors=True)
         _resume_marker(self.wh, self.run).unlink(missing_ok=True)
@@ -450,8 +479,8 @@ def _sweep_stale_staging(wh: Warehouse) -> None:
     """Remove staging folders of runs that were killed before they could clean up.
 
     A staging folder whose writer process is still alive is left alone."""
-    for table_dir in wh.tables_dir.iterdir():
-        stale = table_dir / ".staging"
+    parents = [*wh.tables_dir.iterdir(), wh.files_dir, *wh.files_dir.iterdir()]
+    for stale in (p / ".staging" for p in parents):
         if stale.is_dir():
             with contextlib.suppress(OSError):
                 for d in stale.iterdir():

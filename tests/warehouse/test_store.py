@@ -150,6 +150,58 @@ def test_killed_writer_leaves_previous_table_intact(tmp_path):
     assert not list(wh.tables_dir.glob("*/.staging/*"))
 
 
+def publish(wh, text, fp, fail=False, force=False):
+    """A stage that publishes files/models/m holding `text`, with a training checkpoint it supersedes."""
+    work = wh.files_dir / "models" / ".train-m"
+    work.mkdir(parents=True, exist_ok=True)
+
+    def body(run):
+        run.publish_folder(wh.files_dir / "models" / "m", lambda d: (d / "weights").write_text(text), drop=work)
+        if fail:
+            raise RuntimeError("failed after publishing")
+
+    return run_stage(wh, "model", {}, fp, body, force=force)
+
+
+def test_a_published_folder_appears_only_when_the_run_commits(tmp_path):
+    wh = Warehouse(tmp_path / "wh")
+    final = wh.files_dir / "models" / "m"
+    with pytest.raises(RuntimeError):
+        publish(wh, "first", "fp1", fail=True)
+    assert not final.exists() and (wh.files_dir / "models" / ".train-m").is_dir()  # the checkpoint stays
+    publish(wh, "first", "fp1")
+    assert (final / "weights").read_text() == "first" and not (wh.files_dir / "models" / ".train-m").exists()
+    with pytest.raises(RuntimeError):
+        publish(wh, "second", "fp1", fail=True, force=True)
+    assert (final / "weights").read_text() == "first"
+    publish(wh, "second", "fp1", force=True)
+    assert (final / "weights").read_text() == "second"
+    assert sorted(p.name for p in final.parent.iterdir()) == [".staging", "m"] and not any((final.parent / ".staging").iterdir())
+
+
+def test_a_killed_run_leaves_its_folder_unpublished_and_the_next_run_sweeps_it(tmp_path):
+    wh = Warehouse(tmp_path / "wh")
+    script = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from warehouse import Warehouse, run_stage
+        wh = Warehouse({str(wh.home)!r})
+        def fill(d):
+            (d / "weights").write_text("half")
+            print("writing", flush=True)
+            time.sleep(60)
+        run_stage(wh, "model", {{}}, "fp-killed", lambda run: run.publish_folder(wh.files_dir / "models" / "m", fill))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not (wh.files_dir / "models" / "m").exists()
+    assert list(wh.files_dir.glob("models/.staging/*/m/weights"))
+    publish(wh, "next", "fp2")
+    assert not list(wh.files_dir.glob("models/.staging/*"))
+
+
 def test_writers_wait_for_the_lock(tmp_path):
     wh = Warehouse(tmp_path / "wh")
     script = textwrap.dedent(f"""
