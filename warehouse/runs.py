@@ -120,13 +120,17 @@ class StagedRun:
 
     # -- Parquet outputs --
 
-    def _staging_file(self, table: str, partition: str) -> tuple[Path, Path]:
-        final = self.wh.partition_path(table, partition)
+    def _staging_path(self, final: Path) -> Path:
+        """Where `final` is staged until commit: this run's staging folder beside it."""
         # The pid in the name lets a later run tell a live writer's files from a killed one's.
         staging_dir = final.parent / ".staging" / f"{self.run_id}.{os.getpid()}"
         staging_dir.mkdir(parents=True, exist_ok=True)
         self._staging_dirs.add(staging_dir)
-        staged = staging_dir / final.name
+        return staging_dir / final.name
+
+    def _staging_file(self, table: str, partition: str) -> tuple[Path, Path]:
+        final = self.wh.partition_path(table, partition)
+        staged = self._staging_path(final)
         if any(f == final for _, f in self._staged):
             raise ValueError(f"run {self.run_id} writes {table}/{partition} twice")
         self._staged.append((staged, final))
@@ -182,11 +186,8 @@ class StagedRun:
         """`fill` writes into an empty staging folder, which replaces `final` when the run commits; returns
         what `fill` returns. `drop` (e.g. the training checkpoint the result supersedes) goes after the commit;
         if the run fails, `final` and `drop` stay as they were."""
-        staging_dir = final.parent / ".staging" / f"{self.run_id}.{os.getpid()}"
-        staging_dir.mkdir(parents=True, exist_ok=True)
-        self._staging_dirs.add(staging_dir)
-        staged = staging_dir / final.name
-        if staged.exists() or any(f == final for _, f in self._folders):
+        staged = self._staging_path(final)
+        if staged.exists():
             raise ValueError(f"run {self.run_id} publishes {final} twice")
         staged.mkdir()
         value = fill(staged)
