@@ -110,7 +110,8 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
         if coherence is not None:
             run.metric("key_coherence", coherence)
         plot = wh.files_dir / "analysis" / f"{run.run_id}-categories.png"
-        _category_plot(shares, f"{name} ({config.kind}, {', '.join(layers)}): top token of each value", plot)
+        title = f"{name} ({config.kind}, {', '.join(layers)}): top token of each value"
+        run.publish_file(plot, lambda path: _category_plot(shares, title, path))
         return {"model": name, "kind": config.kind, "layers": layers, "slots": total,
                 "categories": {c: round(s, 1) for c, s in shares.items()},
                 "key_coherence": None if coherence is None else round(coherence, 1), "keys_judged": judged,
@@ -123,7 +124,6 @@ def _category_plot(shares: dict[str, float], title: str, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 3.6))
     ax.bar(list(shares), list(shares.values()), color="#4878a8")
     for i, v in enumerate(shares.values()):

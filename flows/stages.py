@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -193,27 +192,25 @@ def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> Stag
         docs = ((d, f"{t}\n{x}") for batch in wh.scan("documents", ["doc_id", "title", "text"],
                                                        filter=pc.field("corpus") == config.corpus)
                 for d, t, x in zip(*(batch.column(c).to_pylist() for c in ("doc_id", "title", "text"))))
-        with tempfile.TemporaryDirectory(prefix=".tmp-index-", dir=target.parent) as tmp:
-            with progress(desc=f"export {config.corpus}", unit=" docs") as bar:
-                n = bm25.write_json_collection(_counting(docs, bar), Path(tmp) / "collection")
+        tmp = run.scratch(target)  # the exported collection, only needed while the index is built
+        with progress(desc=f"export {config.corpus}", unit=" docs") as bar:
+            n = bm25.write_json_collection(_counting(docs, bar), tmp / "collection")
 
-            def fill(directory: Path) -> float:
-                bm25.build_index(Path(tmp) / "collection", directory, threads=config.threads,
-                                 log_path=Path(tmp) / "index.log")
-                seconds = time.perf_counter() - started
-                meta = {"index_id": fp[:12], "corpus": config.corpus, "k1": config.k1, "b": config.b,
-                        "documents": n, "built_by": run.run_id, "seconds": seconds}
-                (directory / INDEX_META).write_text(json.dumps(meta, indent=1))
-                return seconds
+        def fill(directory: Path) -> float:
+            bm25.build_index(tmp / "collection", directory, threads=config.threads, log_path=tmp / "index.log")
+            seconds = time.perf_counter() - started
+            meta = {"index_id": fp[:12], "corpus": config.corpus, "k1": config.k1, "b": config.b,
+                    "documents": n, "built_by": run.run_id, "seconds": seconds}
+            (directory / INDEX_META).write_text(json.dumps(meta, indent=1))
+            return seconds
 
-            seconds = run.publish_folder(target, fill)
+        seconds = run.publish_folder(target, fill)
         run.run.checkpoint = str(target)
         run.run.outputs["indexed_documents"] = n
         run.metric("index_docs_per_second", n / seconds, dataset=config.corpus)
         return {"index_id": fp[:12], "corpus": config.corpus, "documents": n, "seconds": seconds,
                 "docs_per_second": round(n / seconds, 1)}
 
-    target.parent.mkdir(parents=True, exist_ok=True)
     return run_stage(wh, "index", config.model_dump(), fp, body, force=force,
                      still_valid=lambda run: (Path(run.checkpoint or "") / INDEX_META).exists())
 

@@ -3,11 +3,11 @@
 A stage runs inside `run_stage`: if a successful run with the same stage and inputs fingerprint
 exists it is skipped (unless forced); otherwise the stage body writes its outputs into a staging
 area, and only when the body returns are the staged files renamed into place and the run row,
-metrics and views written, all under the warehouse's exclusive lock. Folders a stage publishes under
-`files/` (models, indexes, the sample world) are staged and swapped in at the same commit. A body that
-raises (bad input, a crash, Ctrl-C) leaves every table and published folder as it was; a failed run row
-records the error. A process killed outright leaves only staging folders behind, which the next run sweeps
-away.
+metrics and views written, all under the warehouse's exclusive lock. Folders and files a stage
+publishes under `files/` (models, indexes, the sample world, plots) are staged and swapped in at the
+same commit. A body that raises (bad input, a crash, Ctrl-C) leaves every table and published file as
+it was; a failed run row records the error. A process killed outright leaves only staging folders
+behind, which the next run sweeps away.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class StagedRun:
         self._staging_dirs: set[Path] = set()
         self._shard_sets: list[ShardSet] = []
         self._replaced: list[tuple[str, str]] = []  # (table, partition prefix) whose old files go at commit
-        self._folders: list[tuple[Path, Path]] = []  # (staged folder, final folder)
+        self._published: list[tuple[Path, Path]] = []  # (staged folder or file, final path)
         self._dropped: list[Path] = []  # folders removed once the run has committed
 
     # -- Parquet outputs --
@@ -180,21 +180,36 @@ class StagedRun:
             con.close()
         return row[0] if row else None
 
-    # -- folders under files/ --
+    # -- folders and files under files/ --
 
     def publish_folder(self, final: Path, fill: Callable[[Path], Any], drop: Path | None = None) -> Any:
         """`fill` writes into an empty staging folder, which replaces `final` when the run commits; returns
         what `fill` returns. `drop` (e.g. the training checkpoint the result supersedes) goes after the commit;
         if the run fails, `final` and `drop` stay as they were."""
+        return self._publish(final, fill, drop, folder=True)
+
+    def publish_file(self, final: Path, write: Callable[[Path], Any]) -> Any:
+        """`write` writes a file at the path it is given, which replaces `final` when the run commits."""
+        return self._publish(final, write, None, folder=False)
+
+    def _publish(self, final: Path, fill: Callable[[Path], Any], drop: Path | None, folder: bool) -> Any:
         staged = self._staging_path(final)
-        if staged.exists():
+        if staged.exists() or any(f == final for _, f in self._published):
             raise ValueError(f"run {self.run_id} publishes {final} twice")
-        staged.mkdir()
+        if folder:
+            staged.mkdir()
         value = fill(staged)
-        self._folders.append((staged, final))
+        self._published.append((staged, final))
         if drop is not None:
             self._dropped.append(drop)
         return value
+
+    def scratch(self, beside: Path) -> Path:
+        """An empty folder for this run's temporary files, on the same disk as `beside`. It goes when the run
+        ends, however it ends; a killed run's is swept by the next run like its staged outputs."""
+        path = self._staging_path(beside.with_name(beside.name + ".scratch"))
+        path.mkdir()
+        return path
 
     # -- metrics --
 
@@ -215,8 +230,8 @@ class StagedRun:
                         old.unlink()
             for staged, final in self._staged:
                 os.replace(staged, final)
-            for staged, final in self._folders:
-                if final.exists():  # a forced rerun: the old folder goes with the staging folder
+            for staged, final in self._published:
+                if final.exists():  # a forced rerun: the old one goes with the staging folder
                     final.rename(staged.with_name(staged.name + ".replaced"))
                 staged.rename(final)
             if self._metrics:

@@ -202,6 +202,38 @@ def test_a_killed_run_leaves_its_folder_unpublished_and_the_next_run_sweeps_it(t
     assert not list(wh.files_dir.glob("models/.staging/*"))
 
 
+def test_a_published_file_appears_at_commit_and_the_scratch_folder_goes_with_the_run(tmp_path):
+    wh = Warehouse(tmp_path / "wh")
+    plot = wh.files_dir / "analysis" / "p.png"
+    scratches = []
+
+    def body(text, fail):
+        def run_body(run):
+            scratch = run.scratch(plot)
+            (scratch / "export").write_text("temporary")
+            scratches.append(scratch)
+            run.publish_file(plot, lambda path: path.write_text(text))
+            assert not plot.exists() or plot.read_text() != text  # nothing new before the commit
+            with pytest.raises(ValueError, match="twice"):
+                run.publish_file(plot, lambda path: None)
+            if fail:
+                raise RuntimeError("failed after publishing")
+        return run_body
+
+    with pytest.raises(RuntimeError):
+        run_stage(wh, "analyze", {}, "fp1", body("first", fail=True))
+    assert not plot.exists() and not scratches[-1].exists()
+    run_stage(wh, "analyze", {}, "fp1", body("first", fail=False))
+    assert plot.read_text() == "first" and not scratches[-1].exists()
+    with pytest.raises(RuntimeError):
+        run_stage(wh, "analyze", {}, "fp1", body("second", fail=True), force=True)
+    assert plot.read_text() == "first"
+    run_stage(wh, "analyze", {}, "fp1", body("second", fail=False), force=True)
+    assert plot.read_text() == "second"
+    assert sorted(p.name for p in plot.parent.iterdir()) == [".staging", "p.png"]
+    assert not any((plot.parent / ".staging").iterdir())
+
+
 def test_writers_wait_for_the_lock(tmp_path):
     wh = Warehouse(tmp_path / "wh")
     script = textwrap.dedent(f"""
