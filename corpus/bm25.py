@@ -54,9 +54,8 @@ def _java_class(name: str):
         if name not in _classes:
             if not _classes:
                 _configure_jvm()
+                _quiet_lucene_version_warning()
             from jnius import autoclass
-            if not _classes:
-                _quiet_lucene_version_warning(autoclass)
             _classes[name] = autoclass(name)
         return _classes[name]
 
@@ -73,9 +72,10 @@ def _configure_jvm() -> None:
     jnius_config.set_options(*options, *_JVM_OPTIONS)
 
 
-def _quiet_lucene_version_warning(autoclass) -> None:
+def _quiet_lucene_version_warning() -> None:
     """Lucene warns once per JVM that Java 22+ is newer than it knows ("please update Apache Lucene"); the
     user cannot act on it and it falls back to code that gives the same results, so only errors are shown."""
+    from jnius import autoclass
     logger = autoclass("java.util.logging.Logger").getLogger("org.apache.lucene.store.MMapDirectory")
     logger.setLevel(autoclass("java.util.logging.Level").SEVERE)
     _kept_loggers.append(logger)  # Java holds loggers weakly: an unreferenced one forgets its level

@@ -194,7 +194,7 @@ class StagedRun:
 
     def _publish(self, final: Path, fill: Callable[[Path], Any], drop: Path | None, folder: bool) -> Any:
         staged = self._staging_path(final)
-        if staged.exists() or any(f == final for _, f in self._published):
+        if any(f == final for _, f in self._published):
             raise ValueError(f"run {self.run_id} publishes {final} twice")
         if folder:
             staged.mkdir()
