@@ -22,7 +22,8 @@ class Stage:
 
     @property
     def summary(self) -> str:
-        return (self.config.__doc__ or "").strip().splitlines()[0]
+        """The config's docstring up to its first blank line, on one line (help text, Prefect descriptions)."""
+        return " ".join((self.config.__doc__ or "").strip().split("\n\n")[0].split())
 
 
 STAGES: dict[str, Stage] = {s.name: s for s in [

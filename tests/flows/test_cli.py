@@ -78,3 +78,11 @@ def test_sql_refuses_writes_and_writes_output_files(capsys, home, tmp_path):
 def test_sql_error_is_reported_not_raised(capsys, home):
     code, _, err = run_cli(capsys, "--home", home, "sql", "SELECT * FROM no_such_table")
     assert code == 1 and "no_such_table" in err
+
+
+def test_every_stage_summary_is_a_whole_sentence():
+    from flows.registry import STAGES
+    analyze = STAGES["analyze"].summary
+    assert analyze.endswith("keys by the questions that make them fire.") and "\n" not in analyze
+    for stage in STAGES.values():
+        assert stage.summary.endswith("."), stage.name
