@@ -144,9 +144,10 @@ def cmd_demo(args) -> int:
     wh = Warehouse(home)
     print(f"\nWarehouse: {home}\n  Parquet tables: {wh.tables_dir}\n  DuckDB file:    {wh.db_path}"
           f"  (open it with the duckdb CLI too)\n\nTables:")
-    for name, kind, count in wh.row_counts():
-        if count:
-            print(f"  {name:<14} {count:>8} rows  ({kind})")
+    filled = [(name, kind, count) for name, kind, count in wh.row_counts() if count]
+    width = max((len(name) for name, _, _ in filled), default=0)
+    for name, kind, count in filled:
+        print(f"  {name:<{width}} {count:>8} rows  ({kind})")
     h = _program() + _home_flag(args)
     print("\nTry:")
     for sql in ("SELECT label, count(*) AS spans FROM salient_spans GROUP BY label ORDER BY spans DESC",
