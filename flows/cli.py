@@ -394,6 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; the warehouse is unchanged by the unfinished stage", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader stopped early (`nkb sql ... | head`): not our error. Point stdout at /dev/null so that
+        # the interpreter's final flush does not raise again, and exit as a process killed by SIGPIPE would.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

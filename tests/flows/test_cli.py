@@ -86,3 +86,15 @@ def test_every_stage_summary_is_a_whole_sentence():
     assert analyze.endswith("keys by the questions that make them fire.") and "\n" not in analyze
     for stage in STAGES.values():
         assert stage.summary.endswith("."), stage.name
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(home):
+    import subprocess
+    import sys
+    query = "SELECT range AS n FROM range(200000)"
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "--home", home, "sql", query],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().split() == [b"n"]
+    proc.stdout.close()  # like `| head -1`
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and "Traceback" not in err, err
