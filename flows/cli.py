@@ -87,10 +87,30 @@ def _parse_sets(config: type, pairs: list[str], command: str):
         raise SystemExit(f"error: invalid config for `{command}`: {problems}\n(see `{command} --help`)") from None
 
 
+def _output_format(args) -> str:
+    """--format if given, else the --output file's extension (.csv, .json), else an aligned table."""
+    if args.format:
+        return args.format
+    suffix = Path(args.output or "").suffix.lstrip(".").lower()
+    return suffix if suffix in FORMATTERS else "table"
+
+
+def _write(path: str, data: str | bytes) -> None:
+    """Write an output file the user named, creating its folder."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, str):
+            Path(path).write_text(data, encoding="utf-8")
+        else:
+            Path(path).write_bytes(data)
+    except OSError as exc:
+        raise ValueError(f"cannot write {path}: {exc.strerror or exc}") from None
+    print(f"wrote {path}", file=sys.stderr)
+
+
 def _emit(text: str, output: str | None) -> None:
     if output:
-        Path(output).write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
-        print(f"wrote {output}", file=sys.stderr)
+        _write(output, text if text.endswith("\n") else text + "\n")
     else:
         print(text)
 
@@ -164,7 +184,7 @@ def cmd_demo(args) -> int:
 
 def cmd_sql(args) -> int:
     table = query(Warehouse(args.home), args.query)
-    _emit(FORMATTERS[args.format](table), args.output)
+    _emit(FORMATTERS[_output_format(args)](table), args.output)
     return 0
 
 
@@ -178,7 +198,11 @@ def cmd_tables(args) -> int:
 
 def cmd_runs(args) -> int:
     import pyarrow as pa
-    runs = list_runs(Warehouse(args.home), stage=args.stage, limit=args.limit)
+    wh = Warehouse(args.home)
+    runs = list_runs(wh, stage=args.stage, limit=args.limit)
+    if args.stage and not runs:
+        known = sorted({r.stage for r in list_runs(wh)})
+        raise WarehouseError(f"no runs of stage {args.stage!r}; stages with runs: {', '.join(known) or 'none yet'}")
     table = pa.table({
         "run_id": [r.run_id for r in runs], "stage": [r.stage for r in runs], "status": [r.status for r in runs],
         "started_at": [r.started_at.isoformat(sep=" ", timespec="seconds") if r.started_at else None for r in runs],
@@ -199,9 +223,9 @@ def cmd_report(args) -> int:
         return 1
     if args.plot:
         from flows.report_plot import report_png
-        Path(args.plot).write_bytes(report_png(wh))
-        print(f"wrote {args.plot}", file=sys.stderr)
-    if args.format == "json":
+        _write(args.plot, report_png(wh))
+    fmt = _output_format(args)
+    if fmt == "json":
         keys = ("model", "dataset", "split", "em", "params_total", "params_injected")
         _emit(json.dumps([{k: r[k] for k in keys} for r in rows if r["dataset"] != "average"], indent=1), args.output)
         return 0
@@ -222,18 +246,19 @@ def cmd_report(args) -> int:
     columns["loss, NKB unmounted"] = [None if m not in unmounted else round(unmounted[m], 4) for m in models]
     columns["params"] = [first[m]["params_total"] for m in models]
     columns["params injected"] = [first[m]["params_injected"] for m in models]
-    print(f"Report {run_id} ({rows[0]['split']}; EM in %; probe: cloze prompts in unseen wordings, before fine-tuning)")
-    _emit(FORMATTERS[args.format](pa.table(columns)), args.output)
+    if fmt == "table":  # CSV on standard output stays one parseable table
+        print(f"Report {run_id} ({rows[0]['split']}; EM in %; probe: cloze prompts in unseen wordings, before fine-tuning)")
+    _emit(FORMATTERS[fmt](pa.table(columns)), args.output)
     generation = query(wh, "SELECT model, task, metric, round(score, 1) AS score FROM report_generation "
                            "ORDER BY task, model").to_pylist() if wh.partition_files("report_generation") else []
-    if generation and not args.output:
+    if generation and fmt == "table" and not args.output:
         tasks = list(dict.fromkeys(f"{g['task']} ({g['metric']})" for g in generation))
         gen_models = list(dict.fromkeys(g["model"] for g in generation))
         table = {"model": gen_models} | {t: [next((g["score"] for g in generation if g["model"] == m
                                                    and f"{g['task']} ({g['metric']})" == t), None) for m in gen_models]
                                          for t in tasks}
         print("\nGeneral generation after fine-tuning on each task (ROUGE-L F1 % / SacreBLEU; beam search)")
-        print(FORMATTERS[args.format](pa.table(table)))
+        print(FORMATTERS[fmt](pa.table(table)))
     return 0
 
 
@@ -334,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     sql = sub.add_parser("sql", help="run a read-only SQL query", description="Run read-only SQL (SELECT, WITH, "
                          "DESCRIBE, SHOW, SUMMARIZE, EXPLAIN) over the warehouse's tables and views.")
     sql.add_argument("query", help="the SQL, e.g. \"SELECT count(*) FROM documents\"")
-    sql.add_argument("--format", choices=list(FORMATTERS), default="table", help=fmt_help)
+    sql.add_argument("--format", choices=list(FORMATTERS), help=fmt_help + "; default: from --output's extension "
+                     "(.csv, .json), else table")
     sql.add_argument("--output", metavar="FILE", help="write the result to FILE instead of standard output")
     sql.set_defaults(func=cmd_sql)
 
@@ -344,14 +370,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser("runs", help="list stage runs, newest first", description="List stage runs, newest first.")
     runs.add_argument("--stage", help="only runs of this stage")
-    runs.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
+    runs.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50; 0: all)")
     runs.add_argument("--format", choices=list(FORMATTERS), default="table", help=fmt_help)
     runs.set_defaults(func=cmd_runs)
     rep = sub.add_parser("report", help="print the latest report (the paper's Table 3)",
                          description="Print the latest report: EM per dataset and model, the knowledge probe, "
                                      "held-out loss (no-forgetting check), parameter counts.")
-    rep.add_argument("--format", choices=list(FORMATTERS), default="table",
-                     help="table, csv, or json (rows {model, dataset, split, em, params_total, params_injected})")
+    rep.add_argument("--format", choices=list(FORMATTERS),
+                     help="table, csv, or json (rows {model, dataset, split, em, params_total, params_injected}); "
+                          "default: from --output's extension (.csv, .json), else table")
     rep.add_argument("--output", metavar="FILE", help="write to FILE instead of standard output")
     rep.add_argument("--plot", metavar="PNG", help="also draw the loss curves and EM per model into this PNG file")
     rep.set_defaults(func=cmd_report)
@@ -388,17 +415,17 @@ def main(argv: list[str] | None = None) -> int:
     _prepare_environment(resolve_home(args.home))
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # The reader stopped early (`nkb sql ... | head`): not our error. Point stdout at /dev/null so that
+        # the interpreter's final flush does not raise again, and exit as a process killed by SIGPIPE would.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (InputFileError, ReadOnlyError, WarehouseError, ValueError, duckdb.Error) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted; the warehouse is unchanged by the unfinished stage", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # The reader stopped early (`nkb sql ... | head`): not our error. Point stdout at /dev/null so that
-        # the interpreter's final flush does not raise again, and exit as a process killed by SIGPIPE would.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
 
 
 if __name__ == "__main__":

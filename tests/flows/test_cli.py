@@ -98,3 +98,25 @@ def test_a_reader_that_stops_early_gets_no_traceback(home):
     proc.stdout.close()  # like `| head -1`
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and "Traceback" not in err, err
+
+
+def test_output_files_take_their_format_from_the_extension_and_their_folder_is_made(capsys, home, tmp_path):
+    query = "SELECT 1 AS a, 'x' AS b"
+    code, _, err = run_cli(capsys, "--home", home, "sql", query, "--output", str(tmp_path / "new" / "r.csv"))
+    assert code == 0 and "wrote" in err
+    assert (tmp_path / "new" / "r.csv").read_text() == "a,b\n1,x\n"
+    code, _, _ = run_cli(capsys, "--home", home, "sql", query, "--output", str(tmp_path / "r.json"))
+    assert json.loads((tmp_path / "r.json").read_text()) == [{"a": 1, "b": "x"}]
+    code, _, _ = run_cli(capsys, "--home", home, "sql", query, "--output", str(tmp_path / "r.json"), "--format", "csv")
+    assert (tmp_path / "r.json").read_text() == "a,b\n1,x\n"  # an explicit --format wins
+    (tmp_path / "file").write_text("")
+    code, _, err = run_cli(capsys, "--home", home, "sql", query, "--output", str(tmp_path / "file" / "r.csv"))
+    assert code == 1 and err.startswith(f"error: cannot write {tmp_path / 'file' / 'r.csv'}: ")
+
+
+def test_runs_of_an_unknown_stage_name_the_stages_that_have_runs(capsys, home, tmp_path):
+    path = tmp_path / "wiki.jsonl"
+    path.write_text('{"id": "a", "title": "A", "text": "Ada."}\n')
+    assert run_cli(capsys, "--home", home, "run", "ingest", "--set", f"path={path}")[0] == 0
+    code, _, err = run_cli(capsys, "--home", home, "runs", "--stage", "injest")
+    assert code == 1 and "no runs of stage 'injest'; stages with runs: ingest" in err

@@ -1,5 +1,7 @@
 """Model stages on a small sample world, on CPU."""
 
+import csv
+import io
 import json
 import time
 from pathlib import Path
@@ -237,6 +239,9 @@ def test_generation_tasks_fine_tune_score_and_reach_the_report(world, capsys):
         ("base", "summaries", "rougeL"), ("base", "translation", "bleu")}
     assert main(["--home", str(world.home), "report"]) == 0
     assert "summaries (rougeL)" in capsys.readouterr().out
+    assert main(["--home", str(world.home), "report", "--format", "csv"]) == 0  # one parseable CSV table
+    csv_rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert csv_rows and all(r["model"] and r["params"].isdigit() for r in csv_rows)
     with pytest.raises(ValueError, match="QA only"):
         FinetuneConfig(model="base", task="summaries", knowledge="concat")
 
