@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -30,6 +31,20 @@ def _prepare_environment(home: Path) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # The temporary server that runs flows without a configured server can be slow to start on 2 cores.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+@contextlib.contextmanager
+def _local_flow_settings():
+    """Flow runs in this process. Without a configured server they run under a temporary one that stops
+    with the process, so Prefect's flow-run heartbeats (on by default since 3.8, for a server to tell a
+    crashed run) have no one to tell; their thread also holds every flow up to a second at exit, ~50 s of
+    a demo's 50 stage flows. They stay on wherever a server is configured."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
+    if get_current_settings().api.url:
+        yield
+    else:
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            yield
 
 
 def _field_help(name: str, field) -> str:
@@ -135,7 +150,8 @@ def cmd_run(args) -> int:
     started = time.perf_counter()
     if args.prefect or os.environ.get("PREFECT_API_URL") or getattr(config, "dask", None):
         from flows.flows import STAGE_FLOWS
-        row = STAGE_FLOWS[stage.name](config, str(resolve_home(args.home)), args.force)
+        with _local_flow_settings():
+            row = STAGE_FLOWS[stage.name](config, str(resolve_home(args.home)), args.force)
     else:
         row = stages.summarize(stage.name, stage.run(Warehouse(args.home), config, args.force), time.perf_counter() - started)
     if row["skipped"]:
@@ -153,7 +169,8 @@ def cmd_demo(args) -> int:
     models = _parse_sets(ModelsConfig, args.set or [], "nkb demo")
     started = time.perf_counter()
     world = SampleWorldConfig(people=args.people) if args.people else SampleWorldConfig()
-    rows = pipeline(world=world, home=str(home), force=args.force, train_models=args.models, models=models)
+    with _local_flow_settings():
+        rows = pipeline(world=world, home=str(home), force=args.force, train_models=args.models, models=models)
     seconds = time.perf_counter() - started
     print(f"\nThe pipeline finished in {seconds:.0f} s. Stages:")
     for r in rows:

@@ -120,3 +120,15 @@ def test_runs_of_an_unknown_stage_name_the_stages_that_have_runs(capsys, home, t
     assert run_cli(capsys, "--home", home, "run", "ingest", "--set", f"path={path}")[0] == 0
     code, _, err = run_cli(capsys, "--home", home, "runs", "--stage", "injest")
     assert code == 1 and "no runs of stage 'injest'; stages with runs: ingest" in err
+
+
+def test_in_process_flows_skip_heartbeats_only_under_the_temporary_server():
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    from flows.cli import _local_flow_settings
+    default = get_current_settings().flows.heartbeat_frequency
+    assert default  # Prefect's own default; a server uses it to tell crashed runs
+    with temporary_settings(restore_defaults={PREFECT_API_URL}), _local_flow_settings():
+        assert get_current_settings().flows.heartbeat_frequency is None
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}), _local_flow_settings():
+        assert get_current_settings().flows.heartbeat_frequency == default

@@ -4,6 +4,7 @@ import warnings
 
 import pytest
 from prefect import flow
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect.testing.utilities import prefect_test_harness
 
 from corpus import ner
@@ -14,7 +15,9 @@ from warehouse import Warehouse, list_runs, query
 
 @pytest.fixture(scope="module", autouse=True)
 def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=120):
+    # Without heartbeats, as `nkb demo` runs its flows (flows.cli._local_flow_settings): each costs a second.
+    with prefect_test_harness(server_startup_timeout=120), \
+            temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
 
 
