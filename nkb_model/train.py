@@ -117,6 +117,7 @@ def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tens
     micro = config.micro_batch_size or config.batch_size
     rank, world = _world()
     disabled = os.environ.get("NKB_PROGRESS", "1") == "0" or rank > 0
+    shown_loss, seen_tokens, seen_seconds = None, 0, 0.0  # what the bar shows: smoothed, not one noisy step
     with tqdm(total=config.steps, initial=start, desc=desc, unit=" step", disable=disabled, mininterval=1.0) as bar:
         for step in range(start, config.steps):
             started = time.perf_counter()
@@ -147,7 +148,11 @@ def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tens
             if not math.isfinite(total):
                 raise FloatingPointError(f"loss became {total} at step {step + 1}")
             losses.append((step + 1, total))
-            bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{tokens / (time.perf_counter() - started):.0f}")
+            shown_loss = total if shown_loss is None else 0.95 * shown_loss + 0.05 * total
+            seen_tokens, seen_seconds = seen_tokens + tokens, seen_seconds + time.perf_counter() - started
+            # refresh=False: the bar redraws at most once a second (mininterval), not every step, so a
+            # log file or the Prefect UI gets a line a second instead of one per step.
+            bar.set_postfix(loss=f"{shown_loss:.3f}", tok_s=f"{seen_tokens / seen_seconds:.0f}", refresh=False)
             bar.update(1)
             if path and rank == 0 and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
                 _save_checkpoint(path, step + 1, dict(named), optimizer, scheduler, losses, config)

@@ -59,3 +59,12 @@ def test_device_choice():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="no CUDA GPU"):
             choose_device("cuda")
+
+
+def test_the_progress_bar_redraws_about_once_a_second_not_every_step(monkeypatch, capsys):
+    monkeypatch.setenv("NKB_PROGRESS", "1")
+    steps = 200  # well under a second a step: a redraw per step would show as ~200 lines
+    train(nkb_model(), batch_for_step, TrainConfig(steps=steps, batch_size=4), choose_device("cpu"), desc="bar")
+    draws = [d for d in capsys.readouterr().err.split("\r") if d.startswith("bar:")]
+    assert "200/200" in draws[-1] and "loss=" in draws[-1] and "tok_s=" in draws[-1]
+    assert len(draws) < steps // 4
