@@ -20,6 +20,7 @@ class Seq2SeqBatches:
         self.batch_size, self.seed = batch_size, seed
         self.max_input_len, self.max_target_len = max_input_len, max_target_len
         self._epoch, self._encoded = None, None
+        self._pairs, self._ids = None, None
         inputs, _ = examples_for_epoch(0)
         if len(inputs) < batch_size:
             raise ValueError(f"{len(inputs)} training examples are fewer than one batch of {batch_size}")
@@ -28,10 +29,12 @@ class Seq2SeqBatches:
     def _encode(self, epoch: int):
         if self._epoch != epoch:
             inputs, targets = self.examples_for_epoch(epoch)
-            enc_in = self.tokenizer(inputs, truncation=True, max_length=self.max_input_len)["input_ids"]
-            enc_out = self.tokenizer(targets, truncation=True, max_length=self.max_target_len)["input_ids"]
+            if self._pairs != (inputs, targets):  # QA pairs repeat every epoch: tokenise them once
+                self._pairs = (inputs, targets)
+                self._ids = (self.tokenizer(inputs, truncation=True, max_length=self.max_input_len)["input_ids"],
+                             self.tokenizer(targets, truncation=True, max_length=self.max_target_len)["input_ids"])
             order = np.random.default_rng([self.seed, epoch]).permutation(len(inputs))
-            self._epoch, self._encoded = epoch, (enc_in, enc_out, order)
+            self._epoch, self._encoded = epoch, (*self._ids, order)
         return self._encoded
 
     def __call__(self, step: int) -> dict[str, torch.Tensor]:
