@@ -19,8 +19,8 @@ class Seq2SeqBatches:
         self.knowledge_ids = knowledge_ids  # (examples, N, tokens): Kformer's documents of each (fixed) example
         self.batch_size, self.seed = batch_size, seed
         self.max_input_len, self.max_target_len = max_input_len, max_target_len
-        self._epoch, self._encoded = None, None
-        self._pairs, self._ids = None, None
+        self._epoch, self._order = None, None
+        self._pairs, self._ids = None, None  # the last epoch's pairs and their token ids
         inputs, _ = examples_for_epoch(0)
         if len(inputs) < batch_size:
             raise ValueError(f"{len(inputs)} training examples are fewer than one batch of {batch_size}")
@@ -33,9 +33,8 @@ class Seq2SeqBatches:
                 self._pairs = (inputs, targets)
                 self._ids = (self.tokenizer(inputs, truncation=True, max_length=self.max_input_len)["input_ids"],
                              self.tokenizer(targets, truncation=True, max_length=self.max_target_len)["input_ids"])
-            order = np.random.default_rng([self.seed, epoch]).permutation(len(inputs))
-            self._epoch, self._encoded = epoch, (*self._ids, order)
-        return self._encoded
+            self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(len(inputs))
+        return (*self._ids, self._order)
 
     def __call__(self, step: int) -> dict[str, torch.Tensor]:
         epoch, index = divmod(step, self.per_epoch)

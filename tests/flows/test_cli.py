@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -89,8 +91,6 @@ def test_every_stage_summary_is_a_whole_sentence():
 
 
 def test_a_reader_that_stops_early_gets_no_traceback(home):
-    import subprocess
-    import sys
     query = "SELECT range AS n FROM range(200000)"
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "--home", home, "sql", query],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
