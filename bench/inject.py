@@ -21,7 +21,7 @@ import time
 import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
-from nkb_model.base_model import SIZES
+from nkb_model.base_model import FEED_FORWARD, SIZES
 from nkb_model.nkb import NKBConfig, mark_only_nkb_trainable, mount_nkb
 from nkb_model.train import Device, TrainConfig, choose_device, make_optimizer
 
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
 
     result = {"benchmark": "inject"}
     cpu = choose_device("cpu")
-    arch = dict(SIZES[args.size], feed_forward_proj="gated-gelu", vocab_size=4100)
+    arch = dict(SIZES[args.size], feed_forward_proj=FEED_FORWARD, vocab_size=4100)
     result["cpu"] = {"model": args.size, "batch": "64 x (64 in + 8 out)",
                      **compare(arch, cpu, batch=64, input_len=64, target_len=8, steps=args.steps)}
     if torch.cuda.is_available():

@@ -1,6 +1,11 @@
-"""Model sizes: the config's choices are exactly the sizes new_t5 builds, and each is larger than the last."""
+"""Model sizes: the config's choices are exactly the sizes new_t5 builds, and each is larger than the last; the
+activation new_t5 builds is T5 v1.1's and survives a save and reload."""
 
 from typing import get_args
+
+import torch
+from transformers import T5ForConditionalGeneration
+from transformers.activations import ACT2FN
 
 from flows.configs import ModelSize
 from nkb_model.base_model import SIZES, new_t5, train_tokenizer
@@ -17,6 +22,18 @@ def test_sizes_grow_in_order():
     params = {size: sum(p.numel() for p in new_t5(tokenizer, size).parameters()) for size in ("tiny", "mini", "small")}
     assert params["tiny"] < params["mini"] < params["small"]
     assert 1.5 < params["mini"] / params["tiny"] < 2.5  # "about twice tiny's parameters", as the pipeline says
+
+
+def test_new_t5_has_t5_v11_gelu_and_reloads_with_it(tmp_path):
+    model = new_t5(train_tokenizer(TEXTS, vocab_size=60), "tiny")
+    model.save_pretrained(tmp_path)
+    reloaded = T5ForConditionalGeneration.from_pretrained(tmp_path)
+    x = torch.linspace(-8, 8, 10_001)
+    for m in (model, reloaded):
+        act = m.decoder.block[-1].layer[-1].DenseReluDense.act
+        # gelu_new to float rounding; exact (erf) GELU differs by up to ~5e-4 and would fail here
+        torch.testing.assert_close(act(x), ACT2FN["gelu_new"](x), atol=1e-6, rtol=0)
+    assert type(reloaded.decoder.block[-1].layer[-1].DenseReluDense.act) is type(model.decoder.block[-1].layer[-1].DenseReluDense.act)
 
 
 def test_interleaved_spreads_the_share_and_numbers_each_source_consecutively():

@@ -4,10 +4,12 @@ import pytest
 import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
+from nkb_model.base_model import FEED_FORWARD
 from nkb_model.nkb import (NKBConfig, NKBFeedForward, load_nkb, mark_only_nkb_trainable, mount_nkb, mounted_layers,
                            nkb_parameters, resolve_layers, save_nkb, unmount_nkb)
 
-VARIANTS = {"relu": "relu", "gated-gelu": "gated-gelu"}
+# T5 v1.0's FFN, v1.1's, and v1.1's with the fused GELU kernel that the pipeline's own bases use
+VARIANTS = {"relu": "relu", "gated-gelu": "gated-gelu", FEED_FORWARD: FEED_FORWARD}
 
 
 def tiny_t5(ffn: str, seed: int = 0) -> T5ForConditionalGeneration:
