@@ -146,7 +146,7 @@ def _salient_span_batches(tokenizer, rows: np.ndarray, config: BaseModelConfig):
     texts = [doc for row in tokenizer.batch_decode(rows) for doc in row.split(eos)]
     ids, pieces = zip(*((f"{t}.{i}", piece) for t, text in enumerate(texts)
                         for i, piece in enumerate(segment(text, config.ssm_max_words))))
-    found = ner.salient_spans(zip(pieces, ids), n_process=ner_processes(len(ids)))
+    found = ner.salient_spans(zip(pieces, ids), n_process=ner_processes(pieces))
     found = progress(iterable=found, total=len(ids), desc="pretraining salient spans", unit=" seg")
     spans = pa.Table.from_pylist(
         [{"segment_id": seg_id, "start_char": span.start_char, "end_char": span.end_char}

@@ -155,3 +155,12 @@ def test_generation_data_stage_refuses_repeated_ids(tmp_path):
     assert load_generation_data(wh, config).value["examples"] == 1
     assert query(wh, "SELECT example_id, source, target FROM gen_examples").to_pylist() == [
         {"example_id": "x/train/a", "source": "D", "target": "s"}]
+
+
+def test_ner_workers_only_for_many_texts_long_enough_to_ship(monkeypatch):
+    monkeypatch.setattr(stages.os, "cpu_count", lambda: 4)
+    sentence, paragraph = "Ada Smith was born in Paris in 1901 .", " ".join(["word"] * 120)
+    assert stages.ner_processes([paragraph] * 2001) == 4
+    assert stages.ner_processes([paragraph] * 2000) == 1  # too few to pay the workers' start-up
+    assert stages.ner_processes([sentence] * 50_000) == 1  # too short: shipping each costs more than its NER
+    assert stages.ner_processes([sentence, paragraph] * 1500) == 4  # 64 words on average
