@@ -28,12 +28,11 @@ def test_new_t5_has_t5_v11_gelu_and_reloads_with_it(tmp_path):
     model = new_t5(train_tokenizer(TEXTS, vocab_size=60), "tiny")
     model.save_pretrained(tmp_path)
     reloaded = T5ForConditionalGeneration.from_pretrained(tmp_path)
+    built, loaded = (m.decoder.block[-1].layer[-1].DenseReluDense.act for m in (model, reloaded))
+    assert type(loaded) is type(built)
     x = torch.linspace(-8, 8, 10_001)
-    for m in (model, reloaded):
-        act = m.decoder.block[-1].layer[-1].DenseReluDense.act
-        # gelu_new to float rounding; exact (erf) GELU differs by up to ~5e-4 and would fail here
-        torch.testing.assert_close(act(x), ACT2FN["gelu_new"](x), atol=1e-6, rtol=0)
-    assert type(reloaded.decoder.block[-1].layer[-1].DenseReluDense.act) is type(model.decoder.block[-1].layer[-1].DenseReluDense.act)
+    # gelu_new to float rounding; exact (erf) GELU differs by up to ~5e-4 and would fail here
+    torch.testing.assert_close(built(x), ACT2FN["gelu_new"](x), atol=1e-6, rtol=0)
 
 
 def test_interleaved_spreads_the_share_and_numbers_each_source_consecutively():
