@@ -353,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")
     demo.add_argument("--models", action=argparse.BooleanOptionalAction, default=True,
                       help="also train, fine-tune and evaluate the report's models (the Table 3 flow; about "
-                           "27 minutes on 2 CPU cores with every row, 11 for base and base+NKB alone); --no-models "
+                           "28 minutes on 2 CPU cores with every row, 11 for base and base+NKB alone); --no-models "
                            "stops after the data stages")
     demo.add_argument("--set", action="append", metavar="KEY=VALUE",
                       help="set a field of the models' config (repeatable; listed below)")
