@@ -347,7 +347,10 @@ class ModelsConfig(StageConfig):
     max_words: int = Field(15, ge=8, description="Segment length for SSM. About one sentence: the masked fact then "
                                                 "has only its subject to be recalled from, as in a question.")
     inject_layers: list[str] = Field(default_factory=lambda: ["encoder.-1", "decoder.0", "decoder.1"],
-                                     description="Blocks that get NKB slots (encoder.N / decoder.N).")
+                                     description="Blocks that get NKB slots (encoder.N / decoder.N). On the demo "
+                                                 "world these gave an unseen-wording probe of 43.9 (seen: 71.7); the "
+                                                 "paper's last decoder block alone 40.1 (62.3), 41.0 (62.3) with as "
+                                                 "many slots in all.")
     inject_steps: int = Field(4000, ge=1, description="NKB injection steps (only the slots train: cheap). On the demo world "
                                                        "2,000 left the SSM loss at 0.30; 4,000 halve it and double the "
                                                        "unseen-wording probe, 6,000 gain no more.")
