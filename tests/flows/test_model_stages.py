@@ -30,7 +30,7 @@ def world(tmp_path_factory):
 
 
 def test_base_model_is_a_loadable_hugging_face_directory(world):
-    result = model_stages.pretrain_base_model(world, TINY)
+    result = model_stages.pretrain_base_model(world, TINY, force=True)  # trained here, whatever ran before
     directory = result.run.checkpoint
     model = T5ForConditionalGeneration.from_pretrained(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory)
@@ -38,13 +38,16 @@ def test_base_model_is_a_loadable_hugging_face_directory(world):
     assert tokenizer.convert_tokens_to_ids("<extra_id_0>") != tokenizer.unk_token_id
     info = json.loads(open(f"{directory}/nkb-model.json").read())
     assert info["params"] == sum(p.numel() for p in model.parameters())
-    curve = query(world, "SELECT step, value FROM metrics WHERE metric = 'pretrain_loss' ORDER BY step").to_pylist()
+    curve = query(world, f"SELECT step, value FROM metrics WHERE metric = 'pretrain_loss' "
+                         f"AND run_id = '{result.run.run_id}' ORDER BY step").to_pylist()
     assert [r["step"] for r in curve] == list(range(1, 7)) and curve[-1]["value"] < curve[0]["value"]
     assert result.run.device == "cpu (fp32)"
 
 
 def test_base_model_rerun_is_skipped_and_a_changed_config_retrains(world):
-    assert model_stages.pretrain_base_model(world, TINY).skipped
+    first = model_stages.pretrain_base_model(world, TINY)  # trained here, or already by the test above
+    rerun = model_stages.pretrain_base_model(world, TINY)
+    assert rerun.skipped and rerun.run.run_id == first.run.run_id
     other = model_stages.pretrain_base_model(world, TINY.model_copy(update={"steps": 3}))
     assert not other.skipped and other.run.checkpoint != model_stages.pretrain_base_model(world, TINY).run.checkpoint
 
@@ -77,7 +80,7 @@ def _base_tensors(model):
 
 def test_nkb_injection_changes_only_the_slots(world):
     model_stages.pretrain_base_model(world, TINY)
-    result = model_stages.inject(world, INJECT)
+    result = model_stages.inject(world, INJECT, force=True)
     assert result.value["model"] == "base+nkb" and not result.skipped
     base, _, _ = load_model(model_stages.find_model(world, "base"))
     injected, _, info = load_model(result.run.checkpoint)
@@ -86,7 +89,8 @@ def test_nkb_injection_changes_only_the_slots(world):
     nkb = {n: p for n, p in injected.named_parameters() if ".nkb_" in n}
     assert nkb and info["params_injected"] == sum(p.numel() for p in nkb.values())
     assert info["layers"] == ["decoder.1"] and info["slots"] == base.config.d_ff
-    curve = query(world, "SELECT count(*) AS n FROM metrics WHERE metric = 'ssm_loss'").to_pylist()
+    curve = query(world, f"SELECT count(*) AS n FROM metrics WHERE metric = 'ssm_loss' "
+                         f"AND run_id = '{result.run.run_id}'").to_pylist()
     assert curve == [{"n": 8}]
     assert model_stages.inject(world, INJECT).skipped
 
