@@ -38,8 +38,7 @@ def test_base_model_is_a_loadable_hugging_face_directory(world):
     assert tokenizer.convert_tokens_to_ids("<extra_id_0>") != tokenizer.unk_token_id
     info = json.loads(open(f"{directory}/nkb-model.json").read())
     assert info["params"] == sum(p.numel() for p in model.parameters())
-    curve = query(world, f"SELECT step, value FROM metrics WHERE metric = 'pretrain_loss' "
-                         f"AND run_id = '{result.run.run_id}' ORDER BY step").to_pylist()
+    curve = run_metrics(world, result.run.run_id, "pretrain_loss")
     assert [r["step"] for r in curve] == list(range(1, 7)) and curve[-1]["value"] < curve[0]["value"]
     assert result.run.device == "cpu (fp32)"
 
@@ -89,9 +88,7 @@ def test_nkb_injection_changes_only_the_slots(world):
     nkb = {n: p for n, p in injected.named_parameters() if ".nkb_" in n}
     assert nkb and info["params_injected"] == sum(p.numel() for p in nkb.values())
     assert info["layers"] == ["decoder.1"] and info["slots"] == base.config.d_ff
-    curve = query(world, f"SELECT count(*) AS n FROM metrics WHERE metric = 'ssm_loss' "
-                         f"AND run_id = '{result.run.run_id}'").to_pylist()
-    assert curve == [{"n": 8}]
+    assert len(run_metrics(world, result.run.run_id, "ssm_loss")) == 8
     assert model_stages.inject(world, INJECT).skipped
 
 
