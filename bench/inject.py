@@ -5,10 +5,12 @@ skipped. Prints JSON and records `metrics` rows in `bench/results/inject`.
 
     python -m bench.inject [--steps 5]
 
-MFU counts 6·N·T FLOPs per step for NKB-a (N parameters, T tokens) and, for NKB, the forward pass
-(2·N·T) plus the backward work that exists at all when only the last decoder FFN's slots train:
-gradients flow back through the decoder's last block and the LM head only, which is approximated as
-4·(N_slots + N_last_block + N_lm_head)·T_target + 4·N_slots·T — a lower bound of the work done.
+MFU counts model FLOPs from the model's structure (`step_flops`): each linear layer's matmuls on the
+tokens it actually sees (the encoder's, and the decoder's cross-attention keys and values, on the input;
+the rest of the decoder and the LM head on the target), plus the attention products. NKB-a's step is
+three forward passes' worth. NKB's is one forward pass plus the only backward work there is when the
+slots of the last decoder block alone train: the gradient through the LM head to the hidden states, and
+the slots' own weight and input gradients. A test checks the count against PyTorch's FLOP counter.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 import time
 
 import torch
+from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 
 from nkb_model.base_model import FEED_FORWARD, SIZES
@@ -26,7 +29,9 @@ from nkb_model.nkb import NKBConfig, mark_only_nkb_trainable, mount_nkb
 from nkb_model.train import Device, TrainConfig, choose_device, make_optimizer
 
 # Dense bf16 peak FLOP/s by GPU name fragment (vendor data sheets, without sparsity).
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
+# More specific names first: an "H100 PCIe" also contains "H100".
+PEAK_BF16 = {"H200": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "A100": 312e12,
+             "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
 T5_BASE = dict(d_model=768, d_ff=3072, num_layers=12, num_decoder_layers=12, num_heads=12, d_kv=64,
                feed_forward_proj="relu", vocab_size=32128)
 
@@ -69,15 +74,36 @@ def time_steps(model, device: Device, batch: int, input_len: int, target_len: in
     return sorted(times)[len(times) // 2]
 
 
-def flops_per_step(model, variant: str, batch: int, input_len: int, target_len: int) -> float:
-    n = sum(p.numel() for p in model.parameters())
-    tokens = batch * (input_len + target_len)
+def forward_flops(model: T5ForConditionalGeneration, batch: int, input_len: int, target_len: int) -> int:
+    """Matmul FLOPs of one forward pass: 2 per weight and token for every linear layer (NKB slots included),
+    on the tokens it sees, plus the attention scores and weighted sums (4 * inner * queries * keys a layer)."""
+    def linear_weights(module: nn.Module, suffixes: tuple[str, ...] = ("",)) -> int:
+        return sum(m.weight.numel() for name, m in module.named_modules()
+                   if isinstance(m, nn.Linear) and name.endswith(suffixes))
+
+    cross_kv = linear_weights(model.decoder, ("EncDecAttention.k", "EncDecAttention.v"))  # read the input
+    on_input = linear_weights(model.encoder) + cross_kv
+    on_target = linear_weights(model.decoder) - cross_kv + model.lm_head.weight.numel()
+    c = model.config
+    inner = c.num_heads * c.d_kv
+    attention = 4 * inner * (c.num_layers * input_len ** 2
+                             + c.num_decoder_layers * (target_len ** 2 + target_len * input_len))
+    return batch * (2 * (on_input * input_len + on_target * target_len) + attention)
+
+
+def step_flops(model: T5ForConditionalGeneration, variant: str, batch: int, input_len: int, target_len: int) -> int:
+    """Model FLOPs of one training step. Backward costs twice the forward when everything trains (NKB-a);
+    with only the last decoder block's slots trainable (NKB) it is the LM head's input gradient (2 per weight
+    and target token) and the slots' weight gradients plus the values' input gradient (3 per slot weight)."""
+    forward = forward_flops(model, batch, input_len, target_len)
     if variant == "nkb-a":
-        return 6 * n * tokens
-    slots = sum(p.numel() for n_, p in model.named_parameters() if ".nkb_" in n_)
-    last_block = sum(p.numel() for p in model.decoder.block[-1].parameters())
-    head = model.lm_head.weight.numel()
-    return 2 * n * tokens + 4 * (slots + last_block + head) * batch * target_len + 4 * slots * tokens
+        return 3 * forward
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    last_block = f"decoder.block.{len(model.decoder.block) - 1}."
+    if not trainable or any(".nkb_" not in n or not n.startswith(last_block) for n in trainable):
+        raise ValueError("the NKB count assumes that only slots in the last decoder block train")
+    slots = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return forward + batch * target_len * (2 * model.lm_head.weight.numel() + 3 * slots)
 
 
 def compare(arch: dict, device: Device, batch: int, input_len: int, target_len: int, steps: int) -> dict:
@@ -85,10 +111,12 @@ def compare(arch: dict, device: Device, batch: int, input_len: int, target_len: 
     for variant in ("nkb", "nkb-a"):
         model = _model(arch, variant, device)
         seconds = time_steps(model, device, batch, input_len, target_len, steps)
-        out[variant] = {"step_s": round(seconds, 4), "tokens_per_s": round(batch * (input_len + target_len) / seconds, 1),
+        tokens = batch * (input_len + target_len)
+        out[variant] = {"step_s": round(seconds, 4), "tokens_per_s": round(tokens / seconds, 1),
                         "params": sum(p.numel() for p in model.parameters()),
                         "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
-                        "flops_per_step": flops_per_step(model, variant, batch, input_len, target_len)}
+                        "flops_per_step": step_flops(model, variant, batch, input_len, target_len)}
+        out[variant]["flops_per_s"] = round(out[variant]["flops_per_step"] / seconds)
         del model
     out["nkb_over_nkb_a_step_time"] = round(out["nkb"]["step_s"] / out["nkb-a"]["step_s"], 3)
     return out
@@ -113,7 +141,7 @@ def main(argv=None) -> int:
         gpu_result = compare(T5_BASE, gpu, batch=64, input_len=512, target_len=16, steps=args.steps)
         for variant in ("nkb", "nkb-a"):
             r = gpu_result[variant]
-            r["mfu"] = round(r["flops_per_step"] / r["step_s"] / peak, 4) if peak else None
+            r["mfu"] = round(r["flops_per_s"] / peak, 4) if peak else None
         result["gpu"] = {"device": name, "model": "T5-base-sized, random init, bf16 autocast",
                          "batch": "64 x (512 in + 16 out)", "peak_bf16_flops": peak, **gpu_result}
     else:
