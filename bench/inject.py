@@ -61,8 +61,7 @@ def time_steps(model, device: Device, batch: int, input_len: int, target_len: in
         if device.device.type == "cuda":
             torch.cuda.synchronize()
         t = time.perf_counter()
-        with torch.autocast(device.device.type, dtype=device.autocast_dtype or torch.float32,
-                            enabled=device.autocast_dtype is not None):
+        with device.autocast():
             loss = model(input_ids=x, labels=y).loss
         loss.backward()
         optimizer.step()

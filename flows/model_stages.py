@@ -487,8 +487,7 @@ def _generate(model, tokenizer, texts: list[str], knowledge_ids, device, batch_s
         enc = tokenizer(texts[lo:lo + batch_size], return_tensors="pt", padding=True, truncation=True,
                         max_length=max_input_len).to(device.device)
         with contextlib.ExitStack() as stack, torch.no_grad():
-            stack.enter_context(torch.autocast(device.device.type, dtype=device.autocast_dtype or torch.float32,
-                                               enabled=device.autocast_dtype is not None))
+            stack.enter_context(device.autocast())
             if knowledge_ids is not None:
                 from nkb_model.kformer import knowledge
                 stack.enter_context(knowledge(model, knowledge_ids[lo:lo + batch_size].to(device.device),

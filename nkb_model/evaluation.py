@@ -12,11 +12,6 @@ from nkb_model.metrics import exact_match
 from nkb_model.train import Device
 
 
-def _autocast(device: Device):
-    return torch.autocast(device.device.type, dtype=device.autocast_dtype or torch.float32,
-                          enabled=device.autocast_dtype is not None)
-
-
 def filled_span(decoded: str) -> str:
     """The text a model wrote for `<extra_id_0>`: after that sentinel, up to the next one."""
     text = decoded.replace("<pad>", "").split("</s>", 1)[0]
@@ -33,7 +28,7 @@ def probe(model, tokenizer, prompts: list[str], answers: list[str], device: Devi
     fills = []
     for lo in range(0, len(prompts), batch_size):
         enc = tokenizer(prompts[lo:lo + batch_size], return_tensors="pt", padding=True).to(device.device)
-        with _autocast(device):
+        with device.autocast():
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1)
         fills += [filled_span(t) for t in tokenizer.batch_decode(out, skip_special_tokens=False)]
     return fills, [exact_match(f, [a]) for f, a in zip(fills, answers)]
@@ -47,7 +42,7 @@ def heldout_loss(model, tokenizer, rows: np.ndarray, device: Device, batch_size:
     losses, weights = [], []
     for step in range(batches.per_epoch):
         batch = {k: v.to(device.device) for k, v in batches(step).items()}
-        with _autocast(device):
+        with device.autocast():
             loss = model(**batch).loss
         losses.append(loss.item())
         weights.append(int((batch["labels"] != -100).sum()))

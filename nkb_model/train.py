@@ -41,6 +41,11 @@ class Device:
     device: torch.device
     autocast_dtype: torch.dtype | None   # bf16 autocast on CUDA, none (fp32) on CPU
 
+    def autocast(self) -> torch.autocast:
+        """The stage's precision for a forward pass: bf16 autocast where chosen, else a no-op (fp32)."""
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                              enabled=self.autocast_dtype is not None)
+
     @property
     def name(self) -> str:
         kind = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
@@ -128,8 +133,7 @@ def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tens
             total, tokens = 0.0, 0
             for lo in range(mine.start, mine.stop, micro):
                 part = {k: v[lo:min(lo + micro, mine.stop)].to(device.device, non_blocking=True) for k, v in batch.items()}
-                with torch.autocast(device.device.type, dtype=device.autocast_dtype or torch.float32,
-                                    enabled=device.autocast_dtype is not None):
+                with device.autocast():
                     # Weighted by label tokens, so that micro-batches and ranks add up to the whole
                     # batch's token-mean loss exactly as one forward pass over it would give.
                     loss = model(**part).loss * (int((part["labels"] != -100).sum()) / label_tokens)

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from nkb_model.nkb import mark_only_nkb_trainable, mount_nkb, nkb_state_dict
-from nkb_model.train import TrainConfig, choose_device, train
+from nkb_model.train import Device, TrainConfig, choose_device, train
 from tests.nkb_model.test_nkb import tiny_t5
 
 
@@ -59,6 +59,14 @@ def test_device_choice():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="no CUDA GPU"):
             choose_device("cuda")
+
+
+def test_a_device_runs_forward_passes_in_its_precision():
+    layer, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    with choose_device("cpu").autocast():
+        assert layer(x).dtype == torch.float32
+    with Device(torch.device("cpu"), torch.bfloat16).autocast():
+        assert layer(x).dtype == torch.bfloat16
 
 
 def test_the_progress_bar_redraws_about_once_a_second_not_every_step(monkeypatch, capsys):
