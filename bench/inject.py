@@ -97,12 +97,11 @@ def step_flops(model: T5ForConditionalGeneration, variant: str, batch: int, inpu
     forward = forward_flops(model, batch, input_len, target_len)
     if variant == "nkb-a":
         return 3 * forward
-    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    trainable = {name: p.numel() for name, p in model.named_parameters() if p.requires_grad}
     last_block = f"decoder.block.{len(model.decoder.block) - 1}."
     if not trainable or any(".nkb_" not in n or not n.startswith(last_block) for n in trainable):
         raise ValueError("the NKB count assumes that only slots in the last decoder block train")
-    slots = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return forward + batch * target_len * (2 * model.lm_head.weight.numel() + 3 * slots)
+    return forward + batch * target_len * (2 * model.lm_head.weight.numel() + 3 * sum(trainable.values()))
 
 
 def compare(arch: dict, device: Device, batch: int, input_len: int, target_len: int, steps: int) -> dict:
@@ -110,12 +109,11 @@ def compare(arch: dict, device: Device, batch: int, input_len: int, target_len: 
     for variant in ("nkb", "nkb-a"):
         model = _model(arch, variant, device)
         seconds = time_steps(model, device, batch, input_len, target_len, steps)
-        tokens = batch * (input_len + target_len)
+        tokens, flops = batch * (input_len + target_len), step_flops(model, variant, batch, input_len, target_len)
         out[variant] = {"step_s": round(seconds, 4), "tokens_per_s": round(tokens / seconds, 1),
                         "params": sum(p.numel() for p in model.parameters()),
                         "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
-                        "flops_per_step": step_flops(model, variant, batch, input_len, target_len)}
-        out[variant]["flops_per_s"] = round(out[variant]["flops_per_step"] / seconds)
+                        "flops_per_step": flops, "flops_per_s": round(flops / seconds)}
         del model
     out["nkb_over_nkb_a_step_time"] = round(out["nkb"]["step_s"] / out["nkb-a"]["step_s"], 3)
     return out
