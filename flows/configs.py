@@ -143,6 +143,8 @@ class BaseModelConfig(StageConfig):
     optimizer: Literal["adamw", "adafactor"] = Field("adamw", description="Optimizer.")
     lr: float = Field(1e-3, gt=0, description="Learning rate (constant after warm-up).")
     warmup_steps: int = Field(100, ge=0, description="Linear warm-up steps.")
+    lr_decay: bool = Field(False, description="After warm-up, decay the learning rate linearly to zero at the last "
+                                              "step instead of keeping it constant.")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout rate of the model (0 trains about twice as fast on CPU).")
     ssm_share: float = Field(0.0, ge=0, lt=1, description=(
         "Share of the steps that train on salient span masking (one spaCy entity or date of a training sentence "
@@ -205,7 +207,9 @@ class FinetuneConfig(StageConfig):
     batch_size: int = Field(32, ge=1, description="Questions per step.")
     micro_batch_size: Optional[int] = Field(None, ge=1, description="Questions per forward pass.")
     optimizer: Literal["adafactor", "adamw"] = Field("adafactor", description="Optimizer (the paper: AdaFactor).")
-    lr: float = Field(1e-3, gt=0, description="Constant learning rate (the paper: 1e-3).")
+    lr: float = Field(1e-3, gt=0, description="Learning rate (the paper: 1e-3, constant).")
+    lr_decay: bool = Field(False, description="Decay the learning rate linearly to zero at the last step instead "
+                                              "of keeping it constant.")
     max_input_len: int = Field(256, ge=8, description="Input tokens (the paper: 256).")
     freeze_nkb: bool = Field(False, description="Keep the NKB slots fixed while fine-tuning the rest.")
     answer_format: Literal["plain", "sentinel"] = Field(
@@ -340,6 +344,9 @@ class ModelsConfig(StageConfig):
                                                         "unseen-wording probe at 27-46 over five injection seeds; 2,400 "
                                                         "gave 63 and 52 for the first two.")
     pretrain_batch_size: int = Field(32, ge=1, description="Sequences per pretraining step.")
+    pretrain_lr: float = Field(1e-3, gt=0, description="Pretraining learning rate (AdamW).")
+    pretrain_lr_decay: bool = Field(False, description="Decay the pretraining learning rate linearly to zero after "
+                                                       "warm-up (base-model's lr_decay) instead of keeping it constant.")
     pretrain_ssm_share: float = Field(0.625, ge=0, lt=1, description=(
         "Share of the pretraining steps on salient span masking instead of span corruption (base-model's "
         "ssm_share); with 0 the tiny base fills masked facts with 'of', and injected facts do not transfer "

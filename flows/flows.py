@@ -124,7 +124,8 @@ def table3(models: ModelsConfig = ModelsConfig(), home: Optional[str] = None, fo
 
     wanted, device = models.rows, models.device
     pretrain = BaseModelConfig(size=models.base_size, steps=models.pretrain_steps,
-                               batch_size=models.pretrain_batch_size, ssm_share=models.pretrain_ssm_share,
+                               batch_size=models.pretrain_batch_size, lr=models.pretrain_lr,
+                               lr_decay=models.pretrain_lr_decay, ssm_share=models.pretrain_ssm_share,
                                ssm_max_words=models.max_words, device=device)
     rows = [run("base-model", pretrain)]
     if "transformer" in wanted:

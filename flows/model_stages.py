@@ -97,7 +97,8 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
                                              config.ssm_share)
         train_config = TrainConfig(steps=config.steps, batch_size=config.batch_size,
                                    micro_batch_size=config.micro_batch_size, lr=config.lr,
-                                   warmup_steps=config.warmup_steps, optimizer=config.optimizer)
+                                   warmup_steps=config.warmup_steps, decay=config.lr_decay,
+                                   optimizer=config.optimizer)
         # The checkpoint folder is named by the inputs fingerprint, so an interrupted run resumes.
         work = target.parent / f".train-{target.name}"
         losses = train(model, batches, train_config, device, work, desc=f"pretrain {config.name}") if config.steps else []
@@ -393,7 +394,7 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
                                  knowledge_ids=knowledge_ids)
         steps = config.epochs * batches.per_epoch
         train_config = TrainConfig(steps=steps, batch_size=batches.batch_size, micro_batch_size=config.micro_batch_size,
-                                   lr=config.lr, optimizer=config.optimizer)
+                                   lr=config.lr, decay=config.lr_decay, optimizer=config.optimizer)
         work = target.parent / f".train-{target.name}"
         losses = train(model, batches, train_config, device, work, desc=f"finetune {name}")
         for step, loss in losses:

@@ -29,6 +29,7 @@ class TrainConfig:
     micro_batch_size: int | None = None  # examples per forward pass; gradients accumulate up to batch_size
     lr: float = 1e-3
     warmup_steps: int = 0              # linear warm-up, then constant (the NKB paper's schedule)
+    decay: bool = False                # after warm-up, decay linearly to zero at the last step instead
     optimizer: str = "adafactor"       # "adafactor" (the paper's) or "adamw"
     weight_decay: float = 0.0
     clip: float = 1.0                  # gradient norm clip
@@ -79,7 +80,14 @@ def make_optimizer(params: list[nn.Parameter], config: TrainConfig) -> torch.opt
 
 
 def _schedule(config: TrainConfig) -> Callable[[int], float]:
-    return lambda step: min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
+    """The LR factor for step (0-based): linear warm-up, then 1 (constant) or falling linearly to 0 after the last step."""
+    def factor(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        if config.decay:
+            return (config.steps - step) / max(1, config.steps - config.warmup_steps)
+        return 1.0
+    return factor
 
 
 def _world() -> tuple[int, int]:

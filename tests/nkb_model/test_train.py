@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from nkb_model.nkb import mark_only_nkb_trainable, mount_nkb, nkb_state_dict
-from nkb_model.train import Device, TrainConfig, choose_device, train
+from nkb_model.train import Device, TrainConfig, _schedule, choose_device, train
 from tests.nkb_model.test_nkb import tiny_t5
 
 
@@ -44,6 +44,14 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     train(split, batch_for_step, TrainConfig(steps=2, batch_size=4, micro_batch_size=1, optimizer="adamw"), device)
     a, b = nkb_state_dict(whole), nkb_state_dict(split)
     assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)
+
+
+@pytest.mark.parametrize("decay", [False, True])
+def test_learning_rate_warms_up_then_stays_or_falls_to_zero(decay):
+    factor = _schedule(TrainConfig(steps=10, batch_size=1, warmup_steps=2, decay=decay))
+    factors = [factor(step) for step in range(10)]
+    assert factors[:2] == [0.5, 1.0]
+    assert factors[2:] == ([1.0 - i / 8 for i in range(8)] if decay else [1.0] * 8)
 
 
 def test_nothing_to_train():
