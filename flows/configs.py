@@ -141,7 +141,7 @@ class BaseModelConfig(StageConfig):
     batch_size: int = Field(32, ge=1, description="Sequences per step.")
     micro_batch_size: Optional[int] = Field(None, ge=1, description="Sequences per forward pass (gradient accumulation).")
     optimizer: Literal["adamw", "adafactor"] = Field("adamw", description="Optimizer.")
-    lr: float = Field(1e-3, gt=0, description="Learning rate (constant after warm-up).")
+    lr: float = Field(1e-3, gt=0, description="Learning rate after warm-up (constant unless lr_decay).")
     warmup_steps: int = Field(100, ge=0, description="Linear warm-up steps.")
     lr_decay: bool = Field(False, description="After warm-up, decay the learning rate linearly to zero at the last "
                                               "step instead of keeping it constant.")

@@ -28,8 +28,8 @@ class TrainConfig:
     batch_size: int                    # examples per optimizer step
     micro_batch_size: int | None = None  # examples per forward pass; gradients accumulate up to batch_size
     lr: float = 1e-3
-    warmup_steps: int = 0              # linear warm-up, then constant (the NKB paper's schedule)
-    decay: bool = False                # after warm-up, decay linearly to zero at the last step instead
+    warmup_steps: int = 0              # linear warm-up, then constant (the NKB paper's schedule) ...
+    decay: bool = False                # ... or falling linearly to zero at the last step
     optimizer: str = "adafactor"       # "adafactor" (the paper's) or "adamw"
     weight_decay: float = 0.0
     clip: float = 1.0                  # gradient norm clip
