@@ -1,11 +1,13 @@
 """All Parquet and DuckDB I/O: table schemas, atomic writes, views, run and metric records, read-only SQL."""
 
-from warehouse.runs import (RunRecord, ShardTarget, StagedRun, StageResult, code_version, file_digest, fingerprint,
-                            get_run, list_runs, run_metrics, run_stage)
+from warehouse.commit import ShardSet, StagedRun, run_stage
+from warehouse.fingerprint import code_version, file_digest, fingerprint
+from warehouse.parquet import ShardTarget
+from warehouse.runs import RunRecord, StageResult, get_run, list_runs, run_metrics
 from warehouse.schemas import NATIVE_TABLES, PARQUET_TABLES
 from warehouse.sql import ReadOnlyError, query
 from warehouse.store import Warehouse, WarehouseError, resolve_home
 
 __all__ = ["Warehouse", "WarehouseError", "resolve_home", "PARQUET_TABLES", "NATIVE_TABLES", "RunRecord",
-           "ShardTarget", "StagedRun", "StageResult", "run_stage", "fingerprint", "file_digest", "code_version", "list_runs",
-           "get_run", "run_metrics", "query", "ReadOnlyError"]
+           "ShardSet", "ShardTarget", "StagedRun", "StageResult", "run_stage", "fingerprint", "file_digest",
+           "code_version", "list_runs", "get_run", "run_metrics", "query", "ReadOnlyError"]

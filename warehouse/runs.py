@@ -1,73 +1,14 @@
-"""Run records and atomic stage commits.
-
-A stage runs inside `run_stage`: if a successful run with the same stage and inputs fingerprint
-exists it is skipped (unless forced); otherwise the stage body writes its outputs into a staging
-area, and only when the body returns are the staged files renamed into place and the run row,
-metrics and views written, all under the warehouse's exclusive lock. Folders and files a stage
-publishes under `files/` (models, indexes, the sample world, plots) are staged and swapped in at the
-same commit. A body that raises (bad input, a crash, Ctrl-C) leaves every table and published file as
-it was; a failed run row records the error. A process killed outright leaves only staging folders
-behind, which the next run sweeps away.
-"""
+"""Run records: what every stage run leaves in the native `runs` and `metrics` tables, and queries over them."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import functools
-import hashlib
 import json
-import os
-import shutil
-import socket
-import subprocess
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
-import duckdb
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from warehouse.schemas import PARQUET_TABLES
-from warehouse.store import Warehouse, check_partition
-
-_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-LINEAGE_RUN_ID = "nkb.run_id"
-LINEAGE_FINGERPRINT = "nkb.inputs_fingerprint"
-
-
-@functools.cache
-def code_version() -> str:
-    """The git commit of the code (with `-dirty` for uncommitted changes), else the package version."""
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=_PACKAGE_ROOT,
-                             capture_output=True, text=True, check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=_PACKAGE_ROOT,
-                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        from importlib.metadata import PackageNotFoundError, version
-        try:
-            return "nkb-pipeline " + version("nkb-pipeline")
-        except PackageNotFoundError:
-            return "unknown"
-
-
-def file_digest(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """sha256 of a file's bytes, streamed."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def fingerprint(stage: str, config: dict[str, Any], inputs: Iterable[str] = ()) -> str:
-    """The identity of a stage's work: its name, its config, and digests of everything it reads."""
-    payload = json.dumps({"stage": stage, "config": config, "inputs": list(inputs)}, sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+from warehouse.store import Warehouse
 
 
 @dataclass
@@ -95,345 +36,18 @@ class RunRecord:
 
 @dataclass
 class StageResult:
-    """What `run_stage` returns: the run that did the work, or the earlier one it was skipped for."""
+    """What a stage returns: the run that did the work, or the earlier one it was skipped for."""
     run: RunRecord
     skipped: bool
     value: Any = None
 
 
-class StagedRun:
-    """The handle a stage body writes through. Nothing it writes is visible until commit."""
-
-    is_leader = True  # False on torchrun ranks above 0 (FollowerRun): they must not publish files
-
-    def __init__(self, wh: Warehouse, run: RunRecord):
-        self.wh = wh
-        self.run = run
-        self.run_id = run.run_id
-        self._staged: list[tuple[Path, Path]] = []  # (staging file, final path)
-        self._metrics: list[tuple] = []
-        self._staging_dirs: set[Path] = set()
-        self._shard_sets: list[ShardSet] = []
-        self._replaced: list[tuple[str, str]] = []  # (table, partition prefix) whose old files go at commit
-        self._published: list[tuple[Path, Path]] = []  # (staged folder or file, final path)
-        self._dropped: list[Path] = []  # folders removed once the run has committed
-
-    # -- Parquet outputs --
-
-    def _staging_path(self, final: Path) -> Path:
-        """Where `final` is staged until commit: this run's staging folder beside it."""
-        # The pid in the name lets a later run tell a live writer's files from a killed one's.
-        staging_dir = final.parent / ".staging" / f"{self.run_id}.{os.getpid()}"
-        staging_dir.mkdir(parents=True, exist_ok=True)
-        self._staging_dirs.add(staging_dir)
-        return staging_dir / final.name
-
-    def _staging_file(self, table: str, partition: str) -> tuple[Path, Path]:
-        final = self.wh.partition_path(table, partition)
-        staged = self._staging_path(final)
-        if any(f == final for _, f in self._staged):
-            raise ValueError(f"run {self.run_id} writes {table}/{partition} twice")
-        self._staged.append((staged, final))
-        return staged, final
-
-    @contextlib.contextmanager
-    def writer(self, table: str, partition: str) -> Iterator["PartitionWriter"]:
-        """Stream record batches into one partition of `table` (memory stays flat)."""
-        staged, _ = self._staging_file(table, partition)
-        w = PartitionWriter(staged, self.wh.schema(table), self.run_id, self.run.inputs_fingerprint)
-        try:
-            yield w
-        finally:
-            w.close()
-        self.run.outputs[table] = self.run.outputs.get(table, 0) + w.rows
-
-    def staged_path(self, table: str, partition: str) -> Path:
-        """Where this run staged a partition it wrote (readable by other processes until commit)."""
-        return next(s for s, f in self._staged if f == self.wh.partition_path(table, partition))
-
-    def write(self, table: str, partition: str, data: pa.Table | dict[str, list]) -> int:
-        """Write a whole partition at once; returns the number of rows."""
-        with self.writer(table, partition) as w:
-            w.write(data)
-        return w.rows
-
-    def replace_partitions(self, table: str, prefix: str) -> None:
-        """At commit, remove the table's existing partitions named `prefix*` that this run did not write."""
-        check_partition(prefix)
-        self._replaced.append((table, prefix))
-
-    def shards(self, table: str, prefix: str) -> "ShardSet":
-        """Numbered partitions `prefix-00000`, ... that survive a crash of this run (see ShardSet)."""
-        shard_set = ShardSet(self, table, prefix)
-        self._shard_sets.append(shard_set)
-        self.replace_partitions(table, prefix + "-")
-        return shard_set
-
-    def first_duplicate(self, table: str, partition: str, column: str):
-        """A value of `column` that occurs twice in a staged partition, or None (checked out of core)."""
-        staged = self.staged_path(table, partition)
-        con = duckdb.connect(":memory:")
-        try:
-            row = con.execute(f'SELECT "{column}" FROM read_parquet(?) GROUP BY 1 HAVING count(*) > 1 LIMIT 1',
-                              [str(staged)]).fetchone()
-        finally:
-            con.close()
-        return row[0] if row else None
-
-    # -- folders and files under files/ --
-
-    def publish_folder(self, final: Path, fill: Callable[[Path], Any], drop: Path | None = None) -> Any:
-        """`fill` writes into an empty staging folder, which replaces `final` when the run commits; returns
-        what `fill` returns. `drop` (e.g. the training checkpoint the result supersedes) goes after the commit;
-        if the run fails, `final` and `drop` stay as they were."""
-        return self._publish(final, fill, drop, folder=True)
-
-    def publish_file(self, final: Path, write: Callable[[Path], Any]) -> Any:
-        """`write` writes a file at the path it is given, which replaces `final` when the run commits."""
-        return self._publish(final, write, None, folder=False)
-
-    def _publish(self, final: Path, fill: Callable[[Path], Any], drop: Path | None, folder: bool) -> Any:
-        staged = self._staging_path(final)
-        if any(f == final for _, f in self._published):
-            raise ValueError(f"run {self.run_id} publishes {final} twice")
-        if folder:
-            staged.mkdir()
-        value = fill(staged)
-        self._published.append((staged, final))
-        if drop is not None:
-            self._dropped.append(drop)
-        return value
-
-    def scratch(self, beside: Path) -> Path:
-        """An empty folder for this run's temporary files, on the same disk as `beside`. It goes when the run
-        ends, however it ends; a killed run's is swept by the next run like its staged outputs."""
-        path = self._staging_path(beside.with_name(beside.name + ".scratch"))
-        path.mkdir()
-        return path
-
-    # -- metrics --
-
-    def metric(self, metric: str, value: float, dataset: str | None = None,
-               split: str | None = None, step: int | None = None) -> None:
-        self._metrics.append((self.run_id, dataset, split, metric, float(value), step))
-
-    # -- commit / abort --
-
-    def commit(self) -> None:
-        for shard_set in self._shard_sets:
-            self._staged += shard_set.files()
-        with self.wh.write_connection() as con:
-            finals = {final for _, final in self._staged}
-            for table, prefix in self._replaced:
-                for old in self.wh.partition_files(table):
-                    if old.name.startswith(prefix) and old not in finals:
-                        old.unlink()
-            for staged, final in self._staged:
-                os.replace(staged, final)
-            for staged, final in self._published:
-                if final.exists():  # a forced rerun: the old one goes with the staging folder
-                    final.rename(staged.with_name(staged.name + ".replaced"))
-                staged.rename(final)
-            if self._metrics:
-                con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)", self._metrics)
-            self.run.status = "success"
-            self.run.finished_at = _now()
-            _insert_run(con, self.run)
-        self._cleanup()
-        for folder in self._dropped:
-            shutil.rmtree(folder, ignore_errors=True)
-        for shard_set in self._shard_sets:
-            shutil.rmtree(shard_set.directory, ignore_errors=True)
-        _resume_marker(self.wh, self.run).unlink(missing_ok=True)
-
-    def abort(self, error: BaseException) -> None:
-        """Drop what this run staged — except finished shards, which a rerun with the same inputs resumes from."""
-        self._cleanup()
-        self.run.status = "failed"
-        self.run.finished_at = _now()
-        self.run.error = f"{type(error).__name__}: {error}"
-        self.run.outputs = {}
-        with self.wh.write_connection() as con:
-            _insert_run(con, self.run)
-
-    def _cleanup(self) -> None:
-        for d in self._staging_dirs:
-            shutil.rmtree(d, ignore_errors=True)
-
-
-class ShardSet:
-    """Resumable, sharded output of one run.
-
-    Finished shards wait in `tables/<table>/.staging/resume-<run_id>/`. If the run dies, a rerun
-    of the same stage with the same inputs fingerprint gets the same run id back (see `run_stage`),
-    finds those shards done, and only writes the rest; nothing is visible in the table until commit."""
-
-    def __init__(self, run: StagedRun, table: str, prefix: str):
-        self.run, self.table, self.prefix = run, table, check_partition(prefix)
-        self.schema = run.wh.schema(table)
-        self.directory = run.wh.tables_dir / table / ".staging" / f"resume-{run.run_id}"
-        self.directory.mkdir(parents=True, exist_ok=True)
-        for tmp in self.directory.glob("*.tmp"):
-            tmp.unlink()  # a shard that was being written when the run died
-
-    def name(self, index: int) -> str:
-        return f"{self.prefix}-{index:05d}"
-
-    def is_done(self, index: int) -> bool:
-        return (self.directory / f"{self.name(index)}.parquet").exists()
-
-    def done_count(self) -> int:
-        return len(list(self.directory.glob(f"{self.prefix}-*.parquet")))
-
-    def target(self, index: int) -> "ShardTarget":
-        """Where shard `index` goes, as plain values: another process (a Dask worker) can write it."""
-        return ShardTarget(path=str(self.directory / f"{self.name(index)}.parquet"), table=self.table,
-                           run_id=self.run.run_id, inputs_fingerprint=self.run.run.inputs_fingerprint)
-
-    def write(self, index: int, data: pa.Table | dict[str, list]) -> int:
-        rows = self.target(index).write(data)
-        self.count(rows)
-        return rows
-
-    def count(self, rows: int) -> None:
-        """Add rows written through a `target` elsewhere to the run's outputs."""
-        self.run.run.outputs[self.table] = self.run.run.outputs.get(self.table, 0) + rows
-
-    def files(self) -> list[tuple[Path, Path]]:
-        """(staged, final) for every finished shard."""
-        return [(p, self.run.wh.partition_path(self.table, p.stem)) for p in sorted(self.directory.glob("*.parquet"))]
-
-
-@dataclass(frozen=True)
-class ShardTarget:
-    """One shard's file and the lineage it carries; picklable and JSON-able (only strings)."""
-    path: str
-    table: str
-    run_id: str
-    inputs_fingerprint: str
-
-    def write(self, data: pa.Table | dict[str, list]) -> int:
-        """Write the shard atomically (a crash leaves no half-written shard); returns its rows."""
-        final = Path(self.path)
-        tmp = final.with_suffix(".parquet.tmp")
-        writer = PartitionWriter(tmp, PARQUET_TABLES[self.table], self.run_id, self.inputs_fingerprint)
-        try:
-            writer.write(data)
-        finally:
-            writer.close()
-        os.replace(tmp, final)
-        return writer.rows
-
-
-class PartitionWriter:
-    """Writes batches conforming to a table schema; the `run_id` column is filled in."""
-
-    def __init__(self, path: Path, schema: pa.Schema, run_id: str, inputs_fingerprint: str):
-        self.path, self.schema, self.run_id = path, schema, run_id
-        self.rows = 0
-        # Lineage in the file's metadata: what a downstream stage fingerprints instead of the bytes.
-        meta = {LINEAGE_RUN_ID: run_id, LINEAGE_FINGERPRINT: inputs_fingerprint}
-        self._writer = pq.ParquetWriter(path, schema.with_metadata(meta), compression="zstd")
-
-    def write(self, data: pa.Table | pa.RecordBatch | dict[str, list]) -> None:
-        if isinstance(data, dict):
-            table = pa.table(data)
-        elif isinstance(data, pa.RecordBatch):
-            table = pa.Table.from_batches([data])
-        else:
-            table = data
-        if "run_id" not in table.schema.names:
-            table = table.append_column("run_id", pa.array([self.run_id] * table.num_rows, pa.string()))
-        table = table.select(self.schema.names).cast(self.schema)
-        self._writer.write_table(table)
-        self.rows += table.num_rows
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+def now() -> dt.datetime:
+    return dt.datetime.now()
 
 
 def new_run_id(stage: str) -> str:
-    return f"{stage}-{_now().strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-
-
-def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerprint: str,
-              body: Callable[[StagedRun], Any], force: bool = False, device: str | None = None,
-              still_valid: Callable[[RunRecord], bool] | None = None, resumable: bool = False) -> StageResult:
-    """Run `body` as one atomic stage run, or skip it if the same inputs already succeeded.
-
-    `still_valid(previous_run)` can veto a skip, e.g. when the files a run produced were deleted.
-    `resumable`: an interrupted run's finished shards (`StagedRun.shards`) are picked up by the next
-    run of the same stage and inputs, which continues under the interrupted run's id.
-    """
-    if not force:
-        previous = find_successful_run(wh, stage, inputs_fingerprint)
-        if previous is not None and (still_valid is None or still_valid(previous)):
-            return StageResult(run=previous, skipped=True)
-    if follower_rank():
-        return _run_as_follower(wh, stage, config, inputs_fingerprint, body, device)
-    _sweep_stale_staging(wh)
-    run = RunRecord(run_id=new_run_id(stage), stage=stage, status="running", inputs_fingerprint=inputs_fingerprint,
-                    config=config, code_version=code_version(), started_at=_now(), host=socket.gethostname(),
-                    device=device)
-    if resumable:
-        marker = _resume_marker(wh, run)
-        if marker.exists():
-            run.run_id = marker.read_text().strip()
-        else:
-            _drop_other_resumes(wh, stage)
-            marker.write_text(run.run_id)
-    staged = StagedRun(wh, run)
-    try:
-        value = body(staged)
-    except BaseException as exc:
-        staged.abort(exc)
-        raise
-    staged.commit()
-    return StageResult(run=run, skipped=False, value=value)
-
-
-def follower_rank() -> int:
-    """This process's rank under torchrun (0 outside it). Only rank 0 writes the warehouse."""
-    return int(os.environ.get("RANK", "0"))
-
-
-class FollowerRun(StagedRun):
-    """What a stage body gets on torchrun ranks above 0: it trains alongside rank 0 (which records the run
-    and publishes the results); what it writes is dropped and no run row is recorded."""
-    is_leader = False
-
-    def commit(self) -> None:
-        self._cleanup()
-
-    def abort(self, error: BaseException) -> None:
-        self._cleanup()
-
-
-def _run_as_follower(wh, stage, config, inputs_fingerprint, body, device) -> StageResult:
-    run = RunRecord(run_id=f"{new_run_id(stage)}-rank{follower_rank()}", stage=stage, status="running",
-                    inputs_fingerprint=inputs_fingerprint, config=config, code_version=code_version(),
-                    started_at=_now(), host=socket.gethostname(), device=device)
-    staged = FollowerRun(wh, run)
-    try:
-        value = body(staged)
-    finally:
-        staged.commit()
-    return StageResult(run=run, skipped=False, value=value)
-
-
-def _resume_marker(wh: Warehouse, run: RunRecord) -> Path:
-    return wh.tables_dir / f".resume-{run.stage}-{run.inputs_fingerprint}"
-
-
-def _drop_other_resumes(wh: Warehouse, stage: str) -> None:
-    """Shards left by an interrupted run whose inputs have since changed can never be resumed."""
-    for marker in wh.tables_dir.glob(f".resume-{stage}-*"):
-        run_id = marker.read_text().strip()
-        for d in wh.tables_dir.glob(f"*/.staging/resume-{run_id}"):
-            shutil.rmtree(d, ignore_errors=True)
-        marker.unlink(missing_ok=True)
+    return f"{stage}-{now().strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
 def find_successful_run(wh: Warehouse, stage: str, inputs_fingerprint: str) -> RunRecord | None:
@@ -443,6 +57,7 @@ def find_successful_run(wh: Warehouse, stage: str, inputs_fingerprint: str) -> R
 
 
 def list_runs(wh: Warehouse, stage: str | None = None, limit: int | None = None) -> list[RunRecord]:
+    """Runs, newest first (optionally of one stage, at most `limit`)."""
     where, params = ("WHERE stage = ?", [stage]) if stage else ("", [])
     tail = f" LIMIT {int(limit)}" if limit else ""
     return _select_runs(wh, f"{where} ORDER BY started_at DESC{tail}", params)
@@ -481,49 +96,11 @@ def _select_runs(wh: Warehouse, tail: str, params: list) -> list[RunRecord]:
     return out
 
 
-def _insert_run(con, run: RunRecord) -> None:
-    # OR REPLACE: a resumed run finishes under the id of the failed attempt it continues.
+def insert_run(con, run: RunRecord) -> None:
+    """Write a run row on an open write connection; a resumed run replaces the failed attempt it continues."""
     con.execute(
         f"INSERT OR REPLACE INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))})",
         [run.run_id, run.stage, json.dumps(run.config, sort_keys=True, default=str), run.code_version,
          run.inputs_fingerprint, run.status, run.started_at, run.finished_at, run.host, run.device,
          run.checkpoint, json.dumps(run.outputs, sort_keys=True), run.error],
     )
-
-
-def _sweep_stale_staging(wh: Warehouse) -> None:
-    """Remove staging folders of runs that were killed before they could clean up.
-
-    A staging folder whose writer process is still alive is left alone."""
-    parents = [*wh.tables_dir.iterdir(), wh.files_dir, *wh.files_dir.iterdir()]
-    for stale in (p / ".staging" for p in parents):
-        if stale.is_dir():
-            with contextlib.suppress(OSError):
-                for d in stale.iterdir():
-                    if not d.name.startswith("resume-") and _staging_owner_dead(d):
-                        shutil.rmtree(d, ignore_errors=True)
-
-
-def _staging_owner_dead(staging_dir: Path) -> bool:
-    """Staging dirs are named `<run_id>.<pid>`; the run is gone when that process is."""
-    try:
-        pid = int(staging_dir.name.rsplit(".", 1)[1])
-    except (IndexError, ValueError):
-        return True
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now()
-
-
-__all__ = ["RunRecord", "StageResult", "StagedRun", "ShardTarget", "run_stage", "fingerprint", "file_digest", "code_version",
-           "list_runs", "get_run", "find_successful_run", "check_partition"]

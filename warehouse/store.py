@@ -20,13 +20,14 @@ import fcntl
 import os
 import re
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from warehouse.parquet import LINEAGE_FINGERPRINT
 from warehouse.schemas import DERIVED_VIEWS, NATIVE_TABLES, PARQUET_TABLES, empty_select
 
 DEFAULT_HOME = ".nkb"
@@ -54,10 +55,14 @@ def check_partition(key: str) -> str:
 
 
 class Warehouse:
-    """One warehouse home. Cheap to construct; opens DuckDB only for the duration of a call."""
+    """One warehouse home. Cheap to construct; opens DuckDB only for the duration of a call.
 
-    def __init__(self, home: str | os.PathLike | None = None):
+    `leader`: whether this process records runs and publishes their results. Every process of a data-parallel
+    run opens the same warehouse; only the leader (rank 0) writes it, the others train alongside."""
+
+    def __init__(self, home: str | os.PathLike | None = None, leader: bool = True):
         self.home = resolve_home(home)
+        self.leader = leader
         self.tables_dir = self.home / "tables"
         self.files_dir = self.home / "files"
         self.db_path = self.home / "warehouse.duckdb"
@@ -145,22 +150,28 @@ class Warehouse:
         self.schema(table)
         return self.tables_dir / table / f"{check_partition(partition)}.parquet"
 
-    def partition_files(self, table: str) -> list[Path]:
+    def partition_files(self, table: str, partitions: Iterable[str] | None = None) -> list[Path]:
+        """The table's partition files (only those named in `partitions`, when given)."""
         self.schema(table)
-        return sorted((self.tables_dir / table).glob("*.parquet"))
+        files = sorted((self.tables_dir / table).glob("*.parquet"))
+        if partitions is not None:
+            wanted = set(partitions)
+            files = [f for f in files if f.stem in wanted]
+        return files
 
-    def read(self, table: str, columns: list[str] | None = None, filter=None) -> pa.Table:
-        """A Parquet table (all partitions) as Arrow, optionally projected and filtered."""
+    def read(self, table: str, columns: list[str] | None = None, filter=None,
+             partitions: Iterable[str] | None = None) -> pa.Table:
+        """A Parquet table (all partitions, or those named) as Arrow, optionally projected and filtered."""
         schema = self.schema(table)
-        files = self.partition_files(table)
+        files = self.partition_files(table, partitions)
         if not files:
             return schema.empty_table().select(columns) if columns else schema.empty_table()
         return ds.dataset(files, schema=schema, format="parquet").to_table(columns=columns, filter=filter)
 
-    def scan(self, table: str, columns: list[str] | None = None, filter=None,
-             batch_size: int = 10_000) -> Iterator[pa.RecordBatch]:
+    def scan(self, table: str, columns: list[str] | None = None, filter=None, batch_size: int = 10_000,
+             partitions: Iterable[str] | None = None) -> Iterator[pa.RecordBatch]:
         """A Parquet table's rows as a stream of batches (memory does not grow with the table)."""
-        files = self.partition_files(table)
+        files = self.partition_files(table, partitions)
         if files:
             dataset = ds.dataset(files, schema=self.schema(table), format="parquet")
             yield from dataset.to_batches(columns=columns, filter=filter, batch_size=batch_size)
@@ -172,14 +183,8 @@ class Warehouse:
         for path in self.partition_files(table):
             if path.stem.startswith(prefix):
                 meta = pq.read_schema(path).metadata or {}
-                out.append((path.stem, meta.get(b"nkb.inputs_fingerprint", b"?").decode()))
+                out.append((path.stem, meta.get(LINEAGE_FINGERPRINT.encode(), b"?").decode()))
         return out
-
-    def read_partition(self, table: str, partition: str) -> pa.Table | None:
-        path = self.partition_path(table, partition)
-        if not path.exists():
-            return None
-        return ds.dataset(path, schema=self.schema(table), format="parquet").to_table()
 
     # ---- queries ------------------------------------------------------------------------
 

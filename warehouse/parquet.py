@@ -1,0 +1,67 @@
+"""Writing Parquet partitions: rows conforming to a table's schema, with the writer's lineage in the file."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from warehouse.schemas import PARQUET_TABLES
+
+# Keys of a partition file's metadata: the run that wrote it and that run's inputs fingerprint, which is what
+# a downstream stage fingerprints instead of hashing the data (`Warehouse.lineage`).
+LINEAGE_RUN_ID = "nkb.run_id"
+LINEAGE_FINGERPRINT = "nkb.inputs_fingerprint"
+
+
+class PartitionWriter:
+    """Writes batches conforming to a table schema; the `run_id` column is filled in."""
+
+    def __init__(self, path: Path, schema: pa.Schema, run_id: str, inputs_fingerprint: str):
+        self.path, self.schema, self.run_id = path, schema, run_id
+        self.rows = 0
+        meta = {LINEAGE_RUN_ID: run_id, LINEAGE_FINGERPRINT: inputs_fingerprint}
+        self._writer = pq.ParquetWriter(path, schema.with_metadata(meta), compression="zstd")
+
+    def write(self, data: pa.Table | pa.RecordBatch | dict[str, list]) -> None:
+        if isinstance(data, dict):
+            table = pa.table(data)
+        elif isinstance(data, pa.RecordBatch):
+            table = pa.Table.from_batches([data])
+        else:
+            table = data
+        if "run_id" not in table.schema.names:
+            table = table.append_column("run_id", pa.array([self.run_id] * table.num_rows, pa.string()))
+        table = table.select(self.schema.names).cast(self.schema)
+        self._writer.write_table(table)
+        self.rows += table.num_rows
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+@dataclass(frozen=True)
+class ShardTarget:
+    """One shard's file and the lineage it carries; picklable and JSON-able (only strings), so that another
+    process (a Dask worker) can write it."""
+    path: str
+    table: str
+    run_id: str
+    inputs_fingerprint: str
+
+    def write(self, data: pa.Table | dict[str, list]) -> int:
+        """Write the shard atomically (a crash leaves no half-written shard); returns its rows."""
+        final = Path(self.path)
+        tmp = final.with_suffix(".parquet.tmp")
+        writer = PartitionWriter(tmp, PARQUET_TABLES[self.table], self.run_id, self.inputs_fingerprint)
+        try:
+            writer.write(data)
+        finally:
+            writer.close()
+        os.replace(tmp, final)
+        return writer.rows
