@@ -311,7 +311,7 @@ class SampleWorld:
     def write(self, root: str | Path) -> WorldFiles:
         files = WorldFiles.at(Path(root))
         files.root.mkdir(parents=True, exist_ok=True)
-        self._write_dump(files.knowledge_dump)
+        self.write_dump(files.knowledge_dump)
         self._write_general(files.general_text)
         self._write_questions(files)
         with open(files.facts, "w", encoding="utf-8") as fh:
@@ -415,7 +415,7 @@ class SampleWorld:
             return f"is a university in [[{self.universities[title]}]]."
         return "is a creative work."
 
-    def _write_dump(self, path: Path) -> None:
+    def write_dump(self, path: Path) -> None:
         with bz2.open(path, "wt", encoding="utf-8") as out:
             out.write('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" xml:lang="en">\n'
                       "  <siteinfo>\n    <sitename>Sample World</sitename>\n    <namespaces>\n"

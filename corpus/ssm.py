@@ -8,8 +8,6 @@ asked for while any (seed, epoch) always gives the same examples.
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,12 +22,6 @@ SSM_SCHEMA = pa.schema([("segment_id", pa.string()), ("input", pa.string()), ("t
 def mask_span(text: str, start: int, end: int) -> tuple[str, str]:
     """(input, target) for masking text[start:end]."""
     return text[:start] + MASK + text[end:], f"{MASK} {text[start:end]} {END}"
-
-
-def unmask(input_text: str, target: str) -> str:
-    """The original segment back from an SSM pair (inverse of `mask_span`)."""
-    span = target.removeprefix(MASK + " ").removesuffix(" " + END)
-    return input_text.replace(MASK, span, 1)
 
 
 def draw_spans(spans: pa.Table, seed: int, epoch: int) -> pa.Table:
@@ -79,14 +71,3 @@ def ssm_examples(segments: pa.Table, spans: pa.Table, seed: int = 0, epoch: int 
         for name, value in zip(SSM_SCHEMA.names, (seg, inp, tgt, start, end)):
             rows[name].append(value)
     return pa.table(rows, schema=SSM_SCHEMA)
-
-
-def ssm_batches(segments: pa.Table, spans: pa.Table, seed: int = 0, epochs: int = 1, batch_size: int = 256,
-                shuffle: bool = True) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of SSM examples for training: every epoch redraws the masked spans (and the order)."""
-    for epoch in range(epochs):
-        examples = ssm_examples(segments, spans, seed, epoch)
-        if shuffle and examples.num_rows:
-            order = np.random.default_rng([seed, epoch, 1]).permutation(examples.num_rows)
-            examples = examples.take(pa.array(order))
-        yield from examples.to_batches(max_chunksize=batch_size)

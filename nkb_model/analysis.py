@@ -1,4 +1,4 @@
-"""Reading NKB slots (and any T5 FFN) as key-value memories, and editing one fact in place.
+"""Reading NKB slots (and any T5 FFN) as key-value memories (editing them is `nkb_model.surgery`).
 
 A FFN (or the NKB) computes `Σ_i act(x·k_i) v_i`: key i decides how strongly slot i fires, value i is
 what it adds to the residual stream (Geva et al.; the NKB paper's sections 5 and 6).
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nkb_model.nkb import NKBFeedForward, mounted_layers, resolve_layers, _ffn_parent
+from nkb_model.mounting import ffn_block, key_layer, resolve_layers
+from nkb_model.nkb import NKBFeedForward, mounted_layers
 
 CATEGORIES = {"PERSON": "Person", "GPE": "Place", "LOC": "Place", "FAC": "Place", "ORG": "Organisation",
               "DATE": "Date"}
@@ -40,14 +41,13 @@ def memories(model: nn.Module, layer: str, kind: str = "nkb") -> Memory:
     """The slots of the NKB mounted on `layer`, or (kind="ffn") the neurons of its original FFN (for a
     gated FFN the key is the gate's row: the gate decides whether the neuron fires)."""
     (name,) = resolve_layers(model, [layer])
-    ffn = _ffn_parent(model, name).DenseReluDense
+    ffn = ffn_block(model, name).DenseReluDense
     if kind == "nkb":
         if not isinstance(ffn, NKBFeedForward):
             raise ValueError(f"no NKB is mounted on {name}; mounted: {', '.join(mounted_layers(model)) or 'none'}")
         return Memory(name, kind, ffn.nkb_keys.weight.detach(), ffn.nkb_values.weight.detach().T)
     base = ffn.base_layer if isinstance(ffn, NKBFeedForward) else ffn
-    key_layer = base.wi_0 if hasattr(base, "wi_0") else base.wi
-    return Memory(name, kind, key_layer.weight.detach(), base.wo.weight.detach().T)
+    return Memory(name, kind, key_layer(base).weight.detach(), base.wo.weight.detach().T)
 
 
 def output_logits(model: nn.Module, vectors: torch.Tensor) -> torch.Tensor:
@@ -100,7 +100,7 @@ def first_step_weights(model: nn.Module, tokenizer, texts: list[str], layer: str
     Decoder layers: at the first decoding position. Encoder layers (no decoding step there): the
     strongest activation over the input's tokens."""
     memory = memories(model, layer, kind)
-    ffn = _ffn_parent(model, memory.layer).DenseReluDense
+    ffn = ffn_block(model, memory.layer).DenseReluDense
     captured: list[torch.Tensor] = []
 
     def hook(_module, inputs, _output):
@@ -142,61 +142,3 @@ def coherence(top_questions: list[list[int]], relation_of: list[str]) -> float:
     if not judged:
         return 0.0
     return sum(len({relation_of[i] for i in rows}) == 1 for rows in judged) / len(judged)
-
-
-# ---- surgery ---------------------------------------------------------------------------------------
-
-@dataclass
-class Edit:
-    """v_slot += lam * (e_target - e_original) on one NKB value: exactly undoable (the old row is kept)."""
-    layer: str
-    slot: int
-    lam: float
-    target_token: int
-    original_token: int
-    old_value: torch.Tensor
-
-    def undo(self, model: nn.Module) -> None:
-        values = mounted_layers(model)[self.layer].nkb_values.weight
-        with torch.no_grad():
-            values[:, self.slot] = self.old_value.to(values.device, values.dtype)
-
-
-def output_embedding(model: nn.Module, token: int) -> torch.Tensor:
-    return model.get_output_embeddings().weight[token].detach()
-
-
-def edit_slot(model: nn.Module, layer: str, slot: int, target_token: int, original_token: int, lam: float) -> Edit:
-    """Apply the NKB paper's surgery to one slot (the sign of its Table 7 and the authors' code)."""
-    values = mounted_layers(model)[layer].nkb_values.weight
-    old = values[:, slot].detach().clone()
-    delta = output_embedding(model, target_token) - output_embedding(model, original_token)
-    with torch.no_grad():
-        values[:, slot] += lam * delta.to(values.dtype)
-    return Edit(layer, slot, lam, target_token, original_token, old)
-
-
-def first_token(model: nn.Module, tokenizer, texts: list[str]) -> list[int]:
-    """The greedy first answer token for each input."""
-    device = next(model.parameters()).device
-    enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=256).to(device)
-    start = torch.full((len(texts), 1), model.config.decoder_start_token_id, device=device)
-    with torch.no_grad():
-        logits = model(**enc, decoder_input_ids=start).logits[:, -1]
-    return logits.argmax(-1).tolist()
-
-
-def top_slot(model: nn.Module, tokenizer, text: str, layer: str, prefix: list[int] | None = None) -> int:
-    """The slot of `layer` that fires most at the next decoding step after `prefix` (default: the first)."""
-    ffn = mounted_layers(model)[layer]
-    captured = []
-    handle = ffn.register_forward_hook(lambda m, i, o: captured.append(m.slot_weights(i[0]).detach()))
-    device = next(model.parameters()).device
-    try:
-        enc = tokenizer([text], return_tensors="pt").to(device)
-        ids = torch.tensor([[model.config.decoder_start_token_id] + (prefix or [])], device=device)
-        with torch.no_grad():
-            model(**enc, decoder_input_ids=ids)
-    finally:
-        handle.remove()
-    return int(captured[-1][0, -1].argmax())

@@ -2,7 +2,7 @@
 few sizes, and span-corruption pretraining batches. The result is an ordinary Hugging Face directory
 (`from_pretrained` loads it), standing in for `t5-base` where no checkpoint can be downloaded.
 
-Any local Hugging Face T5 directory or hub name works in its place (`load_base`).
+Any local Hugging Face T5 directory or hub name works in its place (`nkb_model.checkpoint.load_model`).
 """
 
 from __future__ import annotations
@@ -56,12 +56,6 @@ def new_t5(tokenizer: T5Tokenizer, size: str = "small", dropout: float = 0.0, se
                       tie_word_embeddings=True, decoder_start_token_id=tokenizer.pad_token_id,
                       pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **SIZES[size])
     return T5ForConditionalGeneration(config)
-
-
-def load_base(name_or_path: str) -> tuple[T5ForConditionalGeneration, T5Tokenizer]:
-    """Any Hugging Face T5: a local directory, or a hub name on a machine that has it cached."""
-    from transformers import AutoTokenizer
-    return T5ForConditionalGeneration.from_pretrained(name_or_path), AutoTokenizer.from_pretrained(name_or_path)
 
 
 def sentinel_ids(tokenizer) -> list[int]:

@@ -30,6 +30,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from nkb_model.mounting import (FeedForwardAddition, ffn_block, key_layer, load_weights_exactly, mounted,
+                                resolve_layers, restore, save_addition)
+from nkb_model.nkb import NKBFeedForward
+
 WEIGHTS_FILE = "kformer.safetensors"
 CONFIG_FILE = "kformer_config.json"
 
@@ -76,23 +80,15 @@ class Knowledge(nn.Module):
         self.vectors = self.present = None
 
 
-class KformerFeedForward(nn.Module):
+class KformerFeedForward(FeedForwardAddition):
     """T5's DenseReluDense plus the batch's knowledge as keys and values: `base_layer(x) + act(x Kᵀ) V`."""
 
     def __init__(self, base_layer: nn.Module, knowledge: Knowledge, zero_values: bool = True):
-        super().__init__()
-        self.base_layer = base_layer
-        wi = base_layer.wi_0 if hasattr(base_layer, "wi_0") else base_layer.wi
-        d_model = wi.in_features
-        self.act = base_layer.act
-        self.kformer_keys = nn.Linear(d_model, d_model, bias=False, device=wi.weight.device, dtype=wi.weight.dtype)
-        self.kformer_values = nn.Linear(d_model, d_model, bias=False, device=wi.weight.device, dtype=wi.weight.dtype)
-        with torch.no_grad():
-            self.kformer_keys.weight.normal_(0.0, d_model ** -0.5)
-            if zero_values:
-                self.kformer_values.weight.zero_()
-            else:
-                self.kformer_values.weight.normal_(0.0, d_model ** -0.5)
+        super().__init__(base_layer)
+        wi = key_layer(base_layer)
+        self.kformer_keys = self.linear(self.d_model, self.d_model, like=wi)
+        self.kformer_values = self.linear(self.d_model, self.d_model, like=wi)
+        self.init_key_values(self.kformer_keys, self.kformer_values, self.d_model ** -0.5, zero_values)
         object.__setattr__(self, "knowledge", knowledge)  # shared, not a submodule: registered once, on the model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # x: (rows, seq, d_model)
@@ -129,9 +125,8 @@ def _post_hook(module, args, kwargs, output):
 
 def mount_kformer(model: nn.Module, config: KformerConfig | None = None) -> list[str]:
     """Mount Kformer on the given blocks' FFNs (in place); returns the canonical block names."""
-    from nkb_model.nkb import _ffn_parent, mounted_layers, resolve_layers
     config = config or KformerConfig()
-    if mounted_layers(model):
+    if mounted(model, NKBFeedForward):
         raise ValueError("this model has NKB slots; Kformer is mounted on a model without them")
     if hasattr(model, "kformer"):
         raise ValueError("this model already has Kformer mounted")
@@ -145,7 +140,7 @@ def mount_kformer(model: nn.Module, config: KformerConfig | None = None) -> list
     knowledge = Knowledge(model.get_input_embeddings(), model.config.pad_token_id, config)
     model.kformer = knowledge
     for name in names:
-        parent = _ffn_parent(model, name)
+        parent = ffn_block(model, name)
         parent.DenseReluDense = KformerFeedForward(parent.DenseReluDense, knowledge, config.zero_values)
     model.kformer_config = KformerConfig(**{**asdict(config), "layers": names})
     model._kformer_hooks = (model.register_forward_pre_hook(_pre_hook, with_kwargs=True),
@@ -154,12 +149,7 @@ def mount_kformer(model: nn.Module, config: KformerConfig | None = None) -> list
 
 
 def mounted_kformer(model: nn.Module) -> dict[str, KformerFeedForward]:
-    out = {}
-    for side in ("encoder", "decoder"):
-        for i, block in enumerate(getattr(model, side).block):
-            if isinstance(block.layer[-1].DenseReluDense, KformerFeedForward):
-                out[f"{side}.{i}"] = block.layer[-1].DenseReluDense
-    return out
+    return mounted(model, KformerFeedForward)
 
 
 def kformer_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -172,10 +162,8 @@ def kformer_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def unmount_kformer(model: nn.Module) -> dict[str, torch.Tensor]:
     """Put the original FFN modules back and drop the hooks; returns the removed Kformer weights."""
-    from nkb_model.nkb import _ffn_parent
     removed = kformer_state_dict(model)
-    for name, ffn in mounted_kformer(model).items():
-        _ffn_parent(model, name).DenseReluDense = ffn.base_layer
+    restore(model, KformerFeedForward)
     for hook in getattr(model, "_kformer_hooks", ()):
         hook.remove()
     for attr in ("kformer", "kformer_config", "_kformer_hooks"):
@@ -209,14 +197,12 @@ def encode_documents(tokenizer, documents: list[list[str]], doc_tokens: int) -> 
 # ---- saving and loading, apart from the base ------------------------------------------------
 
 def save_kformer(model: nn.Module, directory: str | Path) -> Path:
-    from nkb_model.nkb import save_addition
     return save_addition(kformer_state_dict(model), json.dumps(asdict(model.kformer_config), indent=1), directory,
                          WEIGHTS_FILE, CONFIG_FILE)
 
 
 def load_kformer(model: nn.Module, directory: str | Path) -> list[str]:
     """Mount a Kformer saved by `save_kformer` and load its weights exactly."""
-    from nkb_model.nkb import load_weights_exactly
     directory = Path(directory)
     names = mount_kformer(model, KformerConfig(**json.loads((directory / CONFIG_FILE).read_text())))
     load_weights_exactly(kformer_parameters(model), directory / WEIGHTS_FILE, "Kformer")

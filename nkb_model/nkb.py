@@ -20,13 +20,15 @@ outputs are bit-identical to the base model's.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import torch
 from torch import nn
+
+from nkb_model.mounting import (FeedForwardAddition, ffn_block, key_layer, load_weights_exactly, mounted,
+                                resolve_layers, restore, save_addition)
 
 NKB_PREFIX = "nkb_"
 WEIGHTS_FILE = "nkb.safetensors"
@@ -44,25 +46,15 @@ class NKBConfig:
         return json.dumps(asdict(self), indent=1)
 
 
-class NKBFeedForward(nn.Module):
+class NKBFeedForward(FeedForwardAddition):
     """T5's DenseReluDense plus NKB slots: `base_layer(x) + nkb_values(act(nkb_keys(x)))`."""
 
     def __init__(self, base_layer: nn.Module, slots: int, dropout: float = 0.0, zero_values: bool = False):
-        super().__init__()
-        self.base_layer = base_layer
-        wi = base_layer.wi_0 if hasattr(base_layer, "wi_0") else base_layer.wi
-        d_model = wi.in_features
-        self.act = base_layer.act
-        self.nkb_keys = nn.Linear(d_model, slots, bias=False, device=wi.weight.device, dtype=wi.weight.dtype)
+        super().__init__(base_layer)
+        self.nkb_keys = self.linear(self.d_model, slots, like=key_layer(base_layer))
         self.nkb_dropout = nn.Dropout(dropout)
-        self.nkb_values = nn.Linear(slots, d_model, bias=False, device=base_layer.wo.weight.device,
-                                    dtype=base_layer.wo.weight.dtype)
-        with torch.no_grad():
-            self.nkb_keys.weight.normal_(0.0, d_model ** -0.5)
-            if zero_values:
-                self.nkb_values.weight.zero_()
-            else:
-                self.nkb_values.weight.normal_(0.0, slots ** -0.5)
+        self.nkb_values = self.linear(slots, self.d_model, like=base_layer.wo)
+        self.init_key_values(self.nkb_keys, self.nkb_values, slots ** -0.5, zero_values)
 
     def slot_weights(self, x: torch.Tensor) -> torch.Tensor:
         """How strongly each slot fires: act(x · keysᵀ), shape (batch, seq, slots)."""
@@ -78,41 +70,13 @@ class NKBFeedForward(nn.Module):
 
 # ---- mounting --------------------------------------------------------------------------------
 
-def _stack(model: nn.Module, side: str) -> nn.ModuleList:
-    part = {"encoder": getattr(model, "encoder", None), "decoder": getattr(model, "decoder", None)}.get(side)
-    if part is None:
-        raise ValueError(f"layer spec must start with 'encoder' or 'decoder', got {side!r}")
-    return part.block
-
-
-def resolve_layers(model: nn.Module, specs: list[str]) -> list[str]:
-    """Canonical names ("decoder.5") for specs such as "decoder.-1", "encoder.0", "decoder.block.3"."""
-    names = []
-    for spec in specs:
-        m = re.fullmatch(r"(encoder|decoder)\.(?:block\.)?(-?\d+)", spec.strip())
-        if not m:
-            raise ValueError(f"bad layer spec {spec!r}; use e.g. 'decoder.-1' or 'encoder.3'")
-        blocks = _stack(model, m.group(1))
-        index = int(m.group(2))
-        if not -len(blocks) <= index < len(blocks):
-            raise ValueError(f"{spec!r}: the {m.group(1)} has {len(blocks)} blocks")
-        names.append(f"{m.group(1)}.{index % len(blocks)}")
-    return list(dict.fromkeys(names))
-
-
-def _ffn_parent(model: nn.Module, name: str) -> nn.Module:
-    """The T5LayerFF of block `name`: always the last layer of a T5Block."""
-    side, index = name.split(".")
-    return _stack(model, side)[int(index)].layer[-1]
-
-
 def mount_nkb(model: nn.Module, config: NKBConfig | None = None) -> list[str]:
     """Mount NKB slots on the given layers' FFNs (in place); returns the canonical layer names."""
     config = config or NKBConfig()
     names = resolve_layers(model, config.layers)
     slots = config.slots or model.config.d_ff
     for name in names:
-        parent = _ffn_parent(model, name)
+        parent = ffn_block(model, name)
         if isinstance(parent.DenseReluDense, NKBFeedForward):
             raise ValueError(f"{name} already has an NKB mounted")
         parent.DenseReluDense = NKBFeedForward(parent.DenseReluDense, slots, config.dropout, config.zero_values)
@@ -121,20 +85,13 @@ def mount_nkb(model: nn.Module, config: NKBConfig | None = None) -> list[str]:
 
 
 def mounted_layers(model: nn.Module) -> dict[str, NKBFeedForward]:
-    out = {}
-    for side in ("encoder", "decoder"):
-        for i, block in enumerate(_stack(model, side)):
-            ffn = block.layer[-1].DenseReluDense
-            if isinstance(ffn, NKBFeedForward):
-                out[f"{side}.{i}"] = ffn
-    return out
+    return mounted(model, NKBFeedForward)
 
 
 def unmount_nkb(model: nn.Module) -> dict[str, torch.Tensor]:
     """Put the original FFN modules back; returns the removed NKB weights."""
     removed = nkb_state_dict(model)
-    for name, ffn in mounted_layers(model).items():
-        _ffn_parent(model, name).DenseReluDense = ffn.base_layer
+    restore(model, NKBFeedForward)
     if hasattr(model, "nkb_config"):
         del model.nkb_config
     return removed
@@ -156,29 +113,6 @@ def mark_only_nkb_trainable(model: nn.Module) -> int:
 
 
 # ---- saving and loading, apart from the base ------------------------------------------------
-
-def save_addition(state: dict[str, torch.Tensor], config_json: str, directory: str | Path, weights_file: str,
-                  config_file: str) -> Path:
-    """Write an addition's weights (safetensors) and its config, nothing of the base model."""
-    from safetensors.torch import save_file
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file({n: t.contiguous() for n, t in state.items()}, str(directory / weights_file))
-    (directory / config_file).write_text(config_json)
-    return directory
-
-
-def load_weights_exactly(params: dict[str, nn.Parameter], path: Path, what: str) -> None:
-    """Copy a safetensors file into freshly mounted parameters; the names must match one to one."""
-    from safetensors.torch import load_file
-    weights = load_file(str(path))
-    if set(weights) != set(params):
-        raise ValueError(f"{path.parent}: {what} weights do not match the mounted layers "
-                         f"(file has {sorted(weights)[:3]}..., model expects {sorted(params)[:3]}...)")
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            params[name].copy_(tensor)
-
 
 def save_nkb(model: nn.Module, directory: str | Path) -> Path:
     return save_addition(nkb_state_dict(model), model.nkb_config.to_json(), directory, WEIGHTS_FILE, CONFIG_FILE)

@@ -79,7 +79,7 @@ def make_optimizer(params: list[nn.Parameter], config: TrainConfig) -> torch.opt
     raise ValueError(f"optimizer must be adafactor or adamw, not {config.optimizer!r}")
 
 
-def _schedule(config: TrainConfig) -> Callable[[int], float]:
+def lr_schedule(config: TrainConfig) -> Callable[[int], float]:
     """The LR factor for step (0-based): linear warm-up, then 1 (constant) or falling linearly to 0 after the last step."""
     def factor(step: int) -> float:
         if step < config.warmup_steps:
@@ -121,7 +121,7 @@ def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tens
         raise ValueError("no parameter requires grad; nothing to train")
     params = [p for _, p in named]
     optimizer = make_optimizer(params, config)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(config))
     losses: list[tuple[int, float]] = []
     start = 0
     path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir else None

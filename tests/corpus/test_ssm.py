@@ -1,12 +1,18 @@
 import pyarrow as pa
 
-from corpus.ssm import MASK, draw_spans, mask_span, ssm_batches, ssm_examples, unmask
+from corpus.ssm import MASK, draw_spans, mask_span, ssm_examples
 
 SEGMENTS = pa.table({"segment_id": ["a#0", "b#0", "c#0"],
                      "text": ["Ada Quint was born in Velmora in 1901.", "Orvel Works hired her.", "No entities here."]})
 SPANS = pa.table({"segment_id": ["a#0", "a#0", "a#0", "b#0"], "start_char": [0, 22, 33, 0],
                   "end_char": [9, 29, 37, 11], "label": ["PERSON", "GPE", "DATE", "ORG"],
                   "text": ["Ada Quint", "Velmora", "1901", "Orvel Works"]})
+
+
+def unmask(input_text: str, target: str) -> str:
+    """The segment an SSM pair was made from: the target's span back in place of the mask."""
+    span = target.removeprefix(MASK + " ").removesuffix(" <extra_id_1>")
+    return input_text.replace(MASK, span, 1)
 
 
 def test_mask_span_format():
@@ -29,8 +35,3 @@ def test_draw_is_seeded_and_redrawn_per_epoch():
     assert draws == [tuple(draw_spans(SPANS, seed=3, epoch=e)["start_char"].to_pylist()) for e in range(30)]
     assert len({d[0] for d in draws}) == 3, "every span of a#0 is masked in some epoch"
     assert all(d[1] == 0 for d in draws)
-
-
-def test_batches_cover_every_epoch():
-    batches = list(ssm_batches(SEGMENTS, SPANS, seed=0, epochs=3, batch_size=1))
-    assert len(batches) == 6 and all(b.num_rows == 1 for b in batches)

@@ -7,7 +7,7 @@ import torch
 from transformers import T5ForConditionalGeneration
 from transformers.activations import ACT2FN
 
-from flows.configs import ModelSize
+from stages.configs import ModelSize
 from nkb_model.base_model import SIZES, new_t5, train_tokenizer
 
 TEXTS = [f"Person {i} was born in city {i % 7} and worked for company {i % 5}." for i in range(300)]

@@ -5,8 +5,9 @@ import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
 from nkb_model.base_model import FEED_FORWARD
+from nkb_model.mounting import resolve_layers
 from nkb_model.nkb import (NKBConfig, NKBFeedForward, load_nkb, mark_only_nkb_trainable, mount_nkb, mounted_layers,
-                           nkb_parameters, resolve_layers, save_nkb, unmount_nkb)
+                           nkb_parameters, save_nkb, unmount_nkb)
 
 # T5 v1.0's FFN, v1.1's, and v1.1's with the fused GELU kernel that the pipeline's own bases use
 VARIANTS = {"relu": "relu", "gated-gelu": "gated-gelu", FEED_FORWARD: FEED_FORWARD}

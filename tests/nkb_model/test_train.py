@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from nkb_model.nkb import mark_only_nkb_trainable, mount_nkb, nkb_state_dict
-from nkb_model.train import Device, TrainConfig, _schedule, choose_device, train
+from nkb_model.train import Device, TrainConfig, choose_device, lr_schedule, train
 from tests.nkb_model.test_nkb import tiny_t5
 
 
@@ -48,7 +48,7 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
 
 @pytest.mark.parametrize("decay", [False, True])
 def test_learning_rate_warms_up_then_stays_or_falls_to_zero(decay):
-    factor = _schedule(TrainConfig(steps=10, batch_size=1, warmup_steps=2, decay=decay))
+    factor = lr_schedule(TrainConfig(steps=10, batch_size=1, warmup_steps=2, decay=decay))
     factors = [factor(step) for step in range(10)]
     assert factors[:2] == [0.5, 1.0]
     assert factors[2:] == ([1.0 - i / 8 for i in range(8)] if decay else [1.0] * 8)
@@ -77,6 +77,7 @@ def test_a_device_runs_forward_passes_in_its_precision():
         assert layer(x).dtype == torch.bfloat16
 
 
+@pytest.mark.slow  # trains 200 steps
 def test_the_progress_bar_redraws_about_once_a_second_not_every_step(monkeypatch, capsys):
     monkeypatch.setenv("NKB_PROGRESS", "1")
     steps = 200  # well under a second a step: a redraw per step would show as ~200 lines

@@ -1,0 +1,104 @@
+"""Knowledge surgery on tiny random T5s (CPU): one edit, undo, the λ sweep, a multi-token edit."""
+
+import pytest
+import torch
+
+from nkb_model import surgery
+from nkb_model.nkb import NKBConfig, mount_nkb, mounted_layers
+from nkb_model.train import choose_device
+from tests.nkb_model.test_nkb import VARIANTS, batch, tiny_t5
+
+
+class IdTokenizer:
+    """The ids are the text: "3 4 5" -> [3, 4, 5]; enough of a tokenizer for the surgery functions."""
+
+    def __call__(self, texts, return_tensors=None, add_special_tokens=True, **_):
+        single = isinstance(texts, str)
+        ids = [[int(x) for x in t.split()] for t in ([texts] if single else texts)]
+        if return_tensors is None:
+            return {"input_ids": ids[0] if single else ids}
+        width = max(len(i) for i in ids)
+        tensor = torch.tensor([i + [0] * (width - len(i)) for i in ids])
+        return type("Enc", (dict,), {"to": lambda self, d: self})({"input_ids": tensor,
+                                                                   "attention_mask": (tensor != 0).long()})
+
+    def convert_ids_to_tokens(self, ids):
+        return [str(i) for i in ids] if isinstance(ids, list) else str(ids)
+
+    def batch_decode(self, rows, skip_special_tokens=False):
+        return [" ".join(str(int(i)) for i in row[1:] if i not in (0, 1)) for row in rows]
+
+
+@pytest.mark.parametrize("ffn", VARIANTS)
+def test_an_edit_changes_the_slot_and_undo_restores_every_bit(ffn):
+    model = tiny_t5(ffn)
+    mount_nkb(model, NKBConfig(layers=["decoder.-1"]))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    logits = model(**batch()).logits
+    edit = surgery.edit_slot(model, "decoder.1", slot=3, target_token=7, original_token=9, lam=0.5)
+    values = mounted_layers(model)["decoder.1"].nkb_values.weight
+    delta = model.get_output_embeddings().weight[7] - model.get_output_embeddings().weight[9]
+    torch.testing.assert_close(values[:, 3], before["decoder.block.1.layer.2.DenseReluDense.nkb_values.weight"][:, 3]
+                               + 0.5 * delta)
+    assert not torch.equal(model(**batch()).logits, logits)
+    edit.undo(model)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert torch.equal(model(**batch()).logits, logits)
+
+
+def test_a_strong_edit_of_the_top_slot_makes_the_target_the_first_token():
+    model = tiny_t5("relu")
+    mount_nkb(model, NKBConfig(layers=["decoder.-1"]))
+
+    class Tok:  # the ids are the text: "3 4 5" -> [3, 4, 5]
+        def __call__(self, texts, return_tensors="pt", **_):
+            ids = torch.tensor([[int(x) for x in t.split()] for t in texts])
+            return type("Enc", (dict,), {"to": lambda self, d: self})({"input_ids": ids,
+                                                                       "attention_mask": torch.ones_like(ids)})
+    tok = Tok()
+    first = surgery.first_token(model, tok, ["3 4 5"])[0]
+    target = (first + 5) % 64
+    slot = surgery.top_slot(model, tok, "3 4 5", "decoder.1")
+    surgery.edit_slot(model, "decoder.1", slot, target, first, lam=200.0)
+    assert surgery.first_token(model, tok, ["3 4 5"]) == [target]
+
+
+def test_the_sweep_edits_wrong_first_tokens_and_undoes_every_edit():
+    model = tiny_t5("relu")
+    mount_nkb(model, NKBConfig(layers=["decoder.-1"]))
+    tok = IdTokenizer()
+    texts = [f"{i} {i + 1} {i + 2}" for i in range(3, 23)]
+    first = surgery.first_token(model, tok, texts)
+    gold = [str((f + 5) % 64) for f in first]   # every first token is wrong
+    gold[0] = str(first[0])                      # but the first one
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rows, wrong = surgery.sweep(model, tok, texts, gold, "decoder.1", [0.01, 200.0], questions=4, others=3, seed=1)
+    assert wrong == 19 and len(rows) == 8 and 0 not in {r["question"] for r in rows}
+    assert all(r["success"] == (r["new"] == r["target"]) and 0 <= r["change_rate"] <= 1 for r in rows)
+    assert all(r["success"] for r in rows if r["lambda"] == 200.0)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    again, _ = surgery.sweep(model, tok, texts, gold, "decoder.1", [0.01, 200.0], questions=4, others=3, seed=1)
+    assert again == rows  # seeded: the same questions and others
+
+
+def test_an_answer_edit_edits_one_slot_per_wrong_token_and_none_for_right_ones():
+    model = tiny_t5("relu")
+    mount_nkb(model, NKBConfig(layers=["decoder.-1"]))
+    tok, cpu = IdTokenizer(), choose_device("cpu")
+    first = surgery.next_token(model, tok, "3 4 5", [])
+    wanted = (first + 5) % 64
+    done = surgery.edit_answer(model, tok, "3 4 5", str(wanted), "decoder.1", lam=300.0, device=cpu)
+    assert [(s["step"], s["original"], s["target"]) for s in done["steps"]] == [(0, str(first), str(wanted))]
+    assert surgery.next_token(model, tok, "3 4 5", []) == wanted and done["new_answer"].split()[0] == str(wanted)
+    assert done["old_answer"].split()[0] == str(first)
+    again = surgery.edit_answer(model, tok, "3 4 5", str(wanted), "decoder.1", lam=300.0, device=cpu)
+    assert again["steps"] == []  # the model already gives it
+
+
+def test_the_default_layer_is_the_last_decoder_block_with_an_nkb():
+    model = tiny_t5("relu")
+    with pytest.raises(ValueError, match="no NKB mounted"):
+        surgery.default_layer(model)
+    mount_nkb(model, NKBConfig(layers=["encoder.-1", "decoder.0"]))
+    assert surgery.default_layer(model) == "decoder.0"
