@@ -24,8 +24,8 @@ from corpus.sample_world import SampleWorld
 _CHILD = """
 import json, sys, threading, time
 import psutil
-from flows import stages
-from flows.configs import IngestConfig
+from stages import data
+from stages.configs import IngestConfig
 from warehouse import Warehouse
 
 me = psutil.Process()
@@ -46,7 +46,7 @@ wh = Warehouse(sys.argv[1])
 base = me.memory_info().rss
 threading.Thread(target=sample, daemon=True).start()
 t = time.perf_counter()
-result = stages.ingest(wh, IngestConfig(path=sys.argv[2], corpus=sys.argv[3]), force=True)
+result = data.ingest(wh, IngestConfig(path=sys.argv[2], corpus=sys.argv[3]), force=True)
 seconds = time.perf_counter() - t
 done.set()
 print(json.dumps({"run_id": result.run.run_id, "pages": result.value["documents"], "seconds": seconds,
@@ -60,7 +60,7 @@ def make_dump(path: Path, min_mb: float, seed: int = 1) -> float:
     people = max(100, int(min_mb * 1e6 / 2200))
     while True:
         world = SampleWorld(seed=seed, people=people, background_people=0)
-        world._write_dump(path)
+        world.write_dump(path)
         with bz2.open(path, "rb") as fh:
             size = sum(len(chunk) for chunk in iter(lambda: fh.read(1 << 22), b""))
         if size >= min_mb * 1e6:

@@ -36,7 +36,7 @@ T5_BASE = dict(d_model=768, d_ff=3072, num_layers=12, num_decoder_layers=12, num
                feed_forward_proj="relu", vocab_size=32128)
 
 
-def _model(arch: dict, variant: str, device: Device) -> T5ForConditionalGeneration:
+def model_for(arch: dict, variant: str, device: Device) -> T5ForConditionalGeneration:
     torch.manual_seed(0)
     config = T5Config(dropout_rate=0.0, decoder_start_token_id=0, **arch)
     model = T5ForConditionalGeneration(config)
@@ -107,7 +107,7 @@ def step_flops(model: T5ForConditionalGeneration, variant: str, batch: int, inpu
 def compare(arch: dict, device: Device, batch: int, input_len: int, target_len: int, steps: int) -> dict:
     out = {}
     for variant in ("nkb", "nkb-a"):
-        model = _model(arch, variant, device)
+        model = model_for(arch, variant, device)
         seconds = time_steps(model, device, batch, input_len, target_len, steps)
         tokens, flops = batch * (input_len + target_len), step_flops(model, variant, batch, input_len, target_len)
         out[variant] = {"step_s": round(seconds, 4), "tokens_per_s": round(tokens / seconds, 1),

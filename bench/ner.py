@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from bench.world import DEFAULT_HOME, record, scaled_world
 from corpus import ner
 from corpus.segment import segment
-from flows.configs import SalientSpansConfig
+from stages.configs import SalientSpansConfig
 
 
 def main(argv=None) -> int:

@@ -18,8 +18,8 @@ import time
 import pyarrow.compute as pc
 
 from bench.world import DEFAULT_HOME, record, scaled_world
-from flows import stages
-from flows.configs import IndexConfig, RetrieveConfig
+from stages import data
+from stages.configs import IndexConfig, RetrieveConfig
 
 
 def overlap(a: dict[str, list[str]], b: dict[str, list[str]]) -> float:
@@ -36,15 +36,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     wh = scaled_world(args.home, args.people)
-    built = stages.build_index(wh, IndexConfig(), force=True).value
-    directory, meta = stages.latest_index(wh, "sampleworld")
+    built = data.build_index(wh, IndexConfig(), force=True).value
+    directory, meta = data.latest_index(wh, "sampleworld")
 
     # Ours: the retrieve stage over one dataset (search time only is its queries_per_second).
     questions = wh.read("questions", ["question_id", "dataset", "split", "question"]).sort_by(
         [("split", "descending"), ("question_id", "ascending")]).slice(0, args.queries)
     datasets = sorted(set(questions.column("dataset").to_pylist()))
     started = time.perf_counter()
-    result = stages.retrieve(wh, RetrieveConfig(datasets=datasets), force=True)
+    result = data.retrieve(wh, RetrieveConfig(datasets=datasets), force=True)
     stage_seconds = time.perf_counter() - started
     all_hits = wh.read("retrievals", ["question_id", "doc_id", "rank"])
     ours: dict[str, list[str]] = {}

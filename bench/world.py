@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from flows import stages
-from flows.configs import IndexConfig, SampleWorldConfig
+from stages import data
+from stages.configs import IndexConfig, SampleWorldConfig
 from warehouse import Warehouse, run_stage
 
 DEFAULT_HOME = Path("bench/results/world")
@@ -16,8 +16,8 @@ def scaled_world(home: str | os.PathLike = DEFAULT_HOME, people: int = 50_000) -
     """Sample world with `people` people (about 2 documents each), ingested, questions loaded, indexed."""
     os.environ.setdefault("NKB_PROGRESS", "0")
     wh = Warehouse(home)
-    stages.load_sample_world(wh, SampleWorldConfig(people=people, background_people=0), general=False)
-    stages.build_index(wh, IndexConfig())
+    data.load_sample_world(wh, SampleWorldConfig(people=people, background_people=0), general=False)
+    data.build_index(wh, IndexConfig())
     return wh
 
 

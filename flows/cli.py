@@ -14,11 +14,10 @@ import typing
 from pathlib import Path
 
 import duckdb
-
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from corpus.errors import InputFileError
-from warehouse import ReadOnlyError, Warehouse, WarehouseError, list_runs, query, resolve_home, run_metrics
+from warehouse import ReadOnlyError, Warehouse, WarehouseError, list_runs, query, resolve_home
 from warehouse.sql import FORMATTERS
 
 EPILOG = "The warehouse is ./.nkb unless --home or $NKB_HOME says otherwise."
@@ -34,7 +33,7 @@ def _prepare_environment(home: Path) -> None:
 
 
 @contextlib.contextmanager
-def _local_flow_settings():
+def local_flow_settings():
     """Flow runs in this process. Without a configured server they run under a temporary one that stops
     with the process, so Prefect's flow-run heartbeats (on by default since 3.8, for a server to tell a
     crashed run) have no one to tell; their thread also holds every flow up to a second at exit, ~50 s of
@@ -47,7 +46,7 @@ def _local_flow_settings():
             yield
 
 
-def _field_help(name: str, field) -> str:
+def _field_help(name: str, field, default=None) -> str:
     annotation = field.annotation
     args = typing.get_args(annotation)
     if typing.get_origin(annotation) is typing.Union:
@@ -60,13 +59,27 @@ def _field_help(name: str, field) -> str:
         kind = "a,b,..."
     else:
         kind = getattr(annotation, "__name__", str(annotation))
-    default = "required" if field.is_required() else f"default {field.get_default(call_default_factory=True)!r}"
-    return f"  {name}={kind}  ({default})\n      {field.description or ''}"
+    value = default if default is not None else field.get_default(call_default_factory=True)
+    shown = "required" if field.is_required() else f"default {value!r}"
+    return f"  {name}={kind}  ({shown})\n      {field.description or ''}"
+
+
+def _nested(field) -> type[BaseModel] | None:
+    """The config model of a field that holds one (e.g. ModelsConfig.inject), else None."""
+    annotation = field.annotation
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
 def _config_epilog(config: type) -> str:
-    lines = ["config fields (set with --set key=value):"]
-    lines += [_field_help(n, f) for n, f in config.model_fields.items()]
+    lines = ["config fields (set with --set key=value; a nested config's fields with --set key.field=value):"]
+    for name, field in config.model_fields.items():
+        inner = _nested(field)
+        if inner is None:
+            lines.append(_field_help(name, field))
+            continue
+        lines.append(f"  {name}.*  {field.description or ''}")
+        default = field.get_default(call_default_factory=True)
+        lines += [_field_help(f"{name}.{n}", f, getattr(default, n)) for n, f in inner.model_fields.items()]
     return "\n".join(lines)
 
 
@@ -76,9 +89,22 @@ def _is_list(annotation) -> bool:
     return typing.get_origin(annotation) is list
 
 
-def _parse_sets(config: type, pairs: list[str], command: str):
-    """`config` from `--set key=value` pairs; a list takes a,b,c and an empty value gives an optional field
-    its default (None) and a list no items. Errors name the field and `command`, whose --help lists them."""
+def _set_value(fields: dict, key: str, value: str, command: str):
+    """The value `--set key=value` gives a field: a list takes a,b,c; an empty value gives an optional field
+    None and a list no items."""
+    if key not in fields:
+        raise SystemExit(f"error: `{command}` has no config field {key!r}; fields: {', '.join(fields)}")
+    annotation = fields[key].annotation
+    if value == "" and type(None) in typing.get_args(annotation):
+        return None
+    if _is_list(annotation):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
+
+
+def parse_sets(config: type, pairs: list[str], command: str):
+    """`config` from `--set key=value` pairs; `key.field=value` sets a field of a nested config, whose other
+    fields keep their defaults. Errors name the field and `command`, whose --help lists them."""
     values: dict[str, typing.Any] = {}
     fields = config.model_fields
     for pair in pairs:
@@ -86,15 +112,12 @@ def _parse_sets(config: type, pairs: list[str], command: str):
         key = key.strip()
         if not sep:
             raise SystemExit(f"error: --set expects key=value, got {pair!r}")
-        if key not in fields:
-            raise SystemExit(f"error: `{command}` has no config field {key!r}; fields: {', '.join(fields)}")
-        optional = type(None) in typing.get_args(fields[key].annotation)
-        if value == "" and optional:
-            values[key] = None
-        elif _is_list(fields[key].annotation):
-            values[key] = [v.strip() for v in value.split(",") if v.strip()]
+        outer, dot, inner = key.partition(".")
+        if dot and outer in fields and _nested(fields[outer]):
+            nested = values.setdefault(outer, fields[outer].get_default(call_default_factory=True).model_dump())
+            nested[inner] = _set_value(_nested(fields[outer]).model_fields, inner, value, f"{command}` {outer}.")
         else:
-            values[key] = value
+            values[key] = _set_value(fields, key, value, command)
     try:
         return config.model_validate(values)
     except ValidationError as exc:
@@ -143,17 +166,18 @@ def _home_flag(args) -> str:
 # ---- commands ------------------------------------------------------------------------------
 
 def cmd_run(args) -> int:
-    from flows import stages
-    from flows.registry import STAGES
+    from stages.registry import STAGES
+    from stages.runner import run_stage, summarize
     stage = STAGES[args.stage]
-    config = _parse_sets(stage.config, args.set or [], f"nkb run {stage.name}")
+    config = parse_sets(stage.config, args.set or [], f"nkb run {stage.name}")
     started = time.perf_counter()
     if args.prefect or os.environ.get("PREFECT_API_URL") or getattr(config, "dask", None):
         from flows.flows import STAGE_FLOWS
-        with _local_flow_settings():
+        with local_flow_settings():
             row = STAGE_FLOWS[stage.name](config, str(resolve_home(args.home)), args.force)
     else:
-        row = stages.summarize(stage.name, stage.run(Warehouse(args.home), config, args.force), time.perf_counter() - started)
+        row = summarize(stage.name, run_stage(stage.name, Warehouse(args.home), config, args.force),
+                        time.perf_counter() - started)
     if row["skipped"]:
         print(f"{stage.name}: skipped, inputs unchanged since run {row['run_id']} (use --force to rerun)")
     else:
@@ -163,13 +187,13 @@ def cmd_run(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from flows.configs import ModelsConfig, SampleWorldConfig
     from flows.flows import pipeline
+    from stages.configs import ModelsConfig, SampleWorldConfig
     home = resolve_home(args.home)
-    models = _parse_sets(ModelsConfig, args.set or [], "nkb demo")
+    models = parse_sets(ModelsConfig, args.set or [], "nkb demo")
     started = time.perf_counter()
     world = SampleWorldConfig(people=args.people) if args.people else SampleWorldConfig()
-    with _local_flow_settings():
+    with local_flow_settings():
         rows = pipeline(world=world, home=str(home), force=args.force, train_models=args.models, models=models)
     seconds = time.perf_counter() - started
     print(f"\nThe pipeline finished in {seconds:.0f} s. Stages:")
@@ -232,62 +256,40 @@ def cmd_runs(args) -> int:
 
 
 def cmd_report(args) -> int:
-    import pyarrow as pa
+    from stages.report import generation_table, report_rows, report_table
     wh = Warehouse(args.home)
-    rows = query(wh, "SELECT * FROM report").to_pylist()
+    rows = report_rows(wh)
     if not rows:
         print("no report yet: run `nkb run report` (after base-model, inject, finetune and evaluate)", file=sys.stderr)
         return 1
     if args.plot:
-        from flows.report_plot import report_png
+        from stages.report_plot import report_png
         _write(args.plot, report_png(wh))
     fmt = _output_format(args)
     if fmt == "json":
         keys = ("model", "dataset", "split", "em", "params_total", "params_injected")
         _emit(json.dumps([{k: r[k] for k in keys} for r in rows if r["dataset"] != "average"], indent=1), args.output)
         return 0
-    run_id = rows[0]["run_id"]
-    unmounted = {m["dataset"]: m["value"] for m in run_metrics(wh, run_id, "heldout_loss_nkb_unmounted")}
-    datasets = sorted({r["dataset"] for r in rows} - {"average"})
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    def cell(model, dataset):
-        return next((r["em"] for r in rows if r["model"] == model and r["dataset"] == dataset), None)
-    first = {m: next(r for r in rows if r["model"] == m) for m in models}
-    columns = {"model": models}
-    for d in datasets + ["average"]:
-        columns[f"EM {d}"] = [None if cell(m, d) is None else round(cell(m, d), 1) for m in models]
-    columns["probe EM"] = [None if first[m]["probe_em"] is None else round(first[m]["probe_em"], 1) for m in models]
-    columns["probe EM, seen wording"] = [None if first[m].get("probe_seen_em") is None
-                                         else round(first[m]["probe_seen_em"], 1) for m in models]
-    columns["held-out loss"] = [None if first[m]["heldout_loss"] is None else round(first[m]["heldout_loss"], 4) for m in models]
-    columns["loss, NKB unmounted"] = [None if m not in unmounted else round(unmounted[m], 4) for m in models]
-    columns["params"] = [first[m]["params_total"] for m in models]
-    columns["params injected"] = [first[m]["params_injected"] for m in models]
     if fmt == "table":  # CSV on standard output stays one parseable table
-        print(f"Report {run_id} ({rows[0]['split']}; EM in %; probe: cloze prompts in unseen wordings, before fine-tuning)")
-    _emit(FORMATTERS[fmt](pa.table(columns)), args.output)
-    generation = query(wh, "SELECT model, task, metric, round(score, 1) AS score FROM report_generation "
-                           "ORDER BY task, model").to_pylist() if wh.partition_files("report_generation") else []
-    if generation and fmt == "table" and not args.output:
-        tasks = list(dict.fromkeys(f"{g['task']} ({g['metric']})" for g in generation))
-        gen_models = list(dict.fromkeys(g["model"] for g in generation))
-        table = {"model": gen_models} | {t: [next((g["score"] for g in generation if g["model"] == m
-                                                   and f"{g['task']} ({g['metric']})" == t), None) for m in gen_models]
-                                         for t in tasks}
+        print(f"Report {rows[0]['run_id']} ({rows[0]['split']}; EM in %; probe: cloze prompts in unseen wordings, "
+              "before fine-tuning)")
+    _emit(FORMATTERS[fmt](report_table(wh, rows)), args.output)
+    generation = generation_table(wh)
+    if generation is not None and fmt == "table" and not args.output:
         print("\nGeneral generation after fine-tuning on each task (ROUGE-L F1 % / SacreBLEU; beam search)")
-        print(FORMATTERS[fmt](pa.table(table)))
+        print(FORMATTERS[fmt](generation))
     return 0
 
 
 def cmd_edit(args) -> int:
-    from flows.configs import EditConfig
-    from flows.knowledge_stages import edit
+    from stages.configs import EditConfig
+    from stages.runner import run_stage
     try:
         config = EditConfig(model=args.model, question=args.question, answer=args.answer, name=args.name,
                             layer=args.layer, lam=args.lam, device=args.device)
     except ValidationError as exc:
         raise SystemExit(f"error: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
-    result = edit(Warehouse(args.home), config)
+    result = run_stage("edit", Warehouse(args.home), config)
     v = result.value or {}
     if result.skipped:
         print(f"this edit was already made: model {result.run.checkpoint} (run {result.run.run_id})")
@@ -337,8 +339,8 @@ def cmd_server(args) -> int:
 # ---- parser --------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    from flows.configs import ModelsConfig
-    from flows.registry import STAGES
+    from stages.configs import ModelsConfig
+    from stages.registry import STAGES
     parser = argparse.ArgumentParser(prog="nkb", description="Neural Knowledge Bank pipeline: stages, warehouse, SQL.",
                                      epilog=EPILOG)
     parser.add_argument("--home", help="warehouse directory (default: $NKB_HOME or ./.nkb)")

@@ -1,10 +1,10 @@
-"""Prefect flows: one per stage, plus `pipeline`. They only wire: call the stage, log, publish an artifact.
+"""Prefect flows: one per stage, `table3` and `pipeline`. They only wire: run the stage, log, publish artifacts.
 
-No `from __future__ import annotations` here: Prefect reads the parameter types to validate
-parameters and to draw the UI's run form.
+Every stage flow is made from the stage registry; the module exposes each as `<stage>_flow` (e.g.
+`ingest_flow`), the entrypoints of `prefect.yaml`. No `from __future__ import annotations` here: Prefect
+reads the parameter types to validate parameters and to draw the UI's run form.
 """
 
-import functools
 import os
 import time
 from typing import Optional
@@ -12,22 +12,22 @@ from typing import Optional
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from flows import stages
-from flows.registry import STAGES, Stage
-from flows.report_plot import report_markdown
-from flows.configs import (AnalyzeConfig, BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig, InjectConfig,
-                           ModelsConfig, ReportConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig,
-                           SurgeryConfig)
+from flows.deployments import flow_attribute
+from stages.configs import (AnalyzeConfig, EvaluateConfig, IndexConfig, ModelsConfig, ReportConfig, RetrieveConfig,
+                            SampleWorldConfig, SurgeryConfig)
+from stages.data import NerShard, generation_inputs, ner_shard, sample_world_inputs
+from stages.registry import STAGES, Stage
+from stages.runner import run_stage, summarize
 from warehouse import Warehouse, resolve_home
 
 
 @task(name="ner-shard")
-def ner_shard_task(job: stages.NerShard) -> int:
-    return stages.ner_shard(job)
+def ner_shard_task(job: NerShard) -> int:
+    return ner_shard(job)
 
 
 @flow(name="salient-spans-shards", description="NER shards of a salient-spans run, one task each.")
-def ner_shards_flow(jobs: list[stages.NerShard]) -> list[int]:
+def ner_shards_flow(jobs: list[NerShard]) -> list[int]:
     futures = ner_shard_task.map(jobs)
     return [future.result() for future in futures]
 
@@ -44,12 +44,6 @@ def dask_shard_mapper(address: str):
     return lambda jobs: ner_shards_flow.with_options(task_runner=runner)(jobs) if jobs else []
 
 
-def _stage_runner(stage: Stage, config):
-    if stage.name == "salient-spans" and config.dask:
-        return functools.partial(stage.run, map_shards=dask_shard_mapper(config.dask))
-    return stage.run
-
-
 def _stage_flow(stage: Stage):
     config_type = stage.config
 
@@ -57,8 +51,10 @@ def _stage_flow(stage: Stage):
         logger = get_run_logger()
         started = time.perf_counter()
         wh = Warehouse(home)
-        result = _stage_runner(stage, config)(wh, config, force)
-        row = stages.summarize(stage.name, result, time.perf_counter() - started)
+        dask = getattr(config, "dask", None)
+        options = {"map_shards": dask_shard_mapper(dask)} if dask else {}
+        result = run_stage(stage.name, wh, config, force, **options)
+        row = summarize(stage.name, result, time.perf_counter() - started)
         if result.skipped:
             logger.info("Skipped %s: its inputs are unchanged since run %s (finished %s). Set force=true to rerun.",
                         stage.name, result.run.run_id, result.run.finished_at)
@@ -67,34 +63,22 @@ def _stage_flow(stage: Stage):
                         result.run.run_id)
         create_table_artifact(key=f"{stage.name}-run", table=[row], description=f"{stage.name}: {stage.summary}")
         if stage.name == "report":
+            from stages.report_plot import report_markdown
             create_markdown_artifact(key="nkb-report", markdown=report_markdown(wh),
                                      description="The paper's Table 3 on this warehouse, with loss curves and EM")
         return row
 
-    run_stage_flow.__name__ = f"{stage.name.replace('-', '_')}_flow"
+    run_stage_flow.__name__ = flow_attribute(stage.name)
     run_stage_flow.__doc__ = stage.summary
     # persist_result: a pipeline that dispatched this flow to a worker reads the summary row back.
     return flow(name=stage.name, description=stage.summary, log_prints=True, persist_result=True)(run_stage_flow)
 
 
-sample_world_flow = _stage_flow(STAGES["sample-world"])
-ingest_flow = _stage_flow(STAGES["ingest"])
-questions_flow = _stage_flow(STAGES["questions"])
-generation_data_flow = _stage_flow(STAGES["generation-data"])
-index_flow = _stage_flow(STAGES["index"])
-retrieve_flow = _stage_flow(STAGES["retrieve"])
-salient_spans_flow = _stage_flow(STAGES["salient-spans"])
-base_model_flow = _stage_flow(STAGES["base-model"])
-inject_flow = _stage_flow(STAGES["inject"])
-finetune_flow = _stage_flow(STAGES["finetune"])
-evaluate_flow = _stage_flow(STAGES["evaluate"])
-report_flow = _stage_flow(STAGES["report"])
-analyze_flow = _stage_flow(STAGES["analyze"])
-surgery_flow = _stage_flow(STAGES["surgery"])
-edit_flow = _stage_flow(STAGES["edit"])
+STAGE_FLOWS = {name: _stage_flow(stage) for name, stage in STAGES.items()}
+globals().update({flow_attribute(name): stage_flow for name, stage_flow in STAGE_FLOWS.items()})
 
 
-def run_stage(name: str, config, home: Optional[str], force: bool, dispatch: bool = False) -> dict:
+def run(name: str, config, home: Optional[str], force: bool, dispatch: bool = False) -> dict:
     """Run one stage's flow: in this process, or (dispatch, GPU-pool stages) through its deployment on
     the `gpu` work pool, waiting for it and failing if it fails."""
     stage = STAGES[name]
@@ -117,52 +101,50 @@ def run_stage(name: str, config, home: Optional[str], force: bool, dispatch: boo
 def table3(models: ModelsConfig = ModelsConfig(), home: Optional[str] = None, force: bool = False,
            dispatch: bool = False) -> list[dict]:
     """Base, larger base and random-init models; NKB and NKB-a injection; QA fine-tuning and evaluation of each
-    row; the report with the knowledge probe and the no-forgetting check. dispatch: run these GPU stages
+    row; the report with the knowledge probe and the no-forgetting check. dispatch: run the GPU stages
     through their deployments (workers on the `gpu` pool) instead of in this process."""
-    def run(name: str, config) -> dict:
-        return run_stage(name, config, home, force, dispatch)
+    wanted = models.rows
 
-    wanted, device = models.rows, models.device
-    pretrain = BaseModelConfig(size=models.base_size, steps=models.pretrain_steps,
-                               batch_size=models.pretrain_batch_size, lr=models.pretrain_lr,
-                               lr_decay=models.pretrain_lr_decay, ssm_share=models.pretrain_ssm_share,
-                               ssm_max_words=models.max_words, device=device)
-    rows = [run("base-model", pretrain)]
+    def go(name: str, config) -> dict:
+        if "device" in type(config).model_fields:
+            config = config.model_copy(update={"device": models.device})
+        return run(name, config, home, force, dispatch)
+
+    rows = [go("pretraining-data", models.pretraining)]
+    if models.base.ssm_share:
+        rows.append(go("salient-spans", models.spans.model_copy(update={"corpus": models.pretraining.corpus,
+                                                                         "source": "pretraining"})))
+    rows.append(go("base-model", models.base))
     if "transformer" in wanted:
-        rows.append(run("base-model", pretrain.model_copy(update={"name": "transformer", "steps": 0})))
+        rows.append(go("base-model", models.base.model_copy(update={"name": "transformer", "steps": 0})))
     if "large" in wanted:
-        large = {"name": "large", "size": models.large_size, "steps": models.large_steps or models.pretrain_steps}
-        rows.append(run("base-model", pretrain.model_copy(update=large)))
-    injection = InjectConfig(steps=models.inject_steps, batch_size=models.inject_batch_size, lr=models.inject_lr,
-                             layers=models.inject_layers, slots=models.slots,
-                             general_share=models.inject_general_share, device=device)
+        large = {"name": "large", "size": models.large_size, "steps": models.large_steps or models.base.steps}
+        rows.append(go("base-model", models.base.model_copy(update=large)))
     if "base+nkb" in wanted:
-        rows.append(run("inject", injection))
+        rows.append(go("inject", models.inject))
     if "base+nkb-a" in wanted:
-        rows.append(run("inject", injection.model_copy(update={"variant": "nkb-a", "steps": models.nkb_a_steps,
-                                                               "lr": models.nkb_a_lr})))
-    evaluated = [name for name in ("transformer", "base", "base+nkb", "base+nkb-a", "large") if name in wanted]
-    for name in evaluated:
-        rows.append(run("finetune", FinetuneConfig(model=name, epochs=models.finetune_epochs, lr=models.finetune_lr,
-                                                   answer_format=models.answer_format, device=device)))
-        rows.append(run("evaluate", EvaluateConfig(model=f"{name}.qa", device=device)))
+        rows.append(go("inject", models.inject.model_copy(update={"variant": "nkb-a", "steps": models.nkb_a_steps,
+                                                                  "lr": models.nkb_a_lr})))
+    qa = models.finetune.model_copy(update={"name": None, "task": None, "knowledge": "none"})
+    for name in ("transformer", "base", "base+nkb", "base+nkb-a", "large"):
+        if name in wanted:
+            rows.append(go("finetune", qa.model_copy(update={"model": name})))
+            rows.append(go("evaluate", EvaluateConfig(model=f"{name}.qa")))
     for name in ("base", "base+nkb", "base+nkb-a"):  # does injection hurt general generation? (Table 4)
         if name in wanted:
-            for task in models.generation_tasks:
-                rows.append(run("finetune", FinetuneConfig(model=name, task=task, epochs=models.generation_epochs,
-                                                           lr=models.finetune_lr, device=device)))
-                rows.append(run("evaluate", EvaluateConfig(model=f"{name}.{task}", device=device)))
+            for task_name in models.generation_tasks:
+                rows.append(go("finetune", qa.model_copy(update={"model": name, "task": task_name, "answer_format": "plain",
+                                                                 "epochs": models.generation_epochs})))
+                rows.append(go("evaluate", EvaluateConfig(model=f"{name}.{task_name}")))
     for mode in ("kformer", "concat"):  # the base with retrieved documents, on the same fine-tuning budget
         if mode in wanted:
-            rows.append(run("finetune", FinetuneConfig(model="base", name=f"base.{mode}", knowledge=mode,
-                                                       epochs=models.finetune_epochs, lr=models.finetune_lr,
-                                                       answer_format=models.answer_format, device=device)))
-            rows.append(run("evaluate", EvaluateConfig(model=f"base.{mode}", device=device)))
+            rows.append(go("finetune", qa.model_copy(update={"model": "base", "name": f"base.{mode}", "knowledge": mode})))
+            rows.append(go("evaluate", EvaluateConfig(model=f"base.{mode}")))
     optional = {field: name if row in wanted else None
                 for field, row, name in (("transformer", "transformer", "transformer"), ("nkb", "base+nkb", "base+nkb"),
                                          ("nkb_a", "base+nkb-a", "base+nkb-a"), ("large", "large", "large"),
                                          ("kformer", "kformer", "base.kformer"), ("concat", "concat", "base.concat"))}
-    rows.append(run("report", ReportConfig(**optional, generation_tasks=models.generation_tasks, device=device)))
+    rows.append(go("report", ReportConfig(**optional, generation_tasks=models.generation_tasks)))
     return rows
 
 
@@ -170,29 +152,23 @@ def table3(models: ModelsConfig = ModelsConfig(), home: Optional[str] = None, fo
 def pipeline(world: SampleWorldConfig = SampleWorldConfig(), home: Optional[str] = None, force: bool = False,
              train_models: bool = True, models: ModelsConfig = ModelsConfig(), dispatch: bool = False) -> list[dict]:
     """Generate the sample world, ingest its corpora, load its QA datasets, index the knowledge corpus,
-    retrieve the top-3 documents per question, find their salient spans, and (with `train_models`)
-    run the Table 3 flow, then analyse and edit base+NKB's slots. dispatch: GPU-pool stages run through their deployments (needs a server with
-    a worker on the `gpu` pool, see `nkb server up`); otherwise everything runs in this process."""
-    rows = [sample_world_flow(world, home, force)]
-    ingests, question_sets = stages.sample_world_inputs(Warehouse(home))
-    rows += [ingest_flow(config, home, force) for config in ingests]
-    rows += [questions_flow(config, home, force) for config in question_sets]
-    rows += [generation_data_flow(config, home, force) for config in stages.generation_inputs(Warehouse(home))]
-    rows.append(index_flow(IndexConfig(), home, force))
-    rows.append(retrieve_flow(RetrieveConfig(), home, force))
-    rows.append(salient_spans_flow(SalientSpansConfig(max_words=models.max_words), home, force))
+    retrieve the top-3 documents per question, find their salient spans, and (with `train_models`) run the
+    Table 3 flow, then analyse and edit base+NKB's slots. dispatch: GPU-pool stages run through their
+    deployments (needs a server with a worker on the `gpu` pool, see `nkb server up`); otherwise everything
+    runs in this process."""
+    rows = [run("sample-world", world, home, force)]
+    ingests, question_sets = sample_world_inputs(Warehouse(home))
+    rows += [run("ingest", config, home, force) for config in ingests]
+    rows += [run("questions", config, home, force) for config in question_sets]
+    rows += [run("generation-data", config, home, force) for config in generation_inputs(Warehouse(home))]
+    rows.append(run("index", IndexConfig(), home, force))
+    rows.append(run("retrieve", RetrieveConfig(), home, force))
+    rows.append(run("salient-spans", models.spans, home, force))
     if train_models:
         rows += table3(models, home, force, dispatch)
         if "base+nkb" in models.rows:  # what the slots hold, and editing them (the paper's sections 5 and 6)
-            rows.append(run_stage("analyze", AnalyzeConfig(device=models.device), home, force, dispatch))
-            rows.append(run_stage("surgery", SurgeryConfig(device=models.device), home, force, dispatch))
+            device = {"device": models.device}
+            rows.append(run("analyze", AnalyzeConfig(**device), home, force, dispatch))
+            rows.append(run("surgery", SurgeryConfig(**device), home, force, dispatch))
     create_table_artifact(key="pipeline-run", table=rows, description="Stages of this pipeline run")
     return rows
-
-
-STAGE_FLOWS = {"sample-world": sample_world_flow, "ingest": ingest_flow, "questions": questions_flow,
-               "generation-data": generation_data_flow,
-               "index": index_flow, "retrieve": retrieve_flow, "salient-spans": salient_spans_flow,
-               "base-model": base_model_flow, "inject": inject_flow, "finetune": finetune_flow,
-               "evaluate": evaluate_flow, "report": report_flow, "analyze": analyze_flow, "surgery": surgery_flow,
-               "edit": edit_flow}

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from flows.deployments import GPU_POOL_CONCURRENCY
-from flows.registry import STAGES
+from stages.registry import STAGES
 
 POOLS = {"cpu": None, "gpu": GPU_POOL_CONCURRENCY}  # name -> concurrency limit
 HOST = "127.0.0.1"

@@ -1,10 +1,17 @@
 """One config model per stage. Each is also its Prefect flow's parameter type (the UI draws a form
-from it) and the set of `--set key=value` keys of `nkb run STAGE`; every field has help text."""
+from it) and the set of `--set key=value` keys of `nkb run STAGE`; every field has help text.
+
+Settings shared by several stages are declared once, as annotated types (`DeviceChoice`, `LearningRate`,
+...): a stage that wants another default gives the type a new default, and keeps its help and bounds. The
+training settings live in one base class, `TrainingConfig`, which also turns them into the training loop's
+`TrainConfig`. `volatile` names the fields that change how fast a stage runs, not what it produces: they
+are left out of the inputs fingerprint, so changing them does not rerun a stage.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Any, ClassVar, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -13,10 +20,62 @@ ModelSize = Literal["tiny", "mini", "small", "large"]  # nkb_model.base_model.SI
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"
 
+# ---- settings shared by several stages, declared once ---------------------------------------------
+
+DeviceChoice = Annotated[Literal["auto", "cpu", "cuda"], Field(
+    description="auto: CUDA with bf16 if available, else CPU fp32.")]
+Devices = Annotated[int, Field(ge=1, description="Devices (GPUs, or CPU processes) to train on; above 1 the stage "
+                                                 "runs under torchrun, data parallel.")]
+BatchSize = Annotated[int, Field(ge=1, description="Examples per optimizer step (sequences, SSM examples or "
+                                                   "questions).")]
+MicroBatchSize = Annotated[Optional[int], Field(ge=1, description="Examples per forward pass; gradients accumulate "
+                                                                  "up to batch_size.")]
+Optimizer = Annotated[Literal["adafactor", "adamw"], Field(description="Optimizer (the paper: AdaFactor).")]
+LearningRate = Annotated[float, Field(gt=0, description="Learning rate after warm-up (constant unless lr_decay).")]
+WarmupSteps = Annotated[int, Field(ge=0, description="Linear warm-up steps.")]
+LrDecay = Annotated[bool, Field(description="After warm-up, decay the learning rate linearly to zero at the last "
+                                            "step instead of keeping it constant.")]
+Seed = Annotated[int, Field(description="Seed for initialisation, data order and masking.")]
+
 
 class StageConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    volatile: ClassVar[frozenset[str]] = frozenset()
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that decide what the stage produces: the config part of its inputs fingerprint."""
+        return self.model_dump(exclude=set(self.volatile))
+
+
+class ModelStageConfig(StageConfig):
+    """A stage that runs a model: where it runs is chosen once, at the stage's entry."""
+    volatile = frozenset({"device"})
+
+    device: DeviceChoice = "auto"
+
+
+class TrainingConfig(ModelStageConfig):
+    """A stage that trains: the training loop's settings."""
+    volatile = frozenset({"device", "devices", "micro_batch_size"})
+
+    batch_size: BatchSize = 32
+    micro_batch_size: MicroBatchSize = None
+    optimizer: Optimizer = "adafactor"
+    lr: LearningRate = 1e-3
+    warmup_steps: WarmupSteps = 0
+    lr_decay: LrDecay = False
+    devices: Devices = 1
+
+    def train_config(self, steps: int, batch_size: int | None = None):
+        """The training loop's settings for `steps` steps (batch_size: a smaller batch than configured)."""
+        from nkb_model.train import TrainConfig
+        return TrainConfig(steps=steps, batch_size=batch_size or self.batch_size,
+                           micro_batch_size=self.micro_batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
+                           decay=self.lr_decay, optimizer=self.optimizer)
+
+
+# ---- data stages ---------------------------------------------------------------------------------
 
 class SampleWorldConfig(StageConfig):
     """Generate the fictional sample world: a MediaWiki dump, general text, QA files, facts, probes, two generation tasks."""
@@ -31,6 +90,7 @@ class SampleWorldConfig(StageConfig):
 
 class IngestConfig(StageConfig):
     """Read a Wikipedia-like corpus into the `documents` table (one partition per corpus)."""
+    volatile = frozenset({"workers"})
 
     path: str = Field(description="Corpus file: MediaWiki XML dump (.xml or .xml.bz2), DPR passages .tsv, or .jsonl.")
     format: Optional[Literal["mediawiki", "dpr_tsv", "jsonl"]] = Field(
@@ -87,6 +147,7 @@ class GenerationDataConfig(StageConfig):
 
 class IndexConfig(StageConfig):
     """Build a BM25 Lucene index over one corpus of `documents` (reused while the corpus is unchanged)."""
+    volatile = frozenset({"threads"})
 
     corpus: str = Field("sampleworld", pattern=_NAME, description="The `documents` corpus to index.")
     k1: float = Field(0.9, gt=0, description="BM25 term-frequency saturation (Anserini's default 0.9).")
@@ -96,6 +157,7 @@ class IndexConfig(StageConfig):
 
 class RetrieveConfig(StageConfig):
     """Retrieve the top-k documents for every question from a corpus's BM25 index into `retrievals`."""
+    volatile = frozenset({"threads", "batch_size"})
 
     corpus: str = Field("sampleworld", pattern=_NAME, description="Corpus whose newest index to search.")
     k: int = Field(3, ge=1, le=1000, description="Documents per question (the NKB paper uses the top 3).")
@@ -105,10 +167,17 @@ class RetrieveConfig(StageConfig):
 
 
 class SalientSpansConfig(StageConfig):
-    """Segment the retrieved documents on sentence boundaries and find salient spans with spaCy NER."""
+    """Find salient spans (named entities and dates) with spaCy NER in segments of a corpus: its retrieved
+    documents cut on sentence boundaries, or the pretraining sentences of its pretraining data."""
+    volatile = frozenset({"batch_size", "n_process", "dask"})
 
-    corpus: str = Field("sampleworld", pattern=_NAME, description="Corpus of the retrieved documents.")
-    max_words: int = Field(300, ge=8, description="Longest segment in words (300 words fit T5's 512-token input).")
+    corpus: str = Field("sampleworld", pattern=_NAME, description="Corpus of the documents.")
+    source: Literal["retrieved", "pretraining"] = Field(
+        "retrieved", description="retrieved: segment the corpus's retrieved documents (what NKB injection learns); "
+                                 "pretraining: the training sentences the pretraining-data stage wrote for the "
+                                 "corpus (what base-model's salient span masking learns).")
+    max_words: int = Field(300, ge=8, description="Longest segment of a retrieved document in words (300 words fit "
+                                                  "T5's 512-token input).")
     labels: list[str] = Field(
         default_factory=lambda: ["PERSON", "NORP", "FAC", "ORG", "GPE", "LOC", "PRODUCT", "EVENT", "WORK_OF_ART",
                                  "LAW", "LANGUAGE", "DATE"],
@@ -124,42 +193,47 @@ class SalientSpansConfig(StageConfig):
                                 "is the same as in-process. Workers must see the warehouse path.")
 
 
-class BaseModelConfig(StageConfig):
-    """Train a T5-style tokenizer on warehouse text and pretrain a small T5 with span corruption."""
+# ---- training stages -----------------------------------------------------------------------------
 
-    name: str = Field("base", pattern=_NAME, description="Name of the model in reports, e.g. base or large.")
-    size: ModelSize = Field("small", description="tiny (~2M parameters), mini (~3M), small (~11M), large (~30M).")
+class PretrainingDataConfig(StageConfig):
+    """Train a T5-style tokenizer on warehouse text and pack a corpus into token rows for pretraining (a share
+    held out), with the training rows' sentences as `segments` for salient span masking."""
+
+    corpus: str = Field("general", pattern=_NAME, description="Corpus of `documents` to pretrain on (the sample "
+                                                             "world's general text states no question fact).")
     vocab_size: int = Field(4000, ge=100, description="SentencePiece pieces (plus <pad>, </s>, <unk> and 100 sentinels).")
     tokenizer_corpora: list[str] = Field(default_factory=lambda: ["general", "sampleworld"],
                                          description="Corpora of `documents` the tokenizer is trained on.")
-    pretrain_corpus: str = Field("general", pattern=_NAME,
-                                 description="Corpus the model is pretrained on (the sample world's states no question fact).")
-    held_out_share: float = Field(0.05, ge=0, lt=0.5, description="Share of pretraining sequences kept for the held-out loss.")
+    held_out_share: float = Field(0.05, ge=0, lt=0.5, description="Share of the packed sequences kept for the "
+                                                                  "held-out loss (the no-forgetting check).")
     seq_len: int = Field(128, ge=16, description="Tokens per packed pretraining sequence.")
+    max_words: int = Field(15, ge=8, description="Longest training sentence segment, in words (salient span "
+                                                 "masking asks for one of its entities).")
+    seed: int = Field(0, description="Seed of the held-out split.")
+
+
+class BaseModelConfig(TrainingConfig):
+    """Pretrain a small T5 with span corruption (and salient span masking) on a corpus's pretraining data."""
+
+    name: str = Field("base", pattern=_NAME, description="Name of the model in reports, e.g. base or large.")
+    size: ModelSize = Field("small", description="tiny (~2M parameters), mini (~3M), small (~11M), large (~30M).")
+    pretrain_corpus: str = Field("general", pattern=_NAME, description="Corpus whose newest pretraining data "
+                                                                       "(pretraining-data stage) to pretrain on.")
     steps: int = Field(1500, ge=0, description="Optimizer steps; 0 keeps the random initialisation (the "
                                               "report's Transformer row).")
-    batch_size: int = Field(32, ge=1, description="Sequences per step.")
-    micro_batch_size: Optional[int] = Field(None, ge=1, description="Sequences per forward pass (gradient accumulation).")
-    optimizer: Literal["adamw", "adafactor"] = Field("adamw", description="Optimizer.")
-    lr: float = Field(1e-3, gt=0, description="Learning rate after warm-up (constant unless lr_decay).")
-    warmup_steps: int = Field(100, ge=0, description="Linear warm-up steps.")
-    lr_decay: bool = Field(False, description="After warm-up, decay the learning rate linearly to zero at the last "
-                                              "step instead of keeping it constant.")
+    optimizer: Optimizer = "adamw"
+    warmup_steps: WarmupSteps = 100
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout rate of the model (0 trains about twice as fast on CPU).")
     ssm_share: float = Field(0.0, ge=0, lt=1, description=(
         "Share of the steps that train on salient span masking (one spaCy entity or date of a training sentence "
-        "masked) instead of span corruption; 0 is T5's objective alone. A small base pretrained briefly learns "
-        "from random spans little more than syntax; masking entities makes it recall facts, and so learn the "
-        "relations that NKB slots then key on."))
+        "masked; salient-spans with source=pretraining finds them) instead of span corruption; 0 is T5's objective "
+        "alone. A small base pretrained briefly learns from random spans little more than syntax; masking "
+        "entities makes it recall facts, and so learn the relations that NKB slots then key on."))
     ssm_batch_size: int = Field(64, ge=1, description="Sentences per salient-span-masking step.")
-    ssm_max_words: int = Field(15, ge=8, description="Longest salient-span-masking sentence segment, in words.")
-    seed: int = Field(0, description="Seed for initialisation, data order and noise.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
-    devices: int = Field(1, ge=1, description="Devices (GPUs, or CPU processes) to train on; above 1 the stage "
-                                              "relaunches itself under torchrun, data parallel.")
+    seed: Seed = 0
 
 
-class InjectConfig(StageConfig):
+class InjectConfig(TrainingConfig):
     """Inject the salient-span-masked knowledge corpus into NKB slots mounted on a base model."""
 
     base_model: str = Field("base", description="Model name from the base-model stage, or a Hugging Face T5 directory.")
@@ -171,11 +245,8 @@ class InjectConfig(StageConfig):
                               description="Blocks to mount slots on: encoder.N / decoder.N (N may be negative).")
     slots: Optional[int] = Field(None, ge=1, description="Slots per layer; default the FFN width d_ff.")
     steps: int = Field(3000, ge=1, description="Optimizer steps (the paper: 30K at batch 256).")
-    batch_size: int = Field(64, ge=1, description="Examples per step (the paper: 256, via gradient accumulation).")
-    micro_batch_size: Optional[int] = Field(None, ge=1, description="Examples per forward pass.")
-    optimizer: Literal["adafactor", "adamw"] = Field("adafactor", description="Optimizer (the paper: AdaFactor).")
-    lr: float = Field(1e-3, gt=0, description="Learning rate, constant after warm-up (the paper: 1e-3; 1e-2 for HEAD-QA).")
-    warmup_steps: int = Field(100, ge=0, description="Linear warm-up steps.")
+    batch_size: BatchSize = 64
+    warmup_steps: WarmupSteps = 100
     max_input_len: int = Field(512, ge=8, description="Input tokens (the paper: 512).")
     skip_repeated_spans: bool = Field(
         True, description="Mask only spans whose text occurs once in their segment: a repeated one (the "
@@ -187,16 +258,13 @@ class InjectConfig(StageConfig):
     general_corpus: str = Field("general", pattern=_NAME, description="Corpus of general text for general_share; "
                                                                       "the base's held-out rows are left out.")
     general_batch_size: int = Field(16, ge=1, description="Packed general-text sequences per general step.")
-    seed: int = Field(0, description="Seed for slot initialisation, masking and order.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
-    devices: int = Field(1, ge=1, description="Devices (GPUs, or CPU processes) to train on; above 1 the stage "
-                                              "relaunches itself under torchrun, data parallel.")
+    seed: Seed = 0
 
     def model_name(self) -> str:
         return self.name or f"{Path(self.base_model).name}+{self.variant}"
 
 
-class FinetuneConfig(StageConfig):
+class FinetuneConfig(TrainingConfig):
     """Fine-tune a model (all parameters) for closed-book QA on the `questions` train split."""
 
     model: str = Field("base+nkb", description="Model to fine-tune: a name from base-model/inject, or a HF T5 directory.")
@@ -204,12 +272,6 @@ class FinetuneConfig(StageConfig):
     datasets: Optional[list[str]] = Field(None, description="Datasets to train on; default: every one with the split.")
     split: str = Field("train", pattern=_NAME, description="Split to train on.")
     epochs: int = Field(30, ge=1, description="Passes over the training questions.")
-    batch_size: int = Field(32, ge=1, description="Questions per step.")
-    micro_batch_size: Optional[int] = Field(None, ge=1, description="Questions per forward pass.")
-    optimizer: Literal["adafactor", "adamw"] = Field("adafactor", description="Optimizer (the paper: AdaFactor).")
-    lr: float = Field(1e-3, gt=0, description="Learning rate (the paper: 1e-3, constant).")
-    lr_decay: bool = Field(False, description="Decay the learning rate linearly to zero at the last step instead "
-                                              "of keeping it constant.")
     max_input_len: int = Field(256, ge=8, description="Input tokens (the paper: 256).")
     freeze_nkb: bool = Field(False, description="Keep the NKB slots fixed while fine-tuning the rest.")
     answer_format: Literal["plain", "sentinel"] = Field(
@@ -230,9 +292,6 @@ class FinetuneConfig(StageConfig):
     task: Optional[str] = Field(None, pattern=_NAME, description="A general-generation task of `gen_examples` "
                                                                 "(e.g. summaries, translation) to train on instead of QA.")
     seed: int = Field(0, description="Seed for the order of questions.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
-    devices: int = Field(1, ge=1, description="Devices (GPUs, or CPU processes) to train on; above 1 the stage "
-                                              "relaunches itself under torchrun, data parallel.")
 
     @model_validator(mode="after")
     def _knowledge_is_for_qa(self):
@@ -244,8 +303,11 @@ class FinetuneConfig(StageConfig):
         return self.name or f"{Path(self.model).name}.{self.task or 'qa'}"
 
 
-class EvaluateConfig(StageConfig):
+# ---- evaluation, report, knowledge ----------------------------------------------------------------
+
+class EvaluateConfig(ModelStageConfig):
     """Answer questions closed-book with greedy decoding; exact match into `predictions` and `metrics`."""
+    volatile = frozenset({"device", "batch_size"})
 
     model: str = Field("base+nkb.qa", description="Model to evaluate (a name from finetune, or a HF T5 directory).")
     datasets: Optional[list[str]] = Field(None, description="Datasets to evaluate; default: every one with the split.")
@@ -258,10 +320,9 @@ class EvaluateConfig(StageConfig):
     batch_size: int = Field(64, ge=1, description="Questions per generation batch.")
     max_new_tokens: Optional[int] = Field(None, ge=1, description="Longest output in tokens; default 24 for QA "
                                                                   "answers, 64 for generation tasks.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
 
 
-class ReportConfig(StageConfig):
+class ReportConfig(ModelStageConfig):
     """The paper's Table 3: EM per dataset for each model row, with the knowledge probe and the no-forgetting check."""
 
     transformer: Optional[str] = Field("transformer", description="Randomly initialised model of the base's architecture.")
@@ -280,10 +341,9 @@ class ReportConfig(StageConfig):
                                                     "base+NKB-a (fine-tuned as <model>.<task>) are reported.")
     probes: Optional[str] = Field(None, description="Cloze probe file (JSONL: prompt, answer, split); default: "
                                                     "the sample world's probes.jsonl.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
 
 
-class AnalyzeConfig(StageConfig):
+class AnalyzeConfig(ModelStageConfig):
     """Read NKB slots (or a FFN's neurons) as key-value memories: values on the vocabulary, keys by the
     questions that make them fire."""
 
@@ -296,10 +356,9 @@ class AnalyzeConfig(StageConfig):
     split: str = Field("validation", pattern=_NAME, description="Questions whose activations are recorded.")
     facts: Optional[str] = Field(None, description="JSONL with question_id and relation, for key coherence; "
                                                    "default: the sample world's facts.jsonl when present.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
 
 
-class SurgeryConfig(StageConfig):
+class SurgeryConfig(ModelStageConfig):
     """Knowledge surgery (the paper's section 6): edit the top slot's value to change one answer; sweep λ."""
 
     model: str = Field("base+nkb.qa", description="Fine-tuned model with an NKB (a name, or a model directory).")
@@ -312,10 +371,9 @@ class SurgeryConfig(StageConfig):
     others: int = Field(5, ge=1, description="Other validation questions checked for changed predictions per edit.")
     split: str = Field("validation", pattern=_NAME, description="Questions to edit.")
     seed: int = Field(0, description="Seed for choosing the questions.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
 
 
-class EditConfig(StageConfig):
+class EditConfig(ModelStageConfig):
     """Edit one fact of a model's NKB in place and save the result as a new model version with an edit log."""
 
     model: str = Field(description="Model with an NKB to edit (a name, or a model directory).")
@@ -325,62 +383,66 @@ class EditConfig(StageConfig):
                                                                         "<model>.edit-<digest of the edit>.")
     layer: Optional[str] = Field(None, description="NKB block to edit; default: the last decoder block with an NKB.")
     lam: float = Field(0.07, gt=0, description="Edit strength λ (the paper's best: 0.07).")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA with bf16 if available, else CPU fp32.")
+
+
+# ---- the pipeline's models: the stage configs above, with the demo's values ----------------------
+
+Row = Literal["transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat"]
+DEMO_INJECT_LAYERS = ["encoder.-1", "decoder.0", "decoder.1"]
 
 
 class ModelsConfig(StageConfig):
-    """Sizes and budgets of the model stages in the pipeline (the report's rows), for one machine."""
+    """The model stages of the pipeline (the report's rows), each with its stage config; the defaults are the
+    demo's values for one 2-core machine. `nkb demo --set inject.steps=2000` changes one field of one."""
 
-    base_size: ModelSize = Field("tiny", description="Size of the base model.")
-    rows: list[Literal["transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat"]] = Field(
+    rows: list[Row] = Field(
         default_factory=lambda: ["transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat"],
         description="Report rows to train and evaluate (base is always built: the others derive from it).")
-    large_size: ModelSize = Field("mini", description="Size of the larger base (mini: 2x tiny's parameters for "
-                                                       "~1.4x its step time on CPU; small: 6.5x for ~4x).")
-    large_steps: Optional[int] = Field(None, ge=1, description="Pretraining steps of the larger base; default "
-                                                               "pretrain_steps, the base's own budget.")
-    pretrain_steps: int = Field(2400, ge=1, description="Pretraining steps of the base (and larger) model. On the "
-                                                        "demo world a base pretrained 1,600 steps left base+NKB's "
-                                                        "unseen-wording probe at 27-46 over five injection seeds; 2,400 "
-                                                        "gave 63 and 52 for the first two.")
-    pretrain_batch_size: int = Field(32, ge=1, description="Sequences per pretraining step.")
-    pretrain_lr: float = Field(1e-3, gt=0, description="Pretraining learning rate (AdamW).")
-    pretrain_lr_decay: bool = Field(False, description="Decay the pretraining learning rate linearly to zero after "
-                                                       "warm-up (base-model's lr_decay) instead of keeping it constant.")
-    pretrain_ssm_share: float = Field(0.625, ge=0, lt=1, description=(
-        "Share of the pretraining steps on salient span masking instead of span corruption (base-model's "
-        "ssm_share); with 0 the tiny base fills masked facts with 'of', and injected facts do not transfer "
-        "to unseen wordings."))
-    max_words: int = Field(15, ge=8, description="Segment length for SSM. About one sentence: the masked fact then "
-                                                "has only its subject to be recalled from, as in a question.")
-    inject_layers: list[str] = Field(default_factory=lambda: ["encoder.-1", "decoder.0", "decoder.1"],
-                                     description="Blocks that get NKB slots (encoder.N / decoder.N). On the demo "
-                                                 "world these gave an unseen-wording probe of 43.9 (seen: 71.7); the "
-                                                 "paper's last decoder block alone 40.1 (62.3), 41.0 (62.3) with as "
-                                                 "many slots in all.")
-    inject_steps: int = Field(4000, ge=1, description="NKB injection steps (only the slots train: cheap). On the demo world "
-                                                       "2,000 left the SSM loss at 0.30; 4,000 halve it and double the "
-                                                       "unseen-wording probe, 6,000 gain no more.")
-    inject_batch_size: int = Field(64, ge=1, description="SSM examples per injection step.")
-    inject_lr: float = Field(3e-2, gt=0, description="NKB injection learning rate.")
-    inject_general_share: float = Field(0.1, ge=0, lt=1, description=(
-        "Share of the injection steps (NKB and NKB-a) on span corruption of general text (inject's general_share). "
-        "On the demo world, slots injected with facts alone raised the held-out loss from 2.47 to 9.01 and halved "
-        "base+NKB's translation BLEU after fine-tuning (24.8 vs the base's 50.2); 0.1 gave 2.76 and 44.8 for an "
-        "unseen-wording probe of 57 instead of 63; 0.05 gave 2.93 and 55; 0.2 gave 2.64 and 41.5 but a probe of 35."))
-    nkb_a_steps: int = Field(500, ge=1, description="NKB-a injection steps (every parameter trains: ~3x a NKB step).")
-    nkb_a_lr: float = Field(1e-3, gt=0, description="NKB-a injection learning rate (the paper's).")
-    slots: Optional[int] = Field(None, ge=1, description="NKB slots; default d_ff.")
-    finetune_epochs: int = Field(30, ge=1, description="QA fine-tuning epochs.")
-    finetune_lr: float = Field(1e-3, gt=0, description="QA fine-tuning learning rate.")
-    answer_format: Literal["plain", "sentinel"] = Field(
-        "sentinel", description="QA format of every row's fine-tuning (finetune's answer_format). sentinel: the "
-                                "answer asked for like a masked span, the path the NKB was injected on; with plain "
-                                "(the paper's) the tiny base+NKB, injected 2,000 steps, led base by 8.6 EM instead "
-                                "of 18.3.")
+    spans: SalientSpansConfig = Field(
+        default_factory=lambda: SalientSpansConfig(max_words=15),
+        description="Salient spans of the retrieved documents: sentence-long segments (max_words 15), so that a "
+                    "masked fact can only be recalled from its subject, as in a question.")
+    pretraining: PretrainingDataConfig = Field(
+        default_factory=PretrainingDataConfig,
+        description="The tokenizer and packed pretraining text shared by the base, the larger base and the "
+                    "Transformer row.")
+    base: BaseModelConfig = Field(
+        default_factory=lambda: BaseModelConfig(size="tiny", steps=2400, ssm_share=0.625),
+        description="The base: a tiny T5 pretrained 2,400 steps, 1,500 of them on salient span masking. After "
+                    "1,600 steps base+NKB's unseen-wording probe was 27-46 over five injection seeds, after 2,400 "
+                    "63 and 52 for the first two; with span corruption alone the tiny base fills masked facts with "
+                    "'of', and injected facts do not transfer to unseen wordings.")
+    large_size: ModelSize = Field("mini", description="Size of the larger base, pretrained like the base (mini: 2x "
+                                                      "tiny's parameters for ~1.4x its step time on CPU).")
+    large_steps: Optional[int] = Field(None, ge=1, description="Pretraining steps of the larger base; default the "
+                                                               "base's own.")
+    inject: InjectConfig = Field(
+        default_factory=lambda: InjectConfig(steps=4000, lr=3e-2, layers=DEMO_INJECT_LAYERS, general_share=0.1),
+        description="NKB injection (base+NKB): 4,000 steps at 3e-2 on the last encoder block and both decoder "
+                    "blocks, one step in ten on general text. On the demo world 2,000 steps left the SSM loss at "
+                    "0.30; 4,000 halve it and double the unseen-wording probe. Slots injected with facts alone "
+                    "raised the held-out loss from 2.47 to 9.01 and halved base+NKB's translation BLEU; general "
+                    "text keeps them quiet on other text.")
+    nkb_a_steps: int = Field(500, ge=1, description="Steps of the base+NKB-a row: inject's settings with every "
+                                                    "parameter training (~3x a NKB step).")
+    nkb_a_lr: float = Field(1e-3, gt=0, description="Learning rate of the base+NKB-a row (the paper's).")
+    finetune: FinetuneConfig = Field(
+        default_factory=lambda: FinetuneConfig(epochs=30, answer_format="sentinel"),
+        description="QA fine-tuning of every row (Kformer and concat too; model, name, task and knowledge are set "
+                    "per row). sentinel asks for the answer like a "
+                    "masked span, the path the NKB was injected on; with plain (the paper's) the tiny base+NKB, "
+                    "injected 2,000 steps, led base by 8.6 EM instead of 18.3.")
     generation_tasks: list[str] = Field(default_factory=lambda: ["summaries", "translation"],
                                         description="General-generation tasks on which base, base+NKB and base+NKB-a "
                                                     "are fine-tuned and scored (the paper's Table 4).")
-    generation_epochs: int = Field(20, ge=1, description="Fine-tuning epochs per generation task (at 5 the scores "
-                                                          "still mostly measured under-fitting).")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device for every model stage.")
+    generation_epochs: int = Field(20, ge=1, description="Fine-tuning epochs per generation task (finetune's other "
+                                                          "settings); at 5 the scores still mostly measured "
+                                                          "under-fitting.")
+    device: DeviceChoice = "auto"
+
+    @model_validator(mode="after")
+    def _base_reads_the_pretraining_data(self):
+        if self.base.pretrain_corpus != self.pretraining.corpus:
+            raise ValueError(f"base.pretrain_corpus ({self.base.pretrain_corpus!r}) must be the pretraining data's "
+                             f"corpus, pretraining.corpus ({self.pretraining.corpus!r})")
+        return self

@@ -1,7 +1,7 @@
-"""The stages: plain functions `stage(wh, config, force) -> StageResult` that join a corpus/model
-function to the warehouse. The Prefect flows and the CLI both call these, and nothing else.
+"""Data stages: the sample world, corpora and QA datasets into tables, the BM25 index, retrieval, salient spans.
 
-Each stage computes its inputs fingerprint (config + digests of what it reads), runs atomically via
+Like every stage, each is a plain function `stage(wh, config, force) -> StageResult` that computes its
+inputs fingerprint (config + digests or lineage of what it reads), runs atomically via
 `warehouse.run_stage`, and is skipped when the same inputs already succeeded.
 """
 
@@ -13,33 +13,25 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import pyarrow.compute as pc
 from pydantic import BaseModel
-from tqdm import tqdm
 
 from corpus import documents as docs
 from corpus import qa
 from corpus import sample_world
 from corpus.errors import InputFileError, require_file
-from flows.configs import (GenerationDataConfig, IndexConfig, IngestConfig, QuestionsConfig, RetrieveConfig, SalientSpansConfig,
-                           SampleWorldConfig)
+from stages.configs import (GenerationDataConfig, IndexConfig, IngestConfig, QuestionsConfig, RetrieveConfig,
+                            SalientSpansConfig, SampleWorldConfig)
+from stages.inputs import PRETRAINING, corpus_lineage, world_dir
+from stages.progress import counting, progress
 from warehouse import ShardTarget, StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs, run_stage
 
 BATCH_ROWS = 2000
 
 
-def progress(**kwargs) -> tqdm:
-    """Progress bars on stderr; off when NKB_PROGRESS=0 (tests, logs)."""
-    return tqdm(disable=os.environ.get("NKB_PROGRESS", "1") == "0", mininterval=0.5, **kwargs)
-
-
 # ---- sample-world -----------------------------------------------------------------------------
-
-def world_dir(wh: Warehouse) -> Path:
-    return wh.files_dir / "sample-world"
-
 
 def generate_sample_world(wh: Warehouse, config: SampleWorldConfig, force: bool = False) -> StageResult:
     """Write the sample world's files under `<home>/files/sample-world/`, replacing them atomically."""
@@ -62,6 +54,28 @@ def generate_sample_world(wh: Warehouse, config: SampleWorldConfig, force: bool 
     return run_stage(wh, "sample-world", params, fp, body, force=force, still_valid=files_present)
 
 
+# ---- stages that read one input file --------------------------------------------------------------
+
+def file_input(stage: str, config, **resolved) -> tuple[str, dict, str]:
+    """(absolute path, config to record, inputs fingerprint) of a stage reading the file `config.path`.
+    `resolved`: settings the stage derived (e.g. the format from the name), recorded and fingerprinted too.
+    The file's content, not its path, identifies the input: a moved file is not read again."""
+    require_file(config.path)
+    path = os.path.abspath(config.path)
+    fp = fingerprint(stage, config.identity() | resolved | {"path": None}, [file_digest(path)])
+    return path, config.model_dump() | resolved | {"path": path}, fp
+
+
+def first_repeat(ids) -> str | None:
+    """The first id that occurs a second time, or None."""
+    seen = set()
+    for i in ids:
+        if i in seen:
+            return i
+        seen.add(i)
+    return None
+
+
 # ---- ingest -------------------------------------------------------------------------------
 
 def ingest(wh: Warehouse, config: IngestConfig, force: bool = False) -> StageResult:
@@ -69,10 +83,7 @@ def ingest(wh: Warehouse, config: IngestConfig, force: bool = False) -> StageRes
     require_file(config.path)
     fmt = config.format or docs.infer_format(config.path)
     corpus = config.corpus_name()
-    path = os.path.abspath(config.path)
-    params = config.model_dump() | {"format": fmt, "corpus": corpus, "path": path}
-    # The file's content, not its path, identifies the input: a moved file is not ingested again.
-    fp = fingerprint("ingest", params | {"path": None, "workers": None}, [file_digest(path)])
+    path, params, fp = file_input("ingest", config, format=fmt, corpus=corpus)
     # Worker processes cost about a second to start: worth it from roughly 10 MB of XML (1 MB of .bz2).
     workers = config.workers or ((os.cpu_count() or 1) if os.path.getsize(path) > 1e6 else 1)
 
@@ -106,10 +117,7 @@ def ingest(wh: Warehouse, config: IngestConfig, force: bool = False) -> StageRes
 
 def load_questions(wh: Warehouse, config: QuestionsConfig, force: bool = False) -> StageResult:
     """Read one QA split into `questions`, partition = `<dataset>.<split>`; long answers filtered."""
-    require_file(config.path)
-    path = os.path.abspath(config.path)
-    params = config.model_dump() | {"path": path}
-    fp = fingerprint("questions", params | {"path": None}, [file_digest(path)])
+    path, params, fp = file_input("questions", config)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
@@ -117,11 +125,9 @@ def load_questions(wh: Warehouse, config: QuestionsConfig, force: bool = False) 
         if not read:
             raise InputFileError(path, None, "no questions found")
         kept, dropped = qa.filter_long_answers(read, config.max_answer_tokens)
-        seen = set()
-        for q in read:
-            if q.local_id in seen:
-                raise InputFileError(path, None, f"question id {q.local_id!r} occurs more than once")
-            seen.add(q.local_id)
+        repeated = first_repeat(q.local_id for q in read)
+        if repeated is not None:
+            raise InputFileError(path, None, f"question id {repeated!r} occurs more than once")
         run.write("questions", f"{config.dataset}.{config.split}", {
             "question_id": [qa.make_question_id(config.dataset, config.split, q.local_id) for q in kept],
             "dataset": [config.dataset] * len(kept), "split": [config.split] * len(kept),
@@ -137,10 +143,7 @@ def load_questions(wh: Warehouse, config: QuestionsConfig, force: bool = False) 
 def load_generation_data(wh: Warehouse, config: GenerationDataConfig, force: bool = False) -> StageResult:
     """Read one summarisation or translation split into `gen_examples`, partition = `<task>.<split>`."""
     from corpus import generation
-    require_file(config.path)
-    path = os.path.abspath(config.path)
-    params = config.model_dump() | {"path": path}
-    fp = fingerprint("generation-data", params | {"path": None}, [file_digest(path)])
+    path, params, fp = file_input("generation-data", config)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
@@ -150,11 +153,10 @@ def load_generation_data(wh: Warehouse, config: GenerationDataConfig, force: boo
         examples = list(itertools.islice(generation.read_examples(path, config.kind, *langs), config.limit))
         if not examples:
             raise InputFileError(path, None, "no examples found")
-        ids, seen = [e.local_id for e in examples], set()
-        for i in ids:
-            if i in seen:
-                raise InputFileError(path, None, f"example id {i!r} occurs more than once")
-            seen.add(i)
+        ids = [e.local_id for e in examples]
+        repeated = first_repeat(ids)
+        if repeated is not None:
+            raise InputFileError(path, None, f"example id {repeated!r} occurs more than once")
         n = len(examples)
         run.write("gen_examples", f"{config.task}.{config.split}", {
             "example_id": [f"{config.task}/{config.split}/{i}" for i in ids], "task": [config.task] * n,
@@ -171,20 +173,10 @@ def load_generation_data(wh: Warehouse, config: GenerationDataConfig, force: boo
 INDEX_META = "nkb-index.json"
 
 
-def corpus_lineage(wh: Warehouse, corpus: str) -> str:
-    found = [fp for name, fp in wh.lineage("documents", corpus) if name == corpus]
-    if not found:
-        corpora = sorted({name for name, _ in wh.lineage("documents")})
-        raise ValueError(f"no documents for corpus {corpus!r} (corpora: {', '.join(corpora) or 'none'}); "
-                         "run the ingest stage first")
-    return found[0]
-
-
 def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> StageResult:
     """Export a corpus to a JsonCollection and build a Lucene index under `files/indexes/`."""
     from corpus import bm25
-    params = config.model_dump(exclude={"threads"})
-    fp = fingerprint("index", params, [corpus_lineage(wh, config.corpus)])
+    fp = fingerprint("index", config.identity(), [corpus_lineage(wh, config.corpus)])
     target = wh.files_dir / "indexes" / f"{config.corpus}-{fp[:12]}"
 
     def body(run: StagedRun) -> dict:
@@ -194,7 +186,7 @@ def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> Stag
                 for d, t, x in zip(*(batch.column(c).to_pylist() for c in ("doc_id", "title", "text"))))
         tmp = run.scratch(target)  # the exported collection, only needed while the index is built
         with progress(desc=f"export {config.corpus}", unit=" docs") as bar:
-            n = bm25.write_json_collection(_counting(docs, bar), tmp / "collection")
+            n = bm25.write_json_collection(counting(docs, bar), tmp / "collection")
 
         def fill(directory: Path) -> float:
             bm25.build_index(tmp / "collection", directory, threads=config.threads, log_path=tmp / "index.log")
@@ -213,12 +205,6 @@ def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> Stag
 
     return run_stage(wh, "index", config.model_dump(), fp, body, force=force,
                      still_valid=lambda run: (Path(run.checkpoint or "") / INDEX_META).exists())
-
-
-def _counting(items, bar):
-    for item in items:
-        bar.update(1)
-        yield item
 
 
 def latest_index(wh: Warehouse, corpus: str) -> tuple[Path, dict]:
@@ -245,7 +231,7 @@ def retrieve(wh: Warehouse, config: RetrieveConfig, force: bool = False) -> Stag
     if not datasets:
         raise ValueError("no questions loaded; run the questions stage first")
     inputs = [meta["index_id"]] + [f"{n}:{fp}" for n, fp in question_parts if n.split(".")[0] in datasets]
-    fp = fingerprint("retrieve", config.model_dump(exclude={"threads", "batch_size"}) | {"datasets": datasets}, inputs)
+    fp = fingerprint("retrieve", config.identity() | {"datasets": datasets}, inputs)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
@@ -346,62 +332,71 @@ def ner_shards_here(jobs: list[NerShard]) -> list[int]:
 
 def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = False,
                        map_shards: Callable[[list[NerShard]], list[int]] = ner_shards_here) -> StageResult:
-    """Segment every retrieved document once, then run NER in resumable shards.
+    """NER in resumable shards over a corpus's segments: its retrieved documents, each segmented once into the
+    `segments` partition <corpus> here, or (source=pretraining) the `segments` partition <corpus>.pretraining
+    that the pretraining-data stage wrote.
 
     map_shards runs the pending shards and returns their row counts: in this process by default, or
     elsewhere (the flow passes a Dask-backed one when `config.dask` is set); the result is the same."""
-    retrieval_parts = wh.lineage("retrievals")
-    if not retrieval_parts:
-        raise ValueError("no retrievals; run the retrieve stage first")
     from corpus import ner
-    from corpus.segment import segment
-    inputs = [corpus_lineage(wh, config.corpus), ner.model_id(config.model)] + [f"{n}:{f}" for n, f in retrieval_parts]
-    fp = fingerprint("salient-spans", config.model_dump(exclude={"batch_size", "n_process", "dask"}), inputs)
+    if config.source == "retrieved":
+        partition = config.corpus
+        upstream = wh.lineage("retrievals")
+        if not upstream:
+            raise ValueError("no retrievals; run the retrieve stage first")
+        upstream = [("documents", corpus_lineage(wh, config.corpus))] + upstream
+    else:
+        partition = f"{config.corpus}.{PRETRAINING}"
+        upstream = [(n, f) for n, f in wh.lineage("segments", partition) if n == partition]
+        if not upstream:
+            raise ValueError(f"no pretraining sentences of corpus {config.corpus!r}; run the pretraining-data "
+                             f"stage first (nkb run pretraining-data --set corpus={config.corpus})")
+    inputs = [ner.model_id(config.model)] + [f"{n}:{f}" for n, f in upstream]
+    fp = fingerprint("salient-spans", config.identity(), inputs)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
-        doc_ids = sorted(set(wh.read("retrievals", ["doc_id"]).column("doc_id").to_pylist()))
-        docs = wh.read("documents", ["doc_id", "text"],
-                       filter=(pc.field("corpus") == config.corpus) & pc.field("doc_id").isin(doc_ids)).sort_by("doc_id")
-        seg_ids, seg_texts, seg_docs = [], [], []
-        for doc_id, text in zip(docs.column("doc_id").to_pylist(), docs.column("text").to_pylist()):
-            for i, piece in enumerate(segment(text, config.max_words)):
-                seg_ids.append(f"{doc_id}#{i}")
-                seg_texts.append(piece)
-                seg_docs.append(doc_id)
-        run.write("segments", config.corpus, {"segment_id": seg_ids, "doc_id": seg_docs, "text": seg_texts})
+        if config.source == "retrieved":
+            n_documents, seg_texts = _segment_retrieved(wh, run, config)
+            segments_file = str(run.staged_path("segments", partition))
+        else:
+            segments = wh.read("segments", ["text"], partitions=[partition])
+            n_documents, seg_texts = None, segments.column("text").to_pylist()
+            segments_file = str(wh.partition_path("segments", partition))
         n_process = config.n_process or (ner_processes(seg_texts) if not config.dask else 1)
-        shards = run.shards("salient_spans", config.corpus)
+        shards = run.shards("salient_spans", partition)
         resumed = shards.done_count()
-        segments_file = str(run.staged_path("segments", config.corpus))
-        jobs = [NerShard(segments=segments_file, start=lo, stop=min(lo + config.shard_size, len(seg_ids)),
+        jobs = [NerShard(segments=segments_file, start=lo, stop=min(lo + config.shard_size, len(seg_texts)),
                          target=asdict(shards.target(index)), labels=config.labels, batch_size=config.batch_size,
                          n_process=n_process, model=config.model)
-                for index, lo in enumerate(range(0, len(seg_ids), config.shard_size)) if not shards.is_done(index)]
+                for index, lo in enumerate(range(0, len(seg_texts), config.shard_size)) if not shards.is_done(index)]
         t = time.perf_counter()
         for rows in map_shards(jobs):
             shards.count(rows)
         if jobs:
             words = sum(len(x.split()) for job in jobs for x in seg_texts[job.start:job.stop])
             run.metric("ner_words_per_second", words / (time.perf_counter() - t))
-        return {"documents": docs.num_rows, "segments": len(seg_ids), "shards": len(jobs) + resumed,
-                "resumed_shards": resumed, "seconds": time.perf_counter() - started}
+        return {"source": config.source, "documents": n_documents, "segments": len(seg_texts),
+                "shards": len(jobs) + resumed, "resumed_shards": resumed, "seconds": time.perf_counter() - started}
 
     return run_stage(wh, "salient-spans", config.model_dump(), fp, body, force=force, resumable=True)
 
 
-def summarize(stage: str, result: StageResult, seconds: float) -> dict[str, Any]:
-    """One row describing a stage run: what it wrote, how long it took, how fast."""
-    run = result.run
-    value = result.value if isinstance(result.value, dict) else {}
-    row: dict[str, Any] = {"stage": stage, "run_id": run.run_id, "skipped": result.skipped,
-                           "rows_written": sum(v for v in run.outputs.values() if isinstance(v, int)),
-                           "written": ", ".join(f"{v} {k}" for k, v in run.outputs.items()),
-                           "seconds": round(seconds, 3)}
-    row.update({k: v for k, v in value.items() if k not in row and not isinstance(v, (list, dict))})
-    if not result.skipped and row["rows_written"] and seconds > 0:
-        row["rows_per_second"] = round(row["rows_written"] / seconds, 1)
-    return row
+def _segment_retrieved(wh: Warehouse, run: StagedRun, config: SalientSpansConfig) -> tuple[int, list[str]]:
+    """Segment every retrieved document of the corpus once, into `segments` (partition = corpus); returns the
+    number of documents and the segments' texts, in the order written."""
+    from corpus.segment import segment
+    doc_ids = sorted(set(wh.read("retrievals", ["doc_id"]).column("doc_id").to_pylist()))
+    docs = wh.read("documents", ["doc_id", "text"],
+                   filter=(pc.field("corpus") == config.corpus) & pc.field("doc_id").isin(doc_ids)).sort_by("doc_id")
+    seg_ids, seg_texts, seg_docs = [], [], []
+    for doc_id, text in zip(docs.column("doc_id").to_pylist(), docs.column("text").to_pylist()):
+        for i, piece in enumerate(segment(text, config.max_words)):
+            seg_ids.append(f"{doc_id}#{i}")
+            seg_texts.append(piece)
+            seg_docs.append(doc_id)
+    run.write("segments", config.corpus, {"segment_id": seg_ids, "doc_id": seg_docs, "text": seg_texts})
+    return docs.num_rows, seg_texts
 
 
 def load_sample_world(wh: Warehouse, config: SampleWorldConfig, general: bool = True) -> list[StageResult]:

@@ -11,20 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
-from flows.configs import AnalyzeConfig, EditConfig, SurgeryConfig
-from flows.model_stages import _publish, _questions, find_model, model_dir, qa_pair
-from nkb_model.checkpoint import INFO, hf_dir, read_info
+from stages.configs import AnalyzeConfig, EditConfig, SurgeryConfig
+from stages.inputs import qa_pair, read_questions, world_dir
+from stages.models import model_dir, model_present, publish_model, source_model
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, run_stage
-
-
-def _model_inputs(source: Path) -> list[str]:
-    return [str(source), read_info(source).get("built_by", "")]
 
 
 def _relations(wh: Warehouse, path: str | None) -> dict[str, str]:
     """question_id -> relation, from a facts file (default: the sample world's), or {} without one."""
     from corpus.sample_world import WorldFiles
-    from flows.stages import world_dir
     facts = Path(path) if path else WorldFiles.at(world_dir(wh)).root / "facts.jsonl"
     if not facts.exists():
         return {}
@@ -32,44 +27,42 @@ def _relations(wh: Warehouse, path: str | None) -> dict[str, str]:
     return {r["question_id"]: r["relation"] for r in rows if "question_id" in r and "relation" in r}
 
 
-def _default_edit_layer(model) -> str:
-    from nkb_model.nkb import mounted_layers
-    names = list(mounted_layers(model))
-    if not names:
-        raise ValueError("the model has no NKB mounted; surgery edits NKB slots")
-    decoder = [n for n in names if n.startswith("decoder")]
-    return (decoder or names)[-1]
+def _split_questions_lineage(wh: Warehouse, split: str) -> list[str]:
+    return [f"{n}:{f}" for n, f in wh.lineage("questions") if n.endswith("." + split)]
+
+
+def _retrieved_span_partitions(wh: Warehouse) -> list[tuple[str, str]]:
+    """The salient spans of retrieved documents, every corpus (not the pretraining sentences')."""
+    return [(n, f) for n, f in wh.lineage("salient_spans") if ".pretraining-" not in n]
+
+
+def _model_texts(questions, info: dict) -> list[str]:
+    """Model inputs of the questions, in the format the model was fine-tuned on."""
+    return [qa_pair(q, None, info.get("answer_format", "plain"))[0] for q in questions.column("question").to_pylist()]
 
 
 # ---- analyze --------------------------------------------------------------------------------------
 
 def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageResult:
     """nkb_values (top tokens and category of every value) and nkb_keys (top questions of every key)."""
-    import torch
-
     from nkb_model import analysis
-    from nkb_model.checkpoint import load_model
     from nkb_model.nkb import mounted_layers
     from nkb_model.train import choose_device
-    source = find_model(wh, config.model)
-    name = read_info(source)["name"]
-    questions = _questions(wh, None, config.split)
+    source = source_model(wh, config.model)
+    questions = read_questions(wh, None, config.split)
     relations = _relations(wh, config.facts)
-    inputs = _model_inputs(source) + [f"{n}:{f}" for n, f in wh.lineage("salient_spans")]
-    inputs += [f"{n}:{f}" for n, f in wh.lineage("questions") if n.endswith("." + config.split)]
-    fp = fingerprint("analyze", config.model_dump(exclude={"device"}), inputs + [str(len(relations))])
+    span_parts = _retrieved_span_partitions(wh)
+    inputs = source.lineage + [f"{n}:{f}" for n, f in span_parts] + _split_questions_lineage(wh, config.split)
+    fp = fingerprint("analyze", config.identity(), inputs + [str(len(relations))])
     device = choose_device(config.device)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
-        run.run.device = device.name
-        model, tokenizer, info = load_model(source)
-        model.to(device.device).eval()
+        model, tokenizer, info = source.load(device)
         layers = config.layers or (list(mounted_layers(model)) if config.kind == "nkb" else ["decoder.-1"])
-        spans = wh.read("salient_spans", ["text", "label"])
+        spans = wh.read("salient_spans", ["text", "label"], partitions=[n for n, _ in span_parts])
         lexicon = analysis.SpanLexicon(spans.column("text").to_pylist(), spans.column("label").to_pylist())
-        answer_format = info.get("answer_format", "plain")
-        texts = [qa_pair(q, None, answer_format)[0] for q in questions.column("question").to_pylist()]
+        texts = _model_texts(questions, info)
         qids = questions.column("question_id").to_pylist()
         values_out = {k: [] for k in ("model", "kind", "layer", "slot", "top_tokens", "top_probs", "category")}
         keys_out = {k: [] for k in ("model", "kind", "layer", "slot", "top_questions", "weights", "relation")}
@@ -83,9 +76,9 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
             cats = [lexicon.category(row[0]) for row in tokens]
             categories.update(cats)
             n = len(cats)
-            for key, column in (("model", [name] * n), ("kind", [config.kind] * n), ("layer", [memory.layer] * n),
-                                ("slot", list(range(n))), ("top_tokens", tokens), ("top_probs", probs.tolist()),
-                                ("category", cats)):
+            for key, column in (("model", [source.name] * n), ("kind", [config.kind] * n),
+                                ("layer", [memory.layer] * n), ("slot", list(range(n))), ("top_tokens", tokens),
+                                ("top_probs", probs.tolist()), ("category", cats)):
                 values_out[key] += column
             weights = analysis.first_step_weights(model, tokenizer, texts, memory.layer, config.kind)
             top = weights.T.topk(min(config.top_questions, len(texts)), dim=-1)     # (slots, k)
@@ -94,11 +87,11 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
                 triggers.append(fired)
                 shared = {relation_of[r] for r in fired}
                 relation = next(iter(shared)) if len(fired) >= 2 and len(shared) == 1 else None
-                for key, value in (("model", name), ("kind", config.kind), ("layer", memory.layer), ("slot", slot),
-                                   ("top_questions", [qids[r] for r in fired]), ("weights", w[:len(fired)]),
-                                   ("relation", relation)):
+                for key, value in (("model", source.name), ("kind", config.kind), ("layer", memory.layer),
+                                   ("slot", slot), ("top_questions", [qids[r] for r in fired]),
+                                   ("weights", w[:len(fired)]), ("relation", relation)):
                     keys_out[key].append(value)
-        part = f"{name}.{config.kind}"
+        part = f"{source.name}.{config.kind}"
         run.write("nkb_values", part, values_out)
         run.write("nkb_keys", part, keys_out)
         total = sum(categories.values())
@@ -110,9 +103,9 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
         if coherence is not None:
             run.metric("key_coherence", coherence)
         plot = wh.files_dir / "analysis" / f"{run.run_id}-categories.png"
-        title = f"{name} ({config.kind}, {', '.join(layers)}): top token of each value"
+        title = f"{source.name} ({config.kind}, {', '.join(layers)}): top token of each value"
         run.publish_file(plot, lambda path: _category_plot(shares, title, path))
-        return {"model": name, "kind": config.kind, "layers": layers, "slots": total,
+        return {"model": source.name, "kind": config.kind, "layers": layers, "slots": total,
                 "categories": {c: round(s, 1) for c, s in shares.items()},
                 "key_coherence": None if coherence is None else round(coherence, 1), "keys_judged": judged,
                 "plot": str(plot), "seconds": time.perf_counter() - started}
@@ -140,59 +133,36 @@ def _category_plot(shares: dict[str, float], title: str, path: Path) -> None:
 def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageResult:
     """For questions the model gets wrong at the first token: edit the top slot toward the gold first
     token, for every λ; record success and how many other answers changed; undo each edit."""
-    from nkb_model import analysis
-    from nkb_model.checkpoint import load_model
+    from nkb_model import surgery as knife
     from nkb_model.train import choose_device
-    source = find_model(wh, config.model)
-    name = read_info(source)["name"]
-    questions = _questions(wh, None, config.split)
-    inputs = _model_inputs(source) + [f"{n}:{f}" for n, f in wh.lineage("questions") if n.endswith("." + config.split)]
-    fp = fingerprint("surgery", config.model_dump(exclude={"device"}), inputs)
+    source = source_model(wh, config.model)
+    questions = read_questions(wh, None, config.split)
+    fp = fingerprint("surgery", config.identity(), source.lineage + _split_questions_lineage(wh, config.split))
     device = choose_device(config.device)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
-        run.run.device = device.name
-        model, tokenizer, info = load_model(source)
-        model.to(device.device).eval()
-        layer = config.layer or _default_edit_layer(model)
-        answer_format = info.get("answer_format", "plain")
-        texts = [qa_pair(q, None, answer_format)[0] for q in questions.column("question").to_pylist()]
-        gold = [tokenizer(a[0], add_special_tokens=False)["input_ids"][0] for a in questions.column("answers").to_pylist()]
-        predicted = analysis.first_token(model, tokenizer, texts)
-        wrong = [i for i in range(len(texts)) if predicted[i] != gold[i]]
-        rng = np.random.default_rng(config.seed)
-        chosen = [int(i) for i in rng.permutation(wrong)[:config.questions]]
+        model, tokenizer, info = source.load(device)
+        layer = config.layer or knife.default_layer(model)
+        gold = [a[0] for a in questions.column("answers").to_pylist()]
+        rows, wrong = knife.sweep(model, tokenizer, _model_texts(questions, info), gold, layer, config.lambdas,
+                                  config.questions, config.others, config.seed)
         qids = questions.column("question_id").to_pylist()
-        out = {k: [] for k in ("model", "question_id", "layer", "slot", "lambda", "original", "target", "new",
-                               "success", "change_rate")}
-        for i in chosen:
-            slot = analysis.top_slot(model, tokenizer, texts[i], layer)
-            others = [int(j) for j in rng.choice([j for j in range(len(texts)) if j != i],
-                                                 size=min(config.others, len(texts) - 1), replace=False)]
-            for lam in config.lambdas:
-                edit = analysis.edit_slot(model, layer, slot, gold[i], predicted[i], lam)
-                after = analysis.first_token(model, tokenizer, [texts[i]] + [texts[j] for j in others])
-                edit.undo(model)
-                changed = sum(after[1 + n] != predicted[j] for n, j in enumerate(others)) / len(others)
-                for key, value in (("model", name), ("question_id", qids[i]), ("layer", layer), ("slot", slot),
-                                   ("lambda", lam), ("original", tokenizer.convert_ids_to_tokens(predicted[i])),
-                                   ("target", tokenizer.convert_ids_to_tokens(gold[i])),
-                                   ("new", tokenizer.convert_ids_to_tokens(after[0])),
-                                   ("success", after[0] == gold[i]), ("change_rate", changed)):
-                    out[key].append(value)
-        run.write("edits", f"{name}.surgery", out)
+        run.write("edits", f"{source.name}.surgery", {
+            "model": [source.name] * len(rows), "question_id": [qids[r["question"]] for r in rows],
+            "layer": [layer] * len(rows), **{k: [r[k] for r in rows] for k in
+                                             ("slot", "lambda", "original", "target", "new", "success", "change_rate")}})
         table = []
         for lam in config.lambdas:
-            rows = [k for k, x in enumerate(out["lambda"]) if x == lam]
-            success = 100.0 * np.mean([out["success"][k] for k in rows]) if rows else None
-            change = 100.0 * np.mean([out["change_rate"][k] for k in rows]) if rows else None
-            if rows:
+            mine = [r for r in rows if r["lambda"] == lam]
+            success = 100.0 * np.mean([r["success"] for r in mine]) if mine else None
+            change = 100.0 * np.mean([r["change_rate"] for r in mine]) if mine else None
+            if mine:
                 run.metric(f"surgery_success@{lam:g}", success)
                 run.metric(f"surgery_change_rate@{lam:g}", change)
             table.append({"lambda": lam, "success": success, "change_rate": change})
-        return {"model": name, "layer": layer, "questions_edited": len(chosen), "wrong_first_tokens": len(wrong),
-                "sweep": table, "seconds": time.perf_counter() - started}
+        return {"model": source.name, "layer": layer, "questions_edited": len({r["question"] for r in rows}),
+                "wrong_first_tokens": wrong, "sweep": table, "seconds": time.perf_counter() - started}
 
     return run_stage(wh, "surgery", config.model_dump(), fp, body, force=force, device=device.name)
 
@@ -202,70 +172,35 @@ def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageR
 def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
     """Edit the top slot at each step of the wanted answer (multi-token answers: one slot per token),
     then save the NKB as a new model that shares the source's T5 weights, with the edit log."""
-    from nkb_model import analysis
-    from nkb_model.checkpoint import load_model, save_model
+    from nkb_model import surgery as knife
+    from nkb_model.checkpoint import hf_dir, save_model
     from nkb_model.train import choose_device
-    source = find_model(wh, config.model)
-    source_info = read_info(source)
+    source = source_model(wh, config.model)
     # The default name is a digest of the edit, so the same edit of the same model is one version.
     digest = hashlib.sha256(json.dumps([config.question, config.answer, config.layer, config.lam]).encode()).hexdigest()
-    name = config.name or f"{source_info['name']}.edit-{digest[:8]}"
-    fp = fingerprint("edit", config.model_dump(exclude={"device"}) | {"name": name}, _model_inputs(source))
+    name = config.name or f"{source.name}.edit-{digest[:8]}"
+    fp = fingerprint("edit", config.identity() | {"name": name}, source.lineage)
     target = model_dir(wh, name, fp)
     device = choose_device(config.device)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
-        run.run.device = device.name
-        model, tokenizer, info = load_model(source)
-        model.to(device.device).eval()
-        layer = config.layer or _default_edit_layer(model)
+        model, tokenizer, info = source.load(device)
+        layer = config.layer or knife.default_layer(model)
         text = qa_pair(config.question, None, info.get("answer_format", "plain"))[0]
-        old_answer = _greedy_answer(model, tokenizer, text)
-        wanted = tokenizer(config.answer, add_special_tokens=False)["input_ids"]
-        steps = []
-        for t, token in enumerate(wanted):  # teacher-forced: step t sees the wanted answer's first t tokens
-            predicted = _next_token(model, tokenizer, text, wanted[:t])
-            if predicted == token:
-                continue
-            slot = analysis.top_slot(model, tokenizer, text, layer, prefix=wanted[:t])
-            analysis.edit_slot(model, layer, slot, token, predicted, config.lam)
-            steps.append({"step": t, "slot": slot, "original": tokenizer.convert_ids_to_tokens(predicted),
-                          "target": tokenizer.convert_ids_to_tokens(token)})
-        new_answer = _greedy_answer(model, tokenizer, text)
-        log = list(source_info.get("edits", [])) + [{
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "question": config.question, "old_answer": old_answer,
-            "new_answer": new_answer, "wanted": config.answer, "layer": layer, "lambda": config.lam, "steps": steps,
-            "source": source_info["name"]}]
-        new_info = {**{k: v for k, v in source_info.items() if k not in ("built_by", "edits")},
-                    "name": name, "kind": "edited", "source": source_info["name"], "source_kind": source_info["kind"],
-                    "base_dir": str(hf_dir(source)), "built_by": run.run_id, "edits": log}
+        done = knife.edit_answer(model, tokenizer, text, config.answer, layer, config.lam, device)
+        log = list(source.info.get("edits", [])) + [{
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "question": config.question,
+            "old_answer": done["old_answer"], "new_answer": done["new_answer"], "wanted": config.answer,
+            "layer": layer, "lambda": config.lam, "steps": done["steps"], "source": source.name}]
+        new_info = {**{k: v for k, v in source.info.items() if k not in ("built_by", "edits")},
+                    "name": name, "kind": "edited", "source": source.name, "source_kind": source.info["kind"],
+                    "base_dir": str(hf_dir(source.directory)), "built_by": run.run_id, "edits": log}
         model.to("cpu")
-        _publish(run, target, target.parent / f".edit-{target.name}",
-                 lambda d: save_model(model, tokenizer, d, new_info, weights_changed=False))
-        return {"model": name, "old_answer": old_answer, "new_answer": new_answer,
-                "whole_answer": new_answer == config.answer, "slots_edited": len(steps),
+        publish_model(run, target, lambda d: save_model(model, tokenizer, d, new_info, weights_changed=False))
+        return {"model": name, "old_answer": done["old_answer"], "new_answer": done["new_answer"],
+                "whole_answer": done["new_answer"] == config.answer, "slots_edited": len(done["steps"]),
                 "seconds": time.perf_counter() - started}
 
-    target.parent.mkdir(parents=True, exist_ok=True)
     return run_stage(wh, "edit", config.model_dump() | {"name": name}, fp, body, force=force, device=device.name,
-                     still_valid=lambda r: (Path(r.checkpoint or "") / INFO).exists())
-
-
-def _next_token(model, tokenizer, text: str, prefix: list[int]) -> int:
-    import torch
-    device = next(model.parameters()).device
-    enc = tokenizer([text], return_tensors="pt").to(device)
-    ids = torch.tensor([[model.config.decoder_start_token_id] + prefix], device=device)
-    with torch.no_grad():
-        return int(model(**enc, decoder_input_ids=ids).logits[0, -1].argmax())
-
-
-def _greedy_answer(model, tokenizer, text: str, max_new_tokens: int = 32) -> str:
-    import torch
-    from nkb_model.evaluation import filled_span
-    device = next(model.parameters()).device
-    enc = tokenizer([text], return_tensors="pt").to(device)
-    with torch.no_grad():
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1)
-    return filled_span(tokenizer.decode(out[0], skip_special_tokens=False))
+                     still_valid=model_present)

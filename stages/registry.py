@@ -1,24 +1,33 @@
-"""Every stage by name: its config model, its function, and the work pool it belongs on."""
+"""Every stage by name: its config model, where its function lives, and the work pool it belongs on.
+
+Stage functions are found by name when a stage runs, so that reading the registry (the command line's
+help, the deployments) imports only the config models, never a stage body or what it needs.
+"""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from flows import knowledge_stages, model_stages, stages
-from flows.configs import (AnalyzeConfig, BaseModelConfig, EditConfig, EvaluateConfig, FinetuneConfig,
-                           GenerationDataConfig, IndexConfig,
-                           IngestConfig, InjectConfig, QuestionsConfig, ReportConfig, RetrieveConfig,
-                           SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig)
-from warehouse import StageResult, Warehouse
+from stages.configs import (AnalyzeConfig, BaseModelConfig, EditConfig, EvaluateConfig, FinetuneConfig,
+                            GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig, PretrainingDataConfig,
+                            QuestionsConfig, ReportConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig,
+                            StageConfig, SurgeryConfig)
 
 
 @dataclass(frozen=True)
 class Stage:
     name: str
     config: type[StageConfig]
-    run: Callable[[Warehouse, StageConfig, bool], StageResult]
+    function: str                        # "module:function" in the stages package: stage(wh, config, force)
     pool: Literal["cpu", "gpu"] = "cpu"
+    publishes_model: bool = False        # its runs publish a model folder that later stages find by name
+
+    @property
+    def run(self) -> Callable:
+        module, name = self.function.split(":")
+        return getattr(importlib.import_module(f"stages.{module}"), name)
 
     @property
     def summary(self) -> str:
@@ -27,19 +36,20 @@ class Stage:
 
 
 STAGES: dict[str, Stage] = {s.name: s for s in [
-    Stage("sample-world", SampleWorldConfig, stages.generate_sample_world),
-    Stage("ingest", IngestConfig, stages.ingest),
-    Stage("questions", QuestionsConfig, stages.load_questions),
-    Stage("generation-data", GenerationDataConfig, stages.load_generation_data),
-    Stage("index", IndexConfig, stages.build_index),
-    Stage("retrieve", RetrieveConfig, stages.retrieve),
-    Stage("salient-spans", SalientSpansConfig, stages.find_salient_spans),
-    Stage("base-model", BaseModelConfig, model_stages.pretrain_base_model, pool="gpu"),
-    Stage("inject", InjectConfig, model_stages.inject, pool="gpu"),
-    Stage("finetune", FinetuneConfig, model_stages.finetune, pool="gpu"),
-    Stage("evaluate", EvaluateConfig, model_stages.evaluate, pool="gpu"),
-    Stage("report", ReportConfig, model_stages.report, pool="gpu"),
-    Stage("analyze", AnalyzeConfig, knowledge_stages.analyze, pool="gpu"),
-    Stage("surgery", SurgeryConfig, knowledge_stages.surgery, pool="gpu"),
-    Stage("edit", EditConfig, knowledge_stages.edit, pool="gpu"),
+    Stage("sample-world", SampleWorldConfig, "data:generate_sample_world"),
+    Stage("ingest", IngestConfig, "data:ingest"),
+    Stage("questions", QuestionsConfig, "data:load_questions"),
+    Stage("generation-data", GenerationDataConfig, "data:load_generation_data"),
+    Stage("index", IndexConfig, "data:build_index"),
+    Stage("retrieve", RetrieveConfig, "data:retrieve"),
+    Stage("salient-spans", SalientSpansConfig, "data:find_salient_spans"),
+    Stage("pretraining-data", PretrainingDataConfig, "training:prepare_pretraining_data"),
+    Stage("base-model", BaseModelConfig, "training:pretrain_base_model", pool="gpu", publishes_model=True),
+    Stage("inject", InjectConfig, "training:inject", pool="gpu", publishes_model=True),
+    Stage("finetune", FinetuneConfig, "training:finetune", pool="gpu", publishes_model=True),
+    Stage("evaluate", EvaluateConfig, "evaluation:evaluate", pool="gpu"),
+    Stage("report", ReportConfig, "report:report", pool="gpu"),
+    Stage("analyze", AnalyzeConfig, "knowledge:analyze", pool="gpu"),
+    Stage("surgery", SurgeryConfig, "knowledge:surgery", pool="gpu"),
+    Stage("edit", EditConfig, "knowledge:edit", pool="gpu", publishes_model=True),
 ]}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 
+from stages.report import report_rows
 from warehouse import Warehouse, query
 
 # Latest successful run per (stage, model) of the training stages, with its loss curve.
@@ -22,10 +23,6 @@ FROM metrics AS m JOIN latest AS l USING (run_id)
 WHERE m.step IS NOT NULL AND m.metric LIKE '%loss'
 ORDER BY l.stage, l.model, m.step
 """
-
-
-def report_rows(wh: Warehouse) -> list[dict]:
-    return query(wh, "SELECT * FROM report").to_pylist()
 
 
 def report_png(wh: Warehouse) -> bytes:

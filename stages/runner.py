@@ -1,54 +1,77 @@
-"""Training stages on several devices: the stage relaunches itself under torchrun (data parallel).
+"""How a stage runs: in this process, or on several devices under torchrun. Stages never decide this.
 
-`launch` runs `python -m torch.distributed.run --standalone --nproc_per_node=N -m flows.distributed ...`;
-every process joins a process group (NCCL on GPUs, Gloo on CPU) and runs the same stage function.
-Rank 0 records the run and publishes the model; the other ranks train alongside and write nothing
-(`warehouse.runs.FollowerRun`). The training loop splits each step's batch over the ranks and sums
-the gradients (`nkb_model.train`), so the result matches a one-device run up to float rounding.
+`run_stage` is the one entry to a stage for the command line and the Prefect flows (which decide before it
+whether a stage runs here or on a worker of its pool, through its deployment). A training stage whose
+config asks for `devices` > 1 is launched as `python -m torch.distributed.run --standalone
+--nproc_per_node=N -m stages.runner STAGE ...`: every process joins a process group (NCCL on GPUs, Gloo on
+CPU) and runs the same stage function on a warehouse that knows whether this process is the leader (rank
+0), which records the run and publishes the model; the others train alongside and write nothing. The
+training loop splits each step's batch over the ranks and sums the gradients (`nkb_model.train`), so the
+result matches a one-device run up to float rounding.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
+from stages.configs import StageConfig
+from stages.registry import STAGES, Stage
 from warehouse import StageResult, Warehouse, get_run
 
 
-def in_worker() -> bool:
-    """True inside a torchrun-launched process (the stage then trains instead of launching)."""
-    return "LOCAL_RANK" in os.environ
+def run_stage(name: str, wh: Warehouse, config: StageConfig, force: bool = False, **options) -> StageResult:
+    """Run stage `name` with `config`: under torchrun when it asks for several devices, else here.
+    `options` go to the stage function (e.g. salient-spans' `map_shards`)."""
+    stage = STAGES[name]
+    if getattr(config, "devices", 1) > 1:
+        return _launch(stage, wh, config, force)
+    return stage.run(wh, config, force, **options)
 
 
-def launch(stage: str, wh: Warehouse, config, force: bool) -> StageResult:
-    """Run `stage` with `config.devices` processes under torchrun; return rank 0's result."""
+def summarize(stage: str, result: StageResult, seconds: float) -> dict[str, Any]:
+    """One row describing a stage run: what it wrote, how long it took, how fast."""
+    run = result.run
+    value = result.value if isinstance(result.value, dict) else {}
+    row: dict[str, Any] = {"stage": stage, "run_id": run.run_id, "skipped": result.skipped,
+                           "rows_written": sum(v for v in run.outputs.values() if isinstance(v, int)),
+                           "written": ", ".join(f"{v} {k}" for k, v in run.outputs.items()),
+                           "seconds": round(seconds, 3)}
+    row.update({k: v for k, v in value.items() if k not in row and not isinstance(v, (list, dict))})
+    if not result.skipped and row["rows_written"] and seconds > 0:
+        row["rows_per_second"] = round(row["rows_written"] / seconds, 1)
+    return row
+
+
+def _launch(stage: Stage, wh: Warehouse, config: StageConfig, force: bool) -> StageResult:
+    """Run `stage` with `config.devices` processes under torchrun; return the leader's result."""
     with tempfile.TemporaryDirectory(prefix="nkb-torchrun-") as tmp:
         result = Path(tmp) / "result.json"
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={config.devices}",
-                "-m", "flows.distributed", stage, "--home", str(wh.home), "--config", config.model_dump_json(),
+                "-m", "stages.runner", stage.name, "--home", str(wh.home), "--config", config.model_dump_json(),
                 "--result", str(result)] + (["--force"] if force else [])
         done = subprocess.run(argv)
         if done.returncode != 0 or not result.exists():
-            raise RuntimeError(f"{stage} on {config.devices} devices failed under torchrun (exit {done.returncode}); "
-                               "its output is above")
+            raise RuntimeError(f"{stage.name} on {config.devices} devices failed under torchrun "
+                               f"(exit {done.returncode}); its output is above")
         data = json.loads(result.read_text())
     return StageResult(run=get_run(wh, data["run_id"]), skipped=data["skipped"], value=data["value"])
 
 
 def main(argv: list[str] | None = None) -> int:
+    """One torchrun process of a multi-device stage."""
     import torch
-    from flows.registry import STAGES
-    parser = argparse.ArgumentParser(prog="python -m flows.distributed",
+    parser = argparse.ArgumentParser(prog="python -m stages.runner",
                                      description="One torchrun process of a multi-device training stage.")
     parser.add_argument("stage", choices=[s for s in STAGES if "devices" in STAGES[s].config.model_fields])
     parser.add_argument("--home", required=True, help="warehouse directory")
     parser.add_argument("--config", required=True, help="the stage config as JSON")
-    parser.add_argument("--result", required=True, help="where rank 0 writes {run_id, skipped, value} as JSON")
+    parser.add_argument("--result", required=True, help="where the leader writes {run_id, skipped, value} as JSON")
     parser.add_argument("--force", action="store_true", help="rerun even if the inputs are unchanged")
     args = parser.parse_args(argv)
     stage = STAGES[args.stage]
@@ -56,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     use_nccl = config.device != "cpu" and torch.cuda.is_available()
     torch.distributed.init_process_group("nccl" if use_nccl else "gloo")
     try:
-        result = stage.run(Warehouse(args.home), config, args.force)
-        if torch.distributed.get_rank() == 0:
+        leader = torch.distributed.get_rank() == 0
+        result = stage.run(Warehouse(args.home, leader=leader), config, args.force)
+        if leader:
             Path(args.result).write_text(json.dumps({"run_id": result.run.run_id, "skipped": result.skipped,
                                                      "value": result.value}, default=str))
     finally:

@@ -53,14 +53,22 @@ def test_unknown_field_and_bad_value(capsys, home):
 
 
 def test_demo_sets_the_models_config():
-    from flows.cli import _parse_sets
-    from flows.configs import ModelsConfig
-    models = _parse_sets(ModelsConfig, ["rows=base, base+nkb", "generation_tasks=", "large_steps=", "inject_steps=10"],
-                         "nkb demo")
+    from flows.cli import parse_sets
+    from stages.configs import ModelsConfig
+    demo = ModelsConfig()
+    models = parse_sets(ModelsConfig, ["rows=base, base+nkb", "generation_tasks=", "large_steps=", "inject.steps=10",
+                                        "inject.layers=decoder.-1"], "nkb demo")
     assert models.rows == ["base", "base+nkb"] and models.generation_tasks == [] and models.large_steps is None
-    assert models.inject_steps == 10 and models.pretrain_steps == ModelsConfig().pretrain_steps
+    # one field of a nested config changes; its others keep the demo's values, not the stage's defaults
+    assert models.inject.steps == 10 and models.inject.layers == ["decoder.-1"]
+    assert models.inject.model_copy(update={"steps": demo.inject.steps, "layers": demo.inject.layers}) == demo.inject
+    assert models.base == demo.base
     with pytest.raises(SystemExit, match="invalid config for `nkb demo`: rows.0"):
-        _parse_sets(ModelsConfig, ["rows=bigger"], "nkb demo")
+        parse_sets(ModelsConfig, ["rows=bigger"], "nkb demo")
+    with pytest.raises(SystemExit, match="has no config field 'stepz'"):
+        parse_sets(ModelsConfig, ["inject.stepz=3"], "nkb demo")
+    with pytest.raises(SystemExit, match="invalid config for `nkb demo`: inject.lr"):
+        parse_sets(ModelsConfig, ["inject.lr=-1"], "nkb demo")
 
 
 def test_missing_file_is_one_line(capsys, home, tmp_path):
@@ -83,7 +91,7 @@ def test_sql_error_is_reported_not_raised(capsys, home):
 
 
 def test_every_stage_summary_is_a_whole_sentence():
-    from flows.registry import STAGES
+    from stages.registry import STAGES
     analyze = STAGES["analyze"].summary
     assert analyze.endswith("keys by the questions that make them fire.") and "\n" not in analyze
     for stage in STAGES.values():
@@ -125,10 +133,10 @@ def test_runs_of_an_unknown_stage_name_the_stages_that_have_runs(capsys, home, t
 def test_in_process_flows_skip_heartbeats_only_under_the_temporary_server():
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
-    from flows.cli import _local_flow_settings
+    from flows.cli import local_flow_settings
     default = get_current_settings().flows.heartbeat_frequency
     assert default  # Prefect's own default; a server uses it to tell crashed runs
-    with temporary_settings(restore_defaults={PREFECT_API_URL}), _local_flow_settings():
+    with temporary_settings(restore_defaults={PREFECT_API_URL}), local_flow_settings():
         assert get_current_settings().flows.heartbeat_frequency is None
-    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}), _local_flow_settings():
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}), local_flow_settings():
         assert get_current_settings().flows.heartbeat_frequency == default

@@ -8,14 +8,17 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 from prefect.testing.utilities import prefect_test_harness
 
 from corpus import ner
-from flows.configs import IngestConfig, ModelsConfig, SampleWorldConfig
-from flows.flows import ingest_flow, pipeline, table3
+from flows.flows import STAGE_FLOWS, pipeline, table3
+from stages.configs import (BaseModelConfig, FinetuneConfig, IngestConfig, InjectConfig, ModelsConfig,
+                            PretrainingDataConfig, SampleWorldConfig)
 from warehouse import Warehouse, list_runs, query
+
+pytestmark = pytest.mark.slow  # every test runs flows under a temporary Prefect server
 
 
 @pytest.fixture(scope="module", autouse=True)
 def prefect_harness():
-    # Without heartbeats, as `nkb demo` runs its flows (flows.cli._local_flow_settings): each costs a second.
+    # Without heartbeats, as `nkb demo` runs its flows (flows.cli.local_flow_settings): each costs a second.
     with prefect_test_harness(server_startup_timeout=120), \
             temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
@@ -41,7 +44,7 @@ def test_stage_flow_validates_and_fails_on_bad_input(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{oops\n")
     with pytest.raises(Exception, match="line 1: not valid JSON"):
-        ingest_flow(IngestConfig(path=str(bad)), home=str(tmp_path / "wh"))
+        STAGE_FLOWS["ingest"](IngestConfig(path=str(bad)), home=str(tmp_path / "wh"))
     assert query(Warehouse(tmp_path / "wh"), "SELECT count(*) AS n FROM documents").to_pylist() == [{"n": 0}]
 
 
@@ -62,11 +65,15 @@ def test_multiprocess_ner_inside_a_flow_neither_warns_nor_loses_documents():
 def test_table3_flow_trains_every_row_and_reports(tmp_path):
     home = str(tmp_path / "wh")
     pipeline(world=SampleWorldConfig(people=10, background_people=30), home=home, train_models=False)
-    tiny = ModelsConfig(base_size="tiny", large_size="tiny", pretrain_steps=3, pretrain_batch_size=8, inject_steps=3, nkb_a_steps=2,
-                        inject_batch_size=8, finetune_epochs=1, generation_epochs=1, answer_format="plain", device="cpu")
+    tiny = ModelsConfig(large_size="tiny", pretraining=PretrainingDataConfig(vocab_size=800, seq_len=64),
+                        base=BaseModelConfig(size="tiny", steps=3, batch_size=8, ssm_share=0.5, ssm_batch_size=8),
+                        inject=InjectConfig(steps=3, batch_size=8), nkb_a_steps=2,
+                        finetune=FinetuneConfig(epochs=1, answer_format="plain"), generation_epochs=1, device="cpu")
     rows = table3(tiny, home)
+    stages = [r["stage"] for r in rows]
+    assert stages[:3] == ["pretraining-data", "salient-spans", "base-model"]  # the pretraining text's spans first
     # QA for 5 rows, Kformer and concat, and 2 generation tasks for base, base+NKB and base+NKB-a
-    assert [r["stage"] for r in rows].count("finetune") == 5 + 2 + 6 and rows[-1]["stage"] == "report"
+    assert stages.count("finetune") == 5 + 2 + 6 and stages[-1] == "report"
     qa_formats = query(Warehouse(home), "SELECT config::JSON->>'answer_format' AS f FROM runs WHERE stage = 'finetune' "
                                         "AND config::JSON->>'task' IS NULL").column("f").to_pylist()
     assert qa_formats == ["plain"] * 7  # every QA row, Kformer and concat included, in the models' one format
@@ -76,16 +83,15 @@ def test_table3_flow_trains_every_row_and_reports(tmp_path):
     assert len(generation) == 6 and {g["model"] for g in generation} == {"base", "base+NKB", "base+NKB-a"}
 
 
-@pytest.mark.slow
 def test_salient_spans_on_a_local_dask_cluster_equal_the_in_process_run(tmp_path):
-    from flows.configs import SalientSpansConfig
     from flows.flows import salient_spans_flow
+    from stages.configs import SalientSpansConfig
     home = str(tmp_path / "wh")
     pipeline(world=SampleWorldConfig(people=10, background_people=5), home=home, train_models=False)
     spans = "SELECT * EXCLUDE (run_id) FROM salient_spans ORDER BY ALL"
     in_process = query(Warehouse(home), spans).to_pylist()
     # A 2-worker local cluster; small shards so that both workers get some.
-    config = SalientSpansConfig(max_words=ModelsConfig().max_words, shard_size=10, dask="local:2")  # as the pipeline's
+    config = ModelsConfig().spans.model_copy(update={"shard_size": 10, "dask": "local:2"})  # as the pipeline's
     row = salient_spans_flow(config, home, force=True)
     assert not row["skipped"] and row["shards"] > 2
     assert query(Warehouse(home), spans).to_pylist() == in_process

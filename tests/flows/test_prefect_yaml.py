@@ -4,7 +4,7 @@ from pathlib import Path
 import yaml
 from prefect.flows import Flow
 
-from flows.registry import STAGES
+from stages.registry import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from flows import server
-from flows.configs import SampleWorldConfig
-from flows.deployments import config_defaults, deployments
-from flows.registry import STAGES
+from flows.deployments import config_defaults
+from stages.registry import STAGES
 from warehouse import Warehouse, list_runs, query
 
 pytestmark = pytest.mark.slow
@@ -101,8 +100,8 @@ def test_a_worker_runs_a_triggered_stage_and_it_writes_the_warehouse(running):
 
 def test_pipeline_dispatches_gpu_stages_to_the_gpu_pool(running, client):
     _, home = running
-    models = {"base_size": "tiny", "rows": ["base"], "pretrain_steps": 2, "pretrain_batch_size": 4,
-              "finetune_epochs": 1, "max_words": 40, "generation_tasks": [], "device": "cpu"}
+    models = {"rows": ["base"], "pretraining": {"vocab_size": 800}, "base": {"size": "tiny", "steps": 2, "batch_size": 4},
+              "finetune": {"epochs": 1}, "spans": {"max_words": 40}, "generation_tasks": [], "device": "cpu"}
     flow_run = run_deployment_here(running, "pipeline/pipeline",
                                    {"world": SMALL_WORLD, "models": models, "dispatch": True, "home": str(home)},
                                    timeout=600)

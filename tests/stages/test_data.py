@@ -7,8 +7,9 @@ import pytest
 
 from corpus.errors import InputFileError
 from corpus.sample_world import WorldFiles
-from flows import stages
-from flows.configs import IngestConfig, QuestionsConfig, SampleWorldConfig
+from stages import data
+from stages.configs import IngestConfig, QuestionsConfig, SampleWorldConfig
+from stages.inputs import world_dir
 from warehouse import Warehouse, list_runs, query
 
 SMALL = SampleWorldConfig(people=12, background_people=6)
@@ -22,7 +23,7 @@ def wh(tmp_path):
 @pytest.fixture
 def loaded(wh):
     """A warehouse holding a small sample world's documents and questions."""
-    stages.load_sample_world(wh, SMALL)
+    data.load_sample_world(wh, SMALL)
     return wh
 
 
@@ -34,18 +35,18 @@ def snapshot(wh):
 
 
 def test_sample_world_stage_reruns_only_when_needed(wh):
-    first = stages.generate_sample_world(wh, SMALL)
-    assert not first.skipped and (stages.world_dir(wh) / "knowledge.xml.bz2").exists()
-    assert stages.generate_sample_world(wh, SMALL).skipped
-    shutil.rmtree(stages.world_dir(wh))
-    assert not stages.generate_sample_world(wh, SMALL).skipped, "deleted files must be regenerated"
-    assert not stages.generate_sample_world(wh, SMALL.model_copy(update={"seed": 99})).skipped
+    first = data.generate_sample_world(wh, SMALL)
+    assert not first.skipped and (world_dir(wh) / "knowledge.xml.bz2").exists()
+    assert data.generate_sample_world(wh, SMALL).skipped
+    shutil.rmtree(world_dir(wh))
+    assert not data.generate_sample_world(wh, SMALL).skipped, "deleted files must be regenerated"
+    assert not data.generate_sample_world(wh, SMALL.model_copy(update={"seed": 99})).skipped
 
 
 def test_pipeline_inputs_fill_documents_and_questions(loaded):
     counts = dict((r["corpus"], r["n"]) for r in query(loaded, "SELECT corpus, count(*) AS n FROM documents GROUP BY 1").to_pylist())
     assert set(counts) == {"sampleworld", "general"} and min(counts.values()) > 10
-    facts = [json.loads(l) for l in open(WorldFiles.at(stages.world_dir(loaded)).facts)]
+    facts = [json.loads(l) for l in open(WorldFiles.at(world_dir(loaded)).facts)]
     got = query(loaded, "SELECT question_id, answers[1] AS answer FROM questions").to_pylist()
     assert sorted((r["question_id"], r["answer"]) for r in got) == sorted((f["question_id"], f["object"]) for f in facts)
     titles = set(query(loaded, "SELECT title FROM documents WHERE corpus = 'sampleworld'").column("title").to_pylist())
@@ -56,26 +57,26 @@ def test_ingest_skip_force_and_changed_input(tmp_path, wh):
     path = tmp_path / "c.jsonl"
     path.write_text('{"id": 1, "title": "A", "text": "x"}\n')
     config = IngestConfig(path=str(path))
-    first = stages.ingest(wh, config)
+    first = data.ingest(wh, config)
     assert first.run.outputs == {"documents": 1} and first.value["corpus"] == "c"
-    assert stages.ingest(wh, config).skipped
-    assert not stages.ingest(wh, config, force=True).skipped
+    assert data.ingest(wh, config).skipped
+    assert not data.ingest(wh, config, force=True).skipped
     path.write_text('{"id": 1, "title": "A", "text": "x"}\n{"id": 2, "title": "B", "text": "y"}\n')
-    changed = stages.ingest(wh, config)
+    changed = data.ingest(wh, config)
     assert not changed.skipped and changed.run.outputs == {"documents": 2}
     assert query(wh, "SELECT count(*) AS n FROM documents").to_pylist() == [{"n": 2}]
 
 
 def test_ingest_limit(loaded):
-    dump = WorldFiles.at(stages.world_dir(loaded)).knowledge_dump
-    stages.ingest(loaded, IngestConfig(path=str(dump), corpus="firstfive", limit=5))
+    dump = WorldFiles.at(world_dir(loaded)).knowledge_dump
+    data.ingest(loaded, IngestConfig(path=str(dump), corpus="firstfive", limit=5))
     assert query(loaded, "SELECT count(*) AS n FROM documents WHERE corpus = 'firstfive'").to_pylist() == [{"n": 5}]
 
 
 def test_questions_stage_reports_filtered_answers(tmp_path, wh):
     path = tmp_path / "q.jsonl"
     path.write_text('{"question": "a?", "answer": ["one"]}\n{"question": "b?", "answer": ["a b c d e f"]}\n')
-    result = stages.load_questions(wh, QuestionsConfig(path=str(path), format="nq_open", dataset="d", split="train"))
+    result = data.load_questions(wh, QuestionsConfig(path=str(path), format="nq_open", dataset="d", split="train"))
     assert result.value["questions"] == 1 and result.value["filtered"] == 1
     metrics = query(wh, "SELECT metric, value FROM metrics WHERE split = 'train' ORDER BY metric").to_pylist()
     assert metrics == [{"metric": "filtered_long_answers", "value": 1.0}, {"metric": "questions", "value": 1.0}]
@@ -128,10 +129,10 @@ def _duplicate_ids(tmp_path, world):
 @pytest.mark.parametrize("make_bad", [_truncated_bz2, _invalid_xml, _jsonl_not_json, _webq_no_target, _empty,
                                       _missing, _duplicate_ids])
 def test_bad_input_gives_one_clear_error_and_changes_nothing(tmp_path, loaded, make_bad):
-    config, where = make_bad(tmp_path, WorldFiles.at(stages.world_dir(loaded)))
+    config, where = make_bad(tmp_path, WorldFiles.at(world_dir(loaded)))
     before = snapshot(loaded)
     runs_before = len(list_runs(loaded))
-    run = stages.ingest if isinstance(config, IngestConfig) else stages.load_questions
+    run = data.ingest if isinstance(config, IngestConfig) else data.load_questions
     with pytest.raises(InputFileError) as err:
         run(loaded, config)
     assert config.path in str(err.value) and where in str(err.value)
@@ -143,8 +144,8 @@ def test_bad_input_gives_one_clear_error_and_changes_nothing(tmp_path, loaded, m
 
 
 def test_generation_data_stage_refuses_repeated_ids(tmp_path):
-    from flows.configs import GenerationDataConfig
-    from flows.stages import load_generation_data
+    from stages.configs import GenerationDataConfig
+    from stages.data import load_generation_data
     path = tmp_path / "x.jsonl"
     path.write_text('{"id": "a", "document": "D", "summary": "s"}\n{"id": "a", "document": "E", "summary": "t"}\n')
     wh = Warehouse(tmp_path / "wh")
@@ -158,9 +159,9 @@ def test_generation_data_stage_refuses_repeated_ids(tmp_path):
 
 
 def test_ner_workers_only_for_many_texts_long_enough_to_ship(monkeypatch):
-    monkeypatch.setattr(stages.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(data.os, "cpu_count", lambda: 4)
     sentence, paragraph = "Ada Smith was born in Paris in 1901 .", " ".join(["word"] * 120)
-    assert stages.ner_processes([paragraph] * 2001) == 4
-    assert stages.ner_processes([paragraph] * 2000) == 1  # too few to pay the workers' start-up
-    assert stages.ner_processes([sentence] * 50_000) == 1  # too short: shipping each costs more than its NER
-    assert stages.ner_processes([sentence, paragraph] * 1500) == 4  # 64 words on average
+    assert data.ner_processes([paragraph] * 2001) == 4
+    assert data.ner_processes([paragraph] * 2000) == 1  # too few to pay the workers' start-up
+    assert data.ner_processes([sentence] * 50_000) == 1  # too short: shipping each costs more than its NER
+    assert data.ner_processes([sentence, paragraph] * 1500) == 4  # 64 words on average

@@ -4,9 +4,10 @@ import shutil
 
 import pytest
 
-from corpus.ssm import ssm_examples, unmask
-from flows import stages
-from flows.configs import IndexConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig
+from corpus.ssm import ssm_examples
+from stages import data
+from stages.configs import IndexConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig
+from tests.corpus.test_ssm import unmask
 from warehouse import Warehouse, list_runs, query
 
 WORLD = SampleWorldConfig(people=15, background_people=5)
@@ -14,16 +15,16 @@ WORLD = SampleWorldConfig(people=15, background_people=5)
 
 def load_world(home) -> Warehouse:
     wh = Warehouse(home)
-    stages.load_sample_world(wh, WORLD)
+    data.load_sample_world(wh, WORLD)
     return wh
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     wh = load_world(tmp_path_factory.mktemp("built") / "wh")
-    stages.build_index(wh, IndexConfig())
-    stages.retrieve(wh, RetrieveConfig())
-    stages.find_salient_spans(wh, SalientSpansConfig(shard_size=40))
+    data.build_index(wh, IndexConfig())
+    data.retrieve(wh, RetrieveConfig())
+    data.find_salient_spans(wh, SalientSpansConfig(shard_size=40))
     return wh
 
 
@@ -72,19 +73,19 @@ def test_ssm_pairs_reconstruct_their_segments(built):
 
 
 def test_reruns_are_skipped(built):
-    assert stages.build_index(built, IndexConfig()).skipped
-    assert stages.retrieve(built, RetrieveConfig()).skipped
-    assert stages.find_salient_spans(built, SalientSpansConfig(shard_size=40)).skipped
+    assert data.build_index(built, IndexConfig()).skipped
+    assert data.retrieve(built, RetrieveConfig()).skipped
+    assert data.find_salient_spans(built, SalientSpansConfig(shard_size=40)).skipped
 
 
 def test_index_is_rebuilt_when_documents_change(tmp_path):
     wh = load_world(tmp_path / "wh")
-    first = stages.build_index(wh, IndexConfig())
-    stages.ingest(wh, stages.sample_world_inputs(wh)[0][0].model_copy(update={"limit": 20}))
-    second = stages.build_index(wh, IndexConfig())
+    first = data.build_index(wh, IndexConfig())
+    data.ingest(wh, data.sample_world_inputs(wh)[0][0].model_copy(update={"limit": 20}))
+    second = data.build_index(wh, IndexConfig())
     assert not second.skipped and second.value["documents"] == 20
     assert second.run.checkpoint != first.run.checkpoint
-    directory, meta = stages.latest_index(wh, "sampleworld")
+    directory, meta = data.latest_index(wh, "sampleworld")
     assert str(directory) == second.run.checkpoint and meta["documents"] == 20
 
 
@@ -92,7 +93,7 @@ def test_index_is_rebuilt_when_documents_change(tmp_path):
 def test_missing_or_corrupt_index_gives_a_clear_error_and_no_retrievals(tmp_path, damage):
     from corpus.bm25 import LuceneIndexError
     wh = load_world(tmp_path / "wh")
-    index = stages.build_index(wh, IndexConfig()).run.checkpoint
+    index = data.build_index(wh, IndexConfig()).run.checkpoint
     if damage == "delete":
         shutil.rmtree(index)
         expected = (ValueError, "missing or incomplete")
@@ -101,7 +102,7 @@ def test_missing_or_corrupt_index_gives_a_clear_error_and_no_retrievals(tmp_path
             f.write_bytes(b"garbage")
         expected = (LuceneIndexError, "cannot open the Lucene index")
     with pytest.raises(expected[0], match=expected[1]):
-        stages.retrieve(wh, RetrieveConfig())
+        data.retrieve(wh, RetrieveConfig())
     assert query(wh, "SELECT count(*) AS n FROM retrievals").to_pylist() == [{"n": 0}]
     assert not list(wh.tables_dir.glob("retrievals/*.parquet"))
 
@@ -109,8 +110,8 @@ def test_missing_or_corrupt_index_gives_a_clear_error_and_no_retrievals(tmp_path
 def test_salient_spans_resume_after_a_crash(tmp_path, monkeypatch):
     from corpus import ner
     wh = load_world(tmp_path / "wh")
-    stages.build_index(wh, IndexConfig())
-    stages.retrieve(wh, RetrieveConfig())
+    data.build_index(wh, IndexConfig())
+    data.retrieve(wh, RetrieveConfig())
     config = SalientSpansConfig(shard_size=10)
     real = ner.salient_spans
     calls = {"n": 0}
@@ -123,18 +124,18 @@ def test_salient_spans_resume_after_a_crash(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ner, "salient_spans", crash_on_third_shard)
     with pytest.raises(KeyboardInterrupt):
-        stages.find_salient_spans(wh, config)
+        data.find_salient_spans(wh, config)
     assert query(wh, "SELECT count(*) AS n FROM salient_spans").to_pylist() == [{"n": 0}]
     failed = list_runs(wh, stage="salient-spans")[0]
     assert failed.status == "failed"
 
     monkeypatch.setattr(ner, "salient_spans", real)
-    resumed = stages.find_salient_spans(wh, config)
+    resumed = data.find_salient_spans(wh, config)
     assert resumed.value["resumed_shards"] == 2 and resumed.run.run_id == failed.run_id
     assert [r.status for r in list_runs(wh, stage="salient-spans")] == ["success"]
     got = query(wh, "SELECT * EXCLUDE (run_id) FROM salient_spans ORDER BY ALL").to_pylist()
 
-    fresh = stages.find_salient_spans(wh, config, force=True)
+    fresh = data.find_salient_spans(wh, config, force=True)
     assert fresh.value["resumed_shards"] == 0
     assert query(wh, "SELECT * EXCLUDE (run_id) FROM salient_spans ORDER BY ALL").to_pylist() == got
     assert not list(wh.tables_dir.glob("*/.staging/*")) and not list(wh.tables_dir.glob(".resume-*"))

@@ -1,0 +1,71 @@
+"""The evaluate stage: a model's answers to a split's questions scored by exact match, or its outputs on a
+general-generation task scored by ROUGE-L or SacreBLEU."""
+
+from __future__ import annotations
+
+import time
+
+from stages.configs import EvaluateConfig
+from stages.inputs import (gen_examples, gen_inputs, gen_lineage, qa_inputs, questions_lineage, read_questions,
+                           retrievals_lineage)
+from stages.models import source_model
+from warehouse import StagedRun, StageResult, Warehouse, fingerprint, run_stage
+
+
+def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> StageResult:
+    """QA: greedy answers for every question of the split, EM (SQuAD normalisation, max over gold answers).
+    A generation task: beam search, ROUGE-L (summarisation) or SacreBLEU (translation)."""
+    from nkb_model.generation import generate
+    from nkb_model.metrics import bleu, exact_match, rouge_l
+    from nkb_model.train import choose_device
+    source = source_model(wh, config.model)
+    name, task = source.name, config.task or source.info.get("task")
+    if task:
+        examples = gen_examples(wh, task, config.split)
+        groups = [task]
+        lineage = gen_lineage(wh, task, config.split)
+    else:
+        examples = read_questions(wh, config.datasets, config.split)
+        groups = sorted(set(examples.column("dataset").to_pylist()))
+        lineage = questions_lineage(wh, groups, config.split)
+        if source.info.get("knowledge", "none") != "none":
+            lineage += retrievals_lineage(wh, groups)
+    num_beams = config.num_beams or (4 if task else 1)
+    max_new_tokens = config.max_new_tokens or (64 if task else 24)
+    fp = fingerprint("evaluate", config.identity() | {"task": task}, source.lineage + lineage)
+    device = choose_device(config.device)
+
+    def body(run: StagedRun) -> dict:
+        started = time.perf_counter()
+        model, tokenizer, info = source.load(device)
+        if task:
+            texts, knowledge_ids = gen_inputs(examples), None
+        else:
+            texts, knowledge_ids = qa_inputs(wh, examples, tokenizer, info)
+        outputs = generate(model, tokenizer, texts, device, config.batch_size, info.get("max_input_len", 256),
+                           max_new_tokens, num_beams, knowledge_ids)
+        if task:
+            ids, ds = examples.column("example_id").to_pylist(), [task] * examples.num_rows
+            references = examples.column("target").to_pylist()
+            correct = [p.strip() == r.strip() for p, r in zip(outputs, references)]
+            kind = examples.column("kind")[0].as_py()
+            metric, score = ("rougeL", rouge_l(outputs, references)) if kind == "summarization" else \
+                ("bleu", bleu(outputs, references))
+            run.metric(metric, score, dataset=task, split=config.split)
+            scores = {metric: score}
+        else:
+            ids, ds = examples.column("question_id").to_pylist(), examples.column("dataset").to_pylist()
+            correct = [exact_match(p, g) for p, g in zip(outputs, examples.column("answers").to_pylist())]
+            scores = {}
+            for dataset in groups:
+                hits = [c for c, d in zip(correct, ds) if d == dataset]
+                scores[dataset] = 100.0 * sum(hits) / len(hits)
+                run.metric("em", scores[dataset], dataset=dataset, split=config.split)
+        run.write("predictions", f"{name}.{config.split}", {
+            "question_id": ids, "dataset": ds, "split": [config.split] * len(ds), "prediction": outputs,
+            "exact_match": correct})
+        return {"model": name, "questions": len(texts), ("scores" if task else "em"): {k: round(v, 2) for k, v in scores.items()},
+                "seconds": time.perf_counter() - started, "device": device.name}
+
+    return run_stage(wh, "evaluate", config.model_dump() | {"model_name": name, "task": task}, fp, body, force=force,
+                     device=device.name)

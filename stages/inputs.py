@@ -1,0 +1,162 @@
+"""Reading a stage's inputs from the warehouse: corpus text, questions, generation examples, retrieved
+documents, and the lineage strings that stand for them in an inputs fingerprint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from warehouse import Warehouse
+
+PRETRAINING = "pretraining"  # the `segments` partition <corpus>.pretraining holds a corpus's pretraining sentences
+
+
+def world_dir(wh: Warehouse) -> Path:
+    """Where the sample-world stage writes the sample world's files."""
+    return wh.files_dir / "sample-world"
+
+
+# ---- lineage: what stands for a table's data in a fingerprint --------------------------------------
+
+def corpus_lineage(wh: Warehouse, corpus: str) -> str:
+    """The inputs fingerprint of the run that ingested `corpus`."""
+    found = [fp for name, fp in wh.lineage("documents", corpus) if name == corpus]
+    if not found:
+        corpora = sorted({name for name, _ in wh.lineage("documents")})
+        raise ValueError(f"no documents for corpus {corpus!r} (corpora: {', '.join(corpora) or 'none'}); "
+                         "run the ingest stage first")
+    return found[0]
+
+
+def partition_family(wh: Warehouse, table: str, partition: str) -> list[tuple[str, str]]:
+    """(name, lineage) of a partition and its shards (`<partition>-00000`, ...)."""
+    return [(name, fp) for name, fp in wh.lineage(table, partition)
+            if name == partition or name.startswith(partition + "-")]
+
+
+def span_partitions(wh: Warehouse, corpus: str, source: str = "retrieved") -> tuple[str, list[str]]:
+    """The `segments` partition of a corpus's retrieved documents (source=retrieved) or pretraining sentences,
+    and its `salient_spans` shards. Raises, saying which stages to run, when either is missing."""
+    segments = corpus if source == "retrieved" else f"{corpus}.{PRETRAINING}"
+    spans = [name for name, _ in partition_family(wh, "salient_spans", segments)]
+    if not partition_family(wh, "segments", segments) or not spans:
+        first = ("retrieve" if source == "retrieved" else f"pretraining-data --set corpus={corpus}")
+        raise ValueError(f"no salient spans of {corpus!r} ({source}); run the {first} stage, then "
+                         f"salient-spans --set corpus={corpus} --set source={source}")
+    return segments, spans
+
+
+def spans_lineage(wh: Warehouse, corpus: str, source: str = "retrieved") -> list[str]:
+    segments, _ = span_partitions(wh, corpus, source)
+    return [f"{n}:{fp}" for table in ("segments", "salient_spans") for n, fp in partition_family(wh, table, segments)]
+
+
+def questions_lineage(wh: Warehouse, datasets: list[str], split: str) -> list[str]:
+    return [f"{n}:{f}" for n, f in wh.lineage("questions") if n.split(".")[0] in datasets and n.endswith("." + split)]
+
+
+def gen_lineage(wh: Warehouse, task: str, split: str) -> list[str]:
+    return [f"{n}:{f}" for n, f in wh.lineage("gen_examples") if n == f"{task}.{split}"]
+
+
+def retrievals_lineage(wh: Warehouse, datasets: list[str]) -> list[str]:
+    return [f"{n}:{f}" for n, f in wh.lineage("retrievals") if n in datasets]
+
+
+# ---- reading ---------------------------------------------------------------------------------------
+
+def corpus_texts(wh: Warehouse, corpus: str) -> list[str]:
+    texts = []
+    for batch in wh.scan("documents", ["text"], filter=pc.field("corpus") == corpus):
+        texts += batch.column("text").to_pylist()
+    if not texts:
+        raise ValueError(f"corpus {corpus!r} has no documents")
+    return texts
+
+
+def packed_rows(wh: Warehouse, tokenizer, corpus: str, seq_len: int) -> np.ndarray:
+    """A corpus's documents tokenized and packed into rows of `seq_len` tokens; the same for pretraining and for
+    injection's general text, so that injection can tell the base's held-out rows apart."""
+    from nkb_model.base_model import pack
+    ids = tokenizer(corpus_texts(wh, corpus), add_special_tokens=False)["input_ids"]
+    return pack(ids, seq_len, tokenizer.eos_token_id)
+
+
+def segments_with_spans(wh: Warehouse, corpus: str, source: str = "retrieved") -> tuple[pa.Table, pa.Table]:
+    """(segments with at least one salient span, their spans) of a corpus, for salient span masking."""
+    segments, spans = span_partitions(wh, corpus, source)
+    found = wh.read("salient_spans", ["segment_id", "start_char", "end_char"], partitions=spans)
+    texts = wh.read("segments", ["segment_id", "text"], filter=pc.field("segment_id").isin(
+        found.column("segment_id").unique()), partitions=[segments])
+    return texts, found
+
+
+def read_questions(wh: Warehouse, datasets: list[str] | None, split: str) -> pa.Table:
+    """The split's questions (of `datasets`, or all), in question_id order."""
+    table = wh.read("questions", ["question_id", "dataset", "split", "question", "answers"],
+                    filter=pc.field("split") == split)
+    if datasets:
+        table = table.filter(pc.field("dataset").isin(datasets))
+    if table.num_rows == 0:
+        raise ValueError(f"no {split!r} questions{' for ' + ', '.join(datasets) if datasets else ''}; "
+                         "run the questions stage first")
+    return table.sort_by("question_id")
+
+
+def gen_examples(wh: Warehouse, task: str, split: str) -> pa.Table:
+    """A general-generation task's split from `gen_examples`, in id order."""
+    table = wh.read("gen_examples", filter=(pc.field("task") == task) & (pc.field("split") == split))
+    if table.num_rows == 0:
+        tasks = sorted({n for n, _ in wh.lineage("gen_examples")})
+        raise ValueError(f"no {split!r} examples of task {task!r} (loaded: {', '.join(tasks) or 'none'}); "
+                         "run the generation-data stage first")
+    return table.sort_by("example_id")
+
+
+def gen_inputs(table: pa.Table) -> list[str]:
+    from corpus.generation import model_input
+    return [model_input(k, s, a, b) for k, s, a, b in zip(*(table.column(c).to_pylist() for c in
+                                                             ("kind", "source", "source_lang", "target_lang")))]
+
+
+def qa_pair(question: str, answer: str | None, answer_format: str) -> tuple[str, str | None]:
+    """Model input and target for a question. `plain` is the paper's (`question: …` → answer); `sentinel`
+    asks for the answer the way salient span masking asks for a span (`… answer: <extra_id_0>` →
+    `<extra_id_0> answer <extra_id_1>`), so fine-tuning starts from the path the NKB was trained on."""
+    if answer_format == "sentinel":
+        return f"question: {question} answer: <extra_id_0>", None if answer is None else f"<extra_id_0> {answer} <extra_id_1>"
+    return f"question: {question}", answer
+
+
+def retrieved_documents(wh: Warehouse, question_ids: list[str], docs: int | None) -> list[list[str]]:
+    """The texts of each question's retrieved documents in rank order (the top `docs`, or all)."""
+    wanted = pc.field("question_id").isin(question_ids)
+    hits = wh.read("retrievals", ["question_id", "rank", "doc_id"],
+                   filter=wanted if docs is None else wanted & (pc.field("rank") <= docs))
+    if hits.num_rows == 0:
+        raise ValueError("no retrievals for these questions; run the retrieve stage first")
+    documents = wh.read("documents", ["doc_id", "text"], filter=pc.field("doc_id").isin(hits.column("doc_id").unique()))
+    text_of = dict(zip(documents.column("doc_id").to_pylist(), documents.column("text").to_pylist()))
+    by_question: dict[str, list[tuple[int, str]]] = {}
+    for q, rank, doc in zip(*(hits.column(c).to_pylist() for c in ("question_id", "rank", "doc_id"))):
+        by_question.setdefault(q, []).append((rank, text_of.get(doc, "")))
+    return [[text for _, text in sorted(by_question.get(q, []))] for q in question_ids]
+
+
+def qa_inputs(wh: Warehouse, questions: pa.Table, tokenizer, info: dict):
+    """Model inputs for `questions` the way the model was fine-tuned (`info`): the texts, and for Kformer the
+    documents' token ids. Concat appends the documents after the question, so truncation cuts documents."""
+    texts = [qa_pair(q, None, info.get("answer_format", "plain"))[0] for q in questions.column("question").to_pylist()]
+    mode = info.get("knowledge", "none")
+    if mode == "none":
+        return texts, None
+    ranked = mode == "kformer" and info.get("kformer_rank", False)
+    documents = retrieved_documents(wh, questions.column("question_id").to_pylist(),
+                                    None if ranked else info["knowledge_docs"])
+    if mode == "concat":
+        return [f"{t} context: {' '.join(d)}" for t, d in zip(texts, documents)], None
+    from nkb_model.kformer import encode_documents
+    return texts, encode_documents(tokenizer, documents, info["kformer_doc_tokens"])

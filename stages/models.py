@@ -1,0 +1,84 @@
+"""Model folders in the warehouse: finding a model by name, loading the one a stage reads, publishing the one
+it writes. Models live under `files/models/<name>-<fingerprint>/` (see `nkb_model.checkpoint`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from nkb_model.checkpoint import INFO, read_info
+from stages.registry import STAGES
+from warehouse import RunRecord, StagedRun, Warehouse, list_runs
+
+
+def model_dir(wh: Warehouse, name: str, fp: str) -> Path:
+    """Where a model stage publishes model `name` built from inputs `fp` (its training checkpoint goes beside)."""
+    directory = wh.files_dir / "models" / f"{name}-{fp[:12]}"
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def model_present(run: RunRecord) -> bool:
+    """Whether the model a run published is still there (a skip is refused when it is not)."""
+    return (Path(run.checkpoint or "") / INFO).exists()
+
+
+def find_model(wh: Warehouse, name: str) -> Path:
+    """The directory of the newest model called `name`, or `name` itself if it is a model directory."""
+    if (Path(name) / "config.json").exists():
+        return Path(name)
+    for run in list_runs(wh):
+        if STAGES.get(run.stage) and STAGES[run.stage].publishes_model and run.status == "success" \
+                and model_present(run) and read_info(run.checkpoint)["name"] == name:
+            return Path(run.checkpoint)
+    raise ValueError(f"no model named {name!r}; train it first (nkb run base-model / inject / finetune)")
+
+
+@dataclass(frozen=True)
+class SourceModel:
+    """The model a stage reads: its folder and info, what stands for it in a fingerprint, and loading it."""
+    directory: Path
+    info: dict
+
+    @property
+    def name(self) -> str:
+        return self.info["name"]
+
+    @property
+    def lineage(self) -> list[str]:
+        return [str(self.directory), self.info.get("built_by", "")]
+
+    def load(self, device=None):
+        """(model, tokenizer, info); with a `Device`, on it and in eval mode (for reading, not training)."""
+        from nkb_model.checkpoint import load_model
+        model, tokenizer, info = load_model(self.directory)
+        if device is not None:
+            model.to(device.device).eval()
+        return model, tokenizer, info
+
+
+def source_model(wh: Warehouse, name: str) -> SourceModel:
+    directory = find_model(wh, name)
+    return SourceModel(directory, read_info(directory))
+
+
+def base_dir_of(directory: Path) -> Path:
+    """The base model folder a model was built on (a base is its own)."""
+    info = read_info(directory)
+    return directory if info["kind"] == "base" else Path(info["base_dir"])
+
+
+def publish_model(run: StagedRun, target: Path, write: Callable[[Path], None]) -> None:
+    """Write a model that becomes `target` when the run commits; its training checkpoint (`work_dir`) goes then.
+    Only the leader of a data-parallel run publishes."""
+    if not run.is_leader:
+        return
+    run.publish_folder(target, write, drop=work_dir(target))
+    run.run.checkpoint = str(target)
+
+
+def work_dir(target: Path) -> Path:
+    """The training checkpoint folder of the model that will be `target`: named by the inputs fingerprint, so
+    an interrupted run resumes from it."""
+    return target.parent / f".train-{target.name}"

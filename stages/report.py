@@ -1,0 +1,190 @@
+"""The report stage (the paper's Table 3, and Table 4's general-generation check), and the report as tables.
+
+Each row's EM comes from the newest evaluation of its fine-tuned model; its knowledge probe and held-out
+loss are measured here, on the model before fine-tuning.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from stages.configs import ReportConfig
+from stages.inputs import world_dir
+from stages.models import base_dir_of, find_model
+from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, query, run_metrics, run_stage
+
+GENERATION_METRICS = ("rougeL", "bleu")
+GENERATION_ROWS = ("base", "base+NKB", "base+NKB-a")  # rows fine-tuned on the generation tasks
+
+
+def latest_metrics(wh: Warehouse, model_name: str, split: str) -> list[dict]:
+    """The metrics rows of the newest successful evaluation of a model."""
+    for run in list_runs(wh, stage="evaluate"):
+        if run.status == "success" and run.config.get("model_name") == model_name and run.config.get("split") == split:
+            return run_metrics(wh, run.run_id)
+    return []
+
+
+def latest_scores(wh: Warehouse, model_name: str, split: str) -> dict[str, float]:
+    """{dataset: EM} of the newest successful evaluation of a model."""
+    return {r["dataset"]: r["value"] for r in latest_metrics(wh, model_name, split) if r["metric"] == "em"}
+
+
+def _generation_scores(wh: Warehouse, available, config: ReportConfig) -> dict[str, list]:
+    """The general-generation check: each pre-fine-tuning row's `<model>.<task>` scores."""
+    out = {k: [] for k in ("model", "task", "split", "metric", "score")}
+    for label, name, _, finetuned in available:
+        if finetuned == name or label not in GENERATION_ROWS:
+            continue
+        for task in config.generation_tasks:
+            for r in latest_metrics(wh, f"{name}.{task}", config.split):
+                if r["metric"] in GENERATION_METRICS:
+                    for key, value in zip(out, (label, task, config.split, r["metric"], r["value"])):
+                        out[key].append(value)
+    return out
+
+
+def _probe(run: StagedRun, name: str, model, tokenizer, probes: list[dict], split: str, device) -> list[float | None]:
+    """EM of the probe in unseen and in seen (article) wording. Every fill goes to `predictions`, so that a
+    low probe can be read fact by fact: question_id `<model>/<fact_id>/<probe>`, dataset `probe-<wording>`."""
+    from nkb_model.evaluation import probe
+    ems, out = [], {"question_id": [], "dataset": [], "split": [], "prediction": [], "exact_match": []}
+    for wording in ("unseen", "seen"):
+        mine = [p for p in probes if p.get("wording", "unseen") == wording]
+        if not mine:
+            ems.append(None)
+            continue
+        fills, hits = probe(model, tokenizer, [p["prompt"] for p in mine], [p["answer"] for p in mine], device)
+        ems.append(100.0 * sum(hits) / len(hits))
+        out["question_id"] += [f"{name}/{p['fact_id']}/{p['probe']}" for p in mine]
+        out["dataset"] += [f"probe-{wording}"] * len(mine)
+        out["split"] += [split] * len(mine)
+        out["prediction"] += fills
+        out["exact_match"] += hits
+    if out["question_id"]:
+        run.write("predictions", f"{name}.probe.{split}", out)
+    return ems
+
+
+def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageResult:
+    """Collect EM of each row's fine-tuned model; probe and held-out loss of each row's model before fine-tuning."""
+    from corpus.sample_world import WorldFiles
+    from nkb_model.checkpoint import load_model, read_info
+    from nkb_model.evaluation import heldout_loss
+    from nkb_model.nkb import unmount_nkb
+    from nkb_model.train import choose_device
+    # (label, model before fine-tuning, its fine-tuned model); Kformer and concat exist only fine-tuned: they
+    # have no probe or held-out loss of their own (their model before fine-tuning is the base).
+    suffix = config.finetuned_suffix
+    rows_spec = [("Transformer", config.transformer, None), ("base", config.base, None), ("base+NKB", config.nkb, None),
+                 ("base+NKB-a", config.nkb_a, None), ("large", config.large, None),
+                 ("Kformer", config.kformer, config.kformer), ("concat", config.concat, config.concat)]
+    available = []
+    for label, name, finetuned in rows_spec:
+        if name:
+            try:
+                available.append((label, name, find_model(wh, name), finetuned or name + suffix))
+            except ValueError:
+                continue
+    if not available:
+        raise ValueError("no model of the report exists yet; run base-model, inject, finetune and evaluate first")
+    probes_path = Path(config.probes) if config.probes else WorldFiles.at(world_dir(wh)).probes
+    probes = [json.loads(line) for line in open(probes_path, encoding="utf-8")] if probes_path.exists() else []
+    probes = [p for p in probes if p.get("split", config.split) == config.split]
+    inputs = [f"{label}:{read_info(d).get('built_by', '')}" for label, _, d, _ in available]
+    inputs += [f"{finetuned}:{json.dumps(latest_scores(wh, finetuned, config.split), sort_keys=True)}"
+               for _, _, _, finetuned in available]
+    generation = _generation_scores(wh, available, config)
+    inputs.append(json.dumps(generation, sort_keys=True))
+    fp = fingerprint("report", config.identity(), inputs + [str(len(probes))])
+    device = choose_device(config.device)
+
+    def body(run: StagedRun) -> dict:
+        out = {k: [] for k in ("model", "dataset", "split", "em", "params_total", "params_injected", "probe_em",
+                               "probe_seen_em", "heldout_loss")}
+        summary = []
+        for label, name, directory, finetuned in available:
+            info = read_info(directory)
+            model, tokenizer, _ = load_model(directory)
+            model.to(device.device)
+            probe_em = probe_seen_em = loss = None
+            if finetuned != name:
+                probe_em, probe_seen_em = _probe(run, info["name"], model, tokenizer, probes, config.split, device)
+                held_path = base_dir_of(directory) / "held_out.npy"
+                loss = heldout_loss(model, tokenizer, np.load(held_path), device) if held_path.exists() else None
+            if info["kind"] in ("nkb", "nkb-a") and loss is not None:
+                unmount_nkb(model)
+                run.metric("heldout_loss_nkb_unmounted", heldout_loss(model, tokenizer, np.load(held_path), device),
+                           dataset=label)
+            ems = latest_scores(wh, finetuned, config.split)
+            total = info.get("params") or sum(p.numel() for p in model.parameters())
+            injected = info.get("params_injected", 0)
+            # A row whose fine-tuned model has not been evaluated still shows its probe and held-out loss.
+            em_rows = sorted(ems.items()) + [("average", float(np.mean(list(ems.values()))) if ems else None)]
+            for dataset, em in em_rows:
+                for key, value in zip(out, (label, dataset, config.split, em, total, injected, probe_em, probe_seen_em,
+                                            loss)):
+                    out[key].append(value)
+            for metric, value in (("probe_em", probe_em), ("probe_seen_em", probe_seen_em)):
+                if value is not None:
+                    run.metric(metric, value, dataset=label, split=config.split)
+            if loss is not None:
+                run.metric("heldout_loss", loss, dataset=label)
+            summary.append({"model": label, "em": ems, "probe_em": probe_em, "probe_seen_em": probe_seen_em,
+                            "heldout_loss": loss})
+        run.write("report", "latest", out)
+        run.write("report_generation", "latest", generation)
+        return {"rows": summary, "generation": [dict(zip(generation, r)) for r in zip(*generation.values())]}
+
+    return run_stage(wh, "report", config.model_dump(), fp, body, force=force, device=device.name)
+
+
+# ---- the report as tables (for `nkb report`) -----------------------------------------------------
+
+def report_rows(wh: Warehouse) -> list[dict]:
+    """The latest report's rows (one per model and dataset, plus each model's average)."""
+    return query(wh, "SELECT * FROM report").to_pylist()
+
+
+def report_table(wh: Warehouse, rows: list[dict]) -> pa.Table:
+    """The report as one row per model: EM per dataset and on average, the probe, held-out losses, parameters."""
+    unmounted = {m["dataset"]: m["value"] for m in run_metrics(wh, rows[0]["run_id"], "heldout_loss_nkb_unmounted")}
+    datasets = sorted({r["dataset"] for r in rows} - {"average"})
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    first = {m: next(r for r in rows if r["model"] == m) for m in models}
+
+    def rounded(value, digits=1):
+        return None if value is None else round(value, digits)
+
+    def em(model, dataset):
+        return rounded(next((r["em"] for r in rows if r["model"] == model and r["dataset"] == dataset), None))
+
+    columns = {"model": models}
+    for d in datasets + ["average"]:
+        columns[f"EM {d}"] = [em(m, d) for m in models]
+    columns["probe EM"] = [rounded(first[m]["probe_em"]) for m in models]
+    columns["probe EM, seen wording"] = [rounded(first[m].get("probe_seen_em")) for m in models]
+    columns["held-out loss"] = [rounded(first[m]["heldout_loss"], 4) for m in models]
+    columns["loss, NKB unmounted"] = [rounded(unmounted.get(m), 4) for m in models]
+    columns["params"] = [first[m]["params_total"] for m in models]
+    columns["params injected"] = [first[m]["params_injected"] for m in models]
+    return pa.table(columns)
+
+
+def generation_table(wh: Warehouse) -> pa.Table | None:
+    """The general-generation scores, one row per model and a column per task (None without any)."""
+    if not wh.partition_files("report_generation"):
+        return None
+    scores = query(wh, "SELECT model, task, metric, round(score, 1) AS score FROM report_generation "
+                       "ORDER BY task, model").to_pylist()
+    if not scores:
+        return None
+    tasks = list(dict.fromkeys(f"{g['task']} ({g['metric']})" for g in scores))
+    models = list(dict.fromkeys(g["model"] for g in scores))
+    return pa.table({"model": models} | {t: [next((g["score"] for g in scores if g["model"] == m
+                                                   and f"{g['task']} ({g['metric']})" == t), None) for m in models]
+                                         for t in tasks})
