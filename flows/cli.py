@@ -46,7 +46,10 @@ def local_flow_settings():
             yield
 
 
-def _field_help(name: str, field, default=None) -> str:
+_UNSET = object()
+
+
+def _field_help(name: str, field, default=_UNSET) -> str:
     annotation = field.annotation
     args = typing.get_args(annotation)
     if typing.get_origin(annotation) is typing.Union:
@@ -59,7 +62,7 @@ def _field_help(name: str, field, default=None) -> str:
         kind = "a,b,..."
     else:
         kind = getattr(annotation, "__name__", str(annotation))
-    value = default if default is not None else field.get_default(call_default_factory=True)
+    value = field.get_default(call_default_factory=True) if default is _UNSET else default
     shown = "required" if field.is_required() else f"default {value!r}"
     return f"  {name}={kind}  ({shown})\n      {field.description or ''}"
 
@@ -89,11 +92,12 @@ def _is_list(annotation) -> bool:
     return typing.get_origin(annotation) is list
 
 
-def _set_value(fields: dict, key: str, value: str, command: str):
+def _set_value(fields: dict, key: str, value: str, command: str, prefix: str = ""):
     """The value `--set key=value` gives a field: a list takes a,b,c; an empty value gives an optional field
-    None and a list no items."""
+    None and a list no items. `prefix`: the nested config's key, for error messages."""
     if key not in fields:
-        raise SystemExit(f"error: `{command}` has no config field {key!r}; fields: {', '.join(fields)}")
+        raise SystemExit(f"error: `{command}` has no config field {prefix + key!r}; "
+                         f"fields: {', '.join(prefix + f for f in fields)}")
     annotation = fields[key].annotation
     if value == "" and type(None) in typing.get_args(annotation):
         return None
@@ -115,7 +119,7 @@ def parse_sets(config: type, pairs: list[str], command: str):
         outer, dot, inner = key.partition(".")
         if dot and outer in fields and _nested(fields[outer]):
             nested = values.setdefault(outer, fields[outer].get_default(call_default_factory=True).model_dump())
-            nested[inner] = _set_value(_nested(fields[outer]).model_fields, inner, value, f"{command}` {outer}.")
+            nested[inner] = _set_value(_nested(fields[outer]).model_fields, inner, value, command, f"{outer}.")
         else:
             values[key] = _set_value(fields, key, value, command)
     try:

@@ -106,7 +106,7 @@ def table3(models: ModelsConfig = ModelsConfig(), home: Optional[str] = None, fo
     wanted = models.rows
 
     def go(name: str, config) -> dict:
-        if "device" in type(config).model_fields:
+        if models.device != "auto" and "device" in type(config).model_fields:
             config = config.model_copy(update={"device": models.device})
         return run(name, config, home, force, dispatch)
 

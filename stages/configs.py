@@ -438,7 +438,8 @@ class ModelsConfig(StageConfig):
     generation_epochs: int = Field(20, ge=1, description="Fine-tuning epochs per generation task (finetune's other "
                                                           "settings); at 5 the scores still mostly measured "
                                                           "under-fitting.")
-    device: DeviceChoice = "auto"
+    device: DeviceChoice = Field("auto", description="The device of every model stage; auto leaves each its own "
+                                                     "(base.device, ...).")
 
     @model_validator(mode="after")
     def _base_reads_the_pretraining_data(self):

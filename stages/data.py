@@ -376,7 +376,7 @@ def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = 
         if jobs:
             words = sum(len(x.split()) for job in jobs for x in seg_texts[job.start:job.stop])
             run.metric("ner_words_per_second", words / (time.perf_counter() - t))
-        return {"source": config.source, "documents": n_documents, "segments": len(seg_texts),
+        return {"corpus": config.corpus, "source": config.source, "documents": n_documents, "segments": len(seg_texts),
                 "shards": len(jobs) + resumed, "resumed_shards": resumed, "seconds": time.perf_counter() - started}
 
     return run_stage(wh, "salient-spans", config.model_dump(), fp, body, force=force, resumable=True)

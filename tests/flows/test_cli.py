@@ -65,7 +65,7 @@ def test_demo_sets_the_models_config():
     assert models.base == demo.base
     with pytest.raises(SystemExit, match="invalid config for `nkb demo`: rows.0"):
         parse_sets(ModelsConfig, ["rows=bigger"], "nkb demo")
-    with pytest.raises(SystemExit, match="has no config field 'stepz'"):
+    with pytest.raises(SystemExit, match="`nkb demo` has no config field 'inject.stepz'; fields: inject.device"):
         parse_sets(ModelsConfig, ["inject.stepz=3"], "nkb demo")
     with pytest.raises(SystemExit, match="invalid config for `nkb demo`: inject.lr"):
         parse_sets(ModelsConfig, ["inject.lr=-1"], "nkb demo")
