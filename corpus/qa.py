@@ -6,13 +6,13 @@ warehouse's `question_id`. Answers longer than a few tokens are filtered as in t
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator
 
 from corpus.documents import iter_jsonl
-from corpus.errors import InputFileError, require_file
+from corpus.errors import InputFileError
+from corpus.files import id_field, kind, open_input, parse_json
 
 FORMATS = ("nq_open", "webquestions", "headqa", "jsonl")
 
@@ -22,6 +22,7 @@ class Question:
     local_id: str
     question: str
     answers: tuple[str, ...]
+    where: str = field(default="", compare=False)  # e.g. "line 12", "record 3": for error messages
 
 
 def make_question_id(dataset: str, split: str, local_id: str) -> str:
@@ -37,11 +38,19 @@ def read_questions(path: str | os.PathLike, format: str) -> Iterator[Question]:
 
 
 def _answers(path, where: str, value) -> tuple[str, ...]:
+    """A record's gold answers: a non-empty list of non-empty strings (a single string is one answer)."""
     if isinstance(value, str):
         value = [value]
-    if not isinstance(value, list) or not all(isinstance(a, (str, int, float)) for a in value):
-        raise InputFileError(path, where, f"answers must be a list of strings, found {json.dumps(value)[:80]}")
-    return tuple(str(a) for a in value)
+    if not isinstance(value, list):
+        raise InputFileError(path, where, f"answers must be a list of strings, found {kind(value)}")
+    if not value:
+        raise InputFileError(path, where, "the answer list is empty")
+    for answer in value:
+        if not isinstance(answer, str):
+            raise InputFileError(path, where, f"answers must be strings, found {kind(answer)}")
+        if not answer.strip():
+            raise InputFileError(path, where, "an answer is empty")
+    return tuple(value)
 
 
 def _question_text(path, where: str, value) -> str:
@@ -59,7 +68,7 @@ def read_nq_open(path: str | os.PathLike) -> Iterator[Question]:
         if "answer" not in obj:
             raise InputFileError(path, where, "missing field 'answer'")
         yield Question(str(lineno), _question_text(path, where, obj.get("question")),
-                       _answers(path, where, obj["answer"]))
+                       _answers(path, where, obj["answer"]), where)
 
 
 def read_jsonl_questions(path: str | os.PathLike) -> Iterator[Question]:
@@ -68,26 +77,22 @@ def read_jsonl_questions(path: str | os.PathLike) -> Iterator[Question]:
         where = f"line {lineno}"
         if "answers" not in obj:
             raise InputFileError(path, where, "missing field 'answers'")
-        yield Question(str(obj.get("id", lineno)), _question_text(path, where, obj.get("question")),
-                       _answers(path, where, obj["answers"]))
+        local_id = id_field(path, where, obj) if "id" in obj else str(lineno)
+        yield Question(local_id, _question_text(path, where, obj.get("question")), _answers(path, where, obj["answers"]),
+                       where)
 
 
 # ---- WebQuestions ---------------------------------------------------------------------------
 
-def _load_json(path: str | os.PathLike):
-    require_file(path)
-    with open(path, "rb") as fh:
-        try:
-            return json.load(fh)
-        except UnicodeDecodeError:
-            raise InputFileError(path, None, "not UTF-8 text") from None
-        except json.JSONDecodeError as exc:
-            raise InputFileError(path, f"line {exc.lineno}, column {exc.colno}", f"not valid JSON ({exc.msg})") from None
+def load_json(path: str | os.PathLike):
+    """A whole JSON file (plain, .gz or .bz2)."""
+    with open_input(path) as stream:
+        return parse_json(stream.read(), path, None)
 
 
 def read_webquestions(path: str | os.PathLike) -> Iterator[Question]:
     """WebQuestions JSON: a list of `{"utterance", "targetValue": "(list (description X) ...)"}`."""
-    records = _load_json(path)
+    records = load_json(path)
     if not isinstance(records, list):
         raise InputFileError(path, None, "expected a JSON list of question records")
     for i, rec in enumerate(records, start=1):
@@ -100,7 +105,7 @@ def read_webquestions(path: str | os.PathLike) -> Iterator[Question]:
             answers = parse_target_value(rec["targetValue"])
         except ValueError as exc:
             raise InputFileError(path, where, f"bad targetValue: {exc}") from None
-        yield Question(str(i), _question_text(path, where, rec.get("utterance")), tuple(answers))
+        yield Question(str(i), _question_text(path, where, rec.get("utterance")), _answers(path, where, answers), where)
 
 
 def parse_target_value(value: str) -> list[str]:
@@ -171,42 +176,63 @@ def _quoted(s: str, i: int) -> tuple[int, str]:
 # ---- HEAD-QA ----------------------------------------------------------------------------------
 
 def read_headqa(path: str | os.PathLike) -> Iterator[Question]:
-    """HEAD-QA JSON: `{"exams": {name: {"questions": [...]}}}`, a list of exams, or a bare list of
-    questions `{"qid", "qtext", "ra", "answers": [{"aid", "atext"}]}`; the answer is the right option's text."""
-    data = _load_json(path)
+    """HEAD-QA JSON: `{"exams": {name: {"questions" or "data": [...]}}}`, a list of exams, one exam, or a bare
+    list of questions `{"qid", "qtext", "ra", "answers": [{"aid", "atext"}]}`; the answer is the right option's text."""
+    data = load_json(path)
     for exam_name, questions in _headqa_exams(path, data):
         for i, q in enumerate(questions, start=1):
             where = f"exam {exam_name!r}, question {i}" if exam_name else f"question {i}"
             if not isinstance(q, dict):
-                raise InputFileError(path, where, "expected a JSON object")
+                raise InputFileError(path, where, f"expected a JSON object, found {kind(q)}")
             missing = [k for k in ("qid", "qtext", "ra", "answers") if k not in q]
             if missing:
                 raise InputFileError(path, where, f"missing field(s) {', '.join(missing)}")
-            options = {str(a.get("aid")): a.get("atext") for a in q["answers"] if isinstance(a, dict)}
+            if not isinstance(q["answers"], list) or not all(isinstance(a, dict) for a in q["answers"]):
+                raise InputFileError(path, where, f"'answers' must be a list of {{aid, atext}} objects, "
+                                                  f"found {kind(q['answers'])}")
+            options = {str(a.get("aid")): a.get("atext") for a in q["answers"]}
             right = options.get(str(q["ra"]))
-            if not isinstance(right, str):
+            if not isinstance(right, str) or not right.strip():
                 raise InputFileError(path, where, f"right answer ra={q['ra']!r} is not among the options' aid values")
             local = f"{exam_name}-{q['qid']}" if exam_name else str(q["qid"])
-            yield Question(local, _question_text(path, where, q["qtext"]), (right.strip(),))
+            yield Question(local, _question_text(path, where, q["qtext"]), (right.strip(),), where)
+
+
+def _exam_questions(exam) -> list | None:
+    """An exam's question list (the official files call it `data`), or None when it has none."""
+    if not isinstance(exam, dict):
+        return None
+    questions = exam.get("questions", exam.get("data"))
+    return questions if isinstance(questions, list) else None
 
 
 def _headqa_exams(path, data) -> Iterator[tuple[str, list]]:
+    """(exam name, its questions) for each exam of a HEAD-QA file ("" for a bare list of questions)."""
+    def exam_error(where: str):
+        return InputFileError(path, where, "expected an object with a 'questions' or 'data' list")
+
     if isinstance(data, dict) and "exams" in data:
         exams = data["exams"]
-        items = exams.items() if isinstance(exams, dict) else ((e.get("name", str(i)), e) for i, e in enumerate(exams, 1))
-        for name, exam in items:
-            if not isinstance(exam, dict) or not isinstance(exam.get("questions"), list):
-                raise InputFileError(path, f"exam {name!r}", "expected an object with a 'questions' list")
-            yield str(name), exam["questions"]
-    elif isinstance(data, list) and (not data or "questions" not in data[0]):
-        yield "", data
-    elif isinstance(data, list):
+        if isinstance(exams, dict):
+            items = [(f"exam {name!r}", str(name), exam) for name, exam in exams.items()]
+        elif isinstance(exams, list):
+            items = [(f"exam {i}", str(exam.get("name", i)) if isinstance(exam, dict) else str(i), exam)
+                     for i, exam in enumerate(exams, start=1)]
+        else:
+            raise InputFileError(path, None, f"'exams' must be an object or a list, found {kind(exams)}")
+        for where, name, exam in items:
+            if _exam_questions(exam) is None:
+                raise exam_error(where)
+            yield name, _exam_questions(exam)
+    elif isinstance(data, list) and data and all(_exam_questions(e) is not None for e in data):
         for i, exam in enumerate(data, start=1):
-            yield str(exam.get("name", i)), exam.get("questions", [])
-    elif isinstance(data, dict) and isinstance(data.get("questions"), list):
-        yield str(data.get("name", "")), data["questions"]
+            yield str(exam.get("name", i)), _exam_questions(exam)
+    elif isinstance(data, list):
+        yield "", data
+    elif _exam_questions(data) is not None:
+        yield str(data.get("name", "")), _exam_questions(data)
     else:
-        raise InputFileError(path, None, "expected {'exams': ...}, a list of exams, or a list of questions")
+        raise InputFileError(path, None, "expected {'exams': ...}, a list of exams, one exam, or a list of questions")
 
 
 # ---- answer-length filter ------------------------------------------------------------------

@@ -13,11 +13,10 @@ import time
 import typing
 from pathlib import Path
 
-import duckdb
 from pydantic import BaseModel, ValidationError
 
-from corpus.errors import InputFileError
-from warehouse import ReadOnlyError, Warehouse, WarehouseError, list_runs, query, resolve_home
+from flows.errors import USER_ERRORS
+from warehouse import Warehouse, WarehouseError, list_runs, query, resolve_home
 from warehouse.sql import FORMATTERS
 
 EPILOG = "The warehouse is ./.nkb unless --home or $NKB_HOME says otherwise."
@@ -161,6 +160,11 @@ def _program() -> str:
     """How to call this command again: `nkb` when it is on PATH, else the path it was run by."""
     me = os.path.abspath(sys.argv[0])
     return "nkb" if shutil.which("nkb") == me or not os.path.exists(me) else os.path.relpath(me)
+
+
+def server_command(action: str, project: Path) -> str:
+    """`nkb server ACTION` for this project, as a command that works from any directory."""
+    return f"{_program()} server {action} --project {shlex.quote(str(project.resolve()))}"
 
 
 def _home_flag(args) -> str:
@@ -323,16 +327,20 @@ def cmd_server(args) -> int:
               f"To use this server from a shell:\n  export PREFECT_API_URL={state.api_url}\n"
               f"Run the pipeline:   prefect deployment run pipeline/pipeline\n"
               f"Rerun one stage:    prefect deployment run inject/inject --param force=true\n"
-              f"Stop everything:    {_program()} server down")
+              f"Stop everything:    {server_command('down', project)}")
         return 0
     if args.action == "down":
-        server.down(project)
+        try:
+            server.down(project)
+        except server.ServerError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         return 0
     info = server.status(project)
     if args.format == "json":
         print(json.dumps(info, indent=1))
     elif not info["running"]:
-        print(f"no server started from {info['project']} runs (`{_program()} server up` starts one)")
+        print(f"no server started from {info['project']} runs (`{server_command('up', project)}` starts one)")
     else:
         print(f"server at {info['url']} ({'healthy' if info['healthy'] else 'NOT answering'}); UI: {info['url']}")
         for name, p in info["processes"].items():
@@ -435,7 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _prepare_environment(resolve_home(args.home))
+    if args.command != "server":  # the server keeps its state in the project, not in a warehouse
+        _prepare_environment(resolve_home(args.home))
     try:
         return args.func(args)
     except BrokenPipeError:
@@ -443,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         # the interpreter's final flush does not raise again, and exit as a process killed by SIGPIPE would.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except (InputFileError, ReadOnlyError, WarehouseError, ValueError, duckdb.Error) as exc:
+    except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -13,6 +13,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.deployments import flow_attribute
+from flows.errors import quiet_user_errors
 from stages.configs import (AnalyzeConfig, EvaluateConfig, IndexConfig, ModelsConfig, ReportConfig, RetrieveConfig,
                             SampleWorldConfig, SurgeryConfig)
 from stages.data import NerShard, generation_inputs, ner_shard, sample_world_inputs
@@ -48,6 +49,7 @@ def _stage_flow(stage: Stage):
     config_type = stage.config
 
     def run_stage_flow(config: config_type, home: Optional[str] = None, force: bool = False) -> dict:
+        quiet_user_errors()
         logger = get_run_logger()
         started = time.perf_counter()
         wh = Warehouse(home)
@@ -103,6 +105,7 @@ def table3(models: ModelsConfig = ModelsConfig(), home: Optional[str] = None, fo
     """Base, larger base and random-init models; NKB and NKB-a injection; QA fine-tuning and evaluation of each
     row; the report with the knowledge probe and the no-forgetting check. dispatch: run the GPU stages
     through their deployments (workers on the `gpu` pool) instead of in this process."""
+    quiet_user_errors()
     wanted = models.rows
 
     def go(name: str, config) -> dict:
@@ -156,6 +159,7 @@ def pipeline(world: SampleWorldConfig = SampleWorldConfig(), home: Optional[str]
     Table 3 flow, then analyse and edit base+NKB's slots. dispatch: GPU-pool stages run through their
     deployments (needs a server with a worker on the `gpu` pool, see `nkb server up`); otherwise everything
     runs in this process."""
+    quiet_user_errors()
     rows = [run("sample-world", world, home, force)]
     ingests, question_sets = sample_world_inputs(Warehouse(home))
     rows += [run("ingest", config, home, force) for config in ingests]

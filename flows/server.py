@@ -8,6 +8,7 @@ process that merely reused a pid).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -190,7 +191,8 @@ def up(project: Path, port: int = 4200, home: str | None = None, directory: Path
             _start(state, f"worker-{pool}", [_prefect(), "worker", "start", "--pool", pool, "--type", "process"], env)
         log(f"workers started for pools {', '.join(POOLS)}; all up in {time.perf_counter() - started:.1f} s")
     except BaseException:
-        down(project, directory, log=lambda *_: None)
+        with contextlib.suppress(ServerError):  # nothing started yet: nothing to stop
+            down(project, directory, log=lambda *_: None)
         raise
     return state
 
@@ -200,8 +202,8 @@ def down(project: Path, directory: Path | None = None, log=print, grace: float =
     project, directory = _locate(project, directory)
     state = ServerState.load(project, directory)
     if state is None:
-        log(f"no server was started from {project}")
-        return []
+        raise ServerError(f"no server was started from {project}; give the directory `nkb server up` ran in "
+                          "with --project")
     stopped = []
     # Workers first, so that none picks up a run while the server goes away.
     for name in sorted(state.processes, key=lambda n: n == "server"):

@@ -13,12 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 ModelSize = Literal["tiny", "mini", "small", "large"]  # nkb_model.base_model.SIZES
 
-_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-_MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"
+# Corpora, datasets, splits, tasks and models name files in the warehouse: letters, digits and a few marks, and at
+# most 100 characters, so that every path built from them fits the file system's limits.
+Name = Annotated[str, StringConstraints(max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+ModelName = Annotated[str, StringConstraints(max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")]
 
 # ---- settings shared by several stages, declared once ---------------------------------------------
 
@@ -92,10 +94,10 @@ class IngestConfig(StageConfig):
     """Read a Wikipedia-like corpus into the `documents` table (one partition per corpus)."""
     volatile = frozenset({"workers"})
 
-    path: str = Field(description="Corpus file: MediaWiki XML dump (.xml or .xml.bz2), DPR passages .tsv, or .jsonl.")
+    path: str = Field(description="Corpus file: MediaWiki XML dump (.xml), DPR passages .tsv, or .jsonl; plain, .gz or .bz2.")
     format: Optional[Literal["mediawiki", "dpr_tsv", "jsonl"]] = Field(
         None, description="File format; inferred from the file name when not given.")
-    corpus: Optional[str] = Field(None, pattern=_NAME,
+    corpus: Optional[Name] = Field(None,
                                   description="Name of the corpus (the partition it replaces); default: the file name without extensions.")
     limit: Optional[int] = Field(None, ge=1, description="Stop after this many documents (for trials).")
     workers: Optional[int] = Field(None, ge=1, description="Processes cleaning wikitext; default: one per CPU core "
@@ -117,8 +119,8 @@ class QuestionsConfig(StageConfig):
     format: Literal["nq_open", "webquestions", "headqa", "jsonl"] = Field(
         description="nq_open ({question, answer[]}), webquestions ({utterance, targetValue}), "
                     "headqa (exams of {qid, qtext, ra, answers[]}), jsonl ({id?, question, answers[]}).")
-    dataset: str = Field(pattern=_NAME, description="Dataset name, e.g. nq, webquestions, headqa.")
-    split: str = Field(pattern=_NAME, description="Split name, e.g. train, validation, test.")
+    dataset: Name = Field(description="Dataset name, e.g. nq, webquestions, headqa.")
+    split: Name = Field(description="Split name, e.g. train, validation, test.")
     max_answer_tokens: Optional[int] = Field(
         5, ge=1, description="Drop answers longer than this many tokens, then questions with no answer left "
                              "(the NKB paper's filter). Empty to keep all.")
@@ -137,8 +139,8 @@ class GenerationDataConfig(StageConfig):
     path: str = Field(description="Summarisation: JSONL of {document, summary} (XSum-style). Translation: JSON or "
                                   "JSONL of {translation: {<src>: ..., <tgt>: ...}} (WMT-style).")
     kind: Literal["summarization", "translation"] = Field(description="What the task is.")
-    task: str = Field(pattern=_NAME, description="Task name, e.g. xsum or wmt16-de-en.")
-    split: str = Field(pattern=_NAME, description="Split name, e.g. train, validation, test.")
+    task: Name = Field(description="Task name, e.g. xsum or wmt16-de-en.")
+    split: Name = Field(description="Split name, e.g. train, validation, test.")
     source_lang: Optional[str] = Field(None, description="Translation: source language key; default: the first of "
                                                          "the two in the first record.")
     target_lang: Optional[str] = Field(None, description="Translation: target language key.")
@@ -149,7 +151,7 @@ class IndexConfig(StageConfig):
     """Build a BM25 Lucene index over one corpus of `documents` (reused while the corpus is unchanged)."""
     volatile = frozenset({"threads"})
 
-    corpus: str = Field("sampleworld", pattern=_NAME, description="The `documents` corpus to index.")
+    corpus: Name = Field("sampleworld", description="The `documents` corpus to index.")
     k1: float = Field(0.9, gt=0, description="BM25 term-frequency saturation (Anserini's default 0.9).")
     b: float = Field(0.4, ge=0, le=1, description="BM25 length normalisation (Anserini's default 0.4).")
     threads: int = Field(2, ge=1, description="Lucene indexing threads.")
@@ -159,7 +161,7 @@ class RetrieveConfig(StageConfig):
     """Retrieve the top-k documents for every question from a corpus's BM25 index into `retrievals`."""
     volatile = frozenset({"threads", "batch_size"})
 
-    corpus: str = Field("sampleworld", pattern=_NAME, description="Corpus whose newest index to search.")
+    corpus: Name = Field("sampleworld", description="Corpus whose newest index to search.")
     k: int = Field(3, ge=1, le=1000, description="Documents per question (the NKB paper uses the top 3).")
     datasets: Optional[list[str]] = Field(None, description="Datasets to retrieve for; default: all in `questions`.")
     threads: int = Field(2, ge=1, description="Lucene search threads for batch search.")
@@ -171,7 +173,7 @@ class SalientSpansConfig(StageConfig):
     documents cut on sentence boundaries, or the pretraining sentences of its pretraining data."""
     volatile = frozenset({"batch_size", "n_process", "dask"})
 
-    corpus: str = Field("sampleworld", pattern=_NAME, description="Corpus of the documents.")
+    corpus: Name = Field("sampleworld", description="Corpus of the documents.")
     source: Literal["retrieved", "pretraining"] = Field(
         "retrieved", description="retrieved: segment the corpus's retrieved documents (what NKB injection learns); "
                                  "pretraining: the training sentences the pretraining-data stage wrote for the "
@@ -199,7 +201,7 @@ class PretrainingDataConfig(StageConfig):
     """Train a T5-style tokenizer on warehouse text and pack a corpus into token rows for pretraining (a share
     held out), with the training rows' sentences as `segments` for salient span masking."""
 
-    corpus: str = Field("general", pattern=_NAME, description="Corpus of `documents` to pretrain on (the sample "
+    corpus: Name = Field("general", description="Corpus of `documents` to pretrain on (the sample "
                                                              "world's general text states no question fact).")
     vocab_size: int = Field(4000, ge=100, description="SentencePiece pieces (plus <pad>, </s>, <unk> and 100 sentinels).")
     tokenizer_corpora: list[str] = Field(default_factory=lambda: ["general", "sampleworld"],
@@ -215,9 +217,9 @@ class PretrainingDataConfig(StageConfig):
 class BaseModelConfig(TrainingConfig):
     """Pretrain a small T5 with span corruption (and salient span masking) on a corpus's pretraining data."""
 
-    name: str = Field("base", pattern=_NAME, description="Name of the model in reports, e.g. base or large.")
+    name: Name = Field("base", description="Name of the model in reports, e.g. base or large.")
     size: ModelSize = Field("small", description="tiny (~2M parameters), mini (~3M), small (~11M), large (~30M).")
-    pretrain_corpus: str = Field("general", pattern=_NAME, description="Corpus whose newest pretraining data "
+    pretrain_corpus: Name = Field("general", description="Corpus whose newest pretraining data "
                                                                        "(pretraining-data stage) to pretrain on.")
     steps: int = Field(1500, ge=0, description="Optimizer steps; 0 keeps the random initialisation (the "
                                               "report's Transformer row).")
@@ -239,8 +241,8 @@ class InjectConfig(TrainingConfig):
     base_model: str = Field("base", description="Model name from the base-model stage, or a Hugging Face T5 directory.")
     variant: Literal["nkb", "nkb-a"] = Field("nkb", description="nkb: only the slots train, the base is frozen; "
                                                                 "nkb-a: every parameter trains.")
-    name: Optional[str] = Field(None, pattern=_MODEL_NAME, description="Name of the result; default <base_model>+<variant>.")
-    corpus: str = Field("sampleworld", pattern=_NAME, description="Corpus whose segments and salient spans to inject.")
+    name: Optional[ModelName] = Field(None, description="Name of the result; default <base_model>+<variant>.")
+    corpus: Name = Field("sampleworld", description="Corpus whose segments and salient spans to inject.")
     layers: list[str] = Field(default_factory=lambda: ["decoder.-1"],
                               description="Blocks to mount slots on: encoder.N / decoder.N (N may be negative).")
     slots: Optional[int] = Field(None, ge=1, description="Slots per layer; default the FFN width d_ff.")
@@ -255,7 +257,7 @@ class InjectConfig(TrainingConfig):
         "Share of the steps that train on span corruption of general text (general_corpus) instead of the "
         "knowledge corpus. Wikipedia, the paper's corpus, is general text too; the sample world's knowledge "
         "corpus is facts alone, and slots trained on it alone also fire on other text."))
-    general_corpus: str = Field("general", pattern=_NAME, description="Corpus of general text for general_share; "
+    general_corpus: Name = Field("general", description="Corpus of general text for general_share; "
                                                                       "the base's held-out rows are left out.")
     general_batch_size: int = Field(16, ge=1, description="Packed general-text sequences per general step.")
     seed: Seed = 0
@@ -268,9 +270,9 @@ class FinetuneConfig(TrainingConfig):
     """Fine-tune a model (all parameters) for closed-book QA on the `questions` train split."""
 
     model: str = Field("base+nkb", description="Model to fine-tune: a name from base-model/inject, or a HF T5 directory.")
-    name: Optional[str] = Field(None, pattern=_MODEL_NAME, description="Name of the result; default <model>.qa.")
+    name: Optional[ModelName] = Field(None, description="Name of the result; default <model>.qa.")
     datasets: Optional[list[str]] = Field(None, description="Datasets to train on; default: every one with the split.")
-    split: str = Field("train", pattern=_NAME, description="Split to train on.")
+    split: Name = Field("train", description="Split to train on.")
     epochs: int = Field(30, ge=1, description="Passes over the training questions.")
     max_input_len: int = Field(256, ge=8, description="Input tokens (the paper: 256).")
     freeze_nkb: bool = Field(False, description="Keep the NKB slots fixed while fine-tuning the rest.")
@@ -289,7 +291,7 @@ class FinetuneConfig(TrainingConfig):
     kformer_doc_tokens: int = Field(64, ge=1, description="Leading tokens of each document averaged into its vector.")
     kformer_rank: bool = Field(False, description="Rank every retrieved candidate by inner product with the mean "
                                                   "question embedding and keep the best knowledge_docs (as Kformer does).")
-    task: Optional[str] = Field(None, pattern=_NAME, description="A general-generation task of `gen_examples` "
+    task: Optional[Name] = Field(None, description="A general-generation task of `gen_examples` "
                                                                 "(e.g. summaries, translation) to train on instead of QA.")
     seed: int = Field(0, description="Seed for the order of questions.")
 
@@ -311,8 +313,8 @@ class EvaluateConfig(ModelStageConfig):
 
     model: str = Field("base+nkb.qa", description="Model to evaluate (a name from finetune, or a HF T5 directory).")
     datasets: Optional[list[str]] = Field(None, description="Datasets to evaluate; default: every one with the split.")
-    split: str = Field("validation", pattern=_NAME, description="Split to evaluate.")
-    task: Optional[str] = Field(None, pattern=_NAME, description="General-generation task to score (ROUGE-L for "
+    split: Name = Field("validation", description="Split to evaluate.")
+    task: Optional[Name] = Field(None, description="General-generation task to score (ROUGE-L for "
                                                                 "summarisation, SacreBLEU for translation); default: "
                                                                 "the task the model was fine-tuned on, else QA (EM).")
     num_beams: Optional[int] = Field(None, ge=1, description="Beam size; default 1 (greedy) for QA, 4 for "
@@ -335,7 +337,7 @@ class ReportConfig(ModelStageConfig):
                                                              "documents appended (a fine-tuned model).")
     finetuned_suffix: str = Field(".qa", description="Each row's fine-tuned model is <model><suffix> (Kformer and "
                                                      "concat name their fine-tuned model directly).")
-    split: str = Field("validation", pattern=_NAME, description="Split whose EM is reported.")
+    split: Name = Field("validation", description="Split whose EM is reported.")
     generation_tasks: list[str] = Field(default_factory=lambda: ["summaries", "translation"],
                                         description="General-generation tasks whose scores of base, base+NKB and "
                                                     "base+NKB-a (fine-tuned as <model>.<task>) are reported.")
@@ -353,7 +355,7 @@ class AnalyzeConfig(ModelStageConfig):
                                                          "every block with an NKB (for ffn: the last decoder block).")
     top_k: int = Field(10, ge=1, le=100, description="Tokens kept per value vector.")
     top_questions: int = Field(5, ge=1, description="Questions kept per key (those that make the slot fire most).")
-    split: str = Field("validation", pattern=_NAME, description="Questions whose activations are recorded.")
+    split: Name = Field("validation", description="Questions whose activations are recorded.")
     facts: Optional[str] = Field(None, description="JSONL with question_id and relation, for key coherence; "
                                                    "default: the sample world's facts.jsonl when present.")
 
@@ -369,7 +371,7 @@ class SurgeryConfig(ModelStageConfig):
     questions: int = Field(50, ge=1, description="Validation questions to edit (those whose first predicted token "
                                                  "is not the gold answer's).")
     others: int = Field(5, ge=1, description="Other validation questions checked for changed predictions per edit.")
-    split: str = Field("validation", pattern=_NAME, description="Questions to edit.")
+    split: Name = Field("validation", description="Questions to edit.")
     seed: int = Field(0, description="Seed for choosing the questions.")
 
 
@@ -379,7 +381,7 @@ class EditConfig(ModelStageConfig):
     model: str = Field(description="Model with an NKB to edit (a name, or a model directory).")
     question: str = Field(min_length=1, description="The question, as asked in QA (without the 'question:' prefix).")
     answer: str = Field(min_length=1, description="The answer the model should give after the edit.")
-    name: Optional[str] = Field(None, pattern=_MODEL_NAME, description="Name of the edited model; default "
+    name: Optional[ModelName] = Field(None, description="Name of the edited model; default "
                                                                         "<model>.edit-<digest of the edit>.")
     layer: Optional[str] = Field(None, description="NKB block to edit; default: the last decoder block with an NKB.")
     lam: float = Field(0.07, gt=0, description="Edit strength λ (the paper's best: 0.07).")

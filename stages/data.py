@@ -22,6 +22,7 @@ from corpus import documents as docs
 from corpus import qa
 from corpus import sample_world
 from corpus.errors import InputFileError, require_file
+from corpus.files import repeats
 from stages.configs import (GenerationDataConfig, IndexConfig, IngestConfig, QuestionsConfig, RetrieveConfig,
                             SalientSpansConfig, SampleWorldConfig)
 from stages.inputs import PRETRAINING, corpus_lineage, world_dir
@@ -66,14 +67,12 @@ def file_input(stage: str, config, **resolved) -> tuple[str, dict, str]:
     return path, config.model_dump() | resolved | {"path": path}, fp
 
 
-def first_repeat(ids) -> str | None:
-    """The first id that occurs a second time, or None."""
-    seen = set()
-    for i in ids:
-        if i in seen:
-            return i
-        seen.add(i)
-    return None
+def refuse_repeated_ids(path: str, records, what: str) -> None:
+    """Stop at the first id that two records share, naming both places (`records` have `local_id`, `where`)."""
+    repeated = repeats((r.local_id, r.where) for r in records)
+    if repeated:
+        key, places = repeated
+        raise InputFileError(path, " and ".join(places), f"{what} id {key!r} occurs more than once")
 
 
 # ---- ingest -------------------------------------------------------------------------------
@@ -103,8 +102,10 @@ def ingest(wh: Warehouse, config: IngestConfig, force: bool = False) -> StageRes
         if rows == 0:
             raise InputFileError(path, None, "no documents found (only redirects, disambiguation or other namespaces?)")
         duplicate = run.first_duplicate("documents", corpus, "doc_id")
-        if duplicate is not None:
-            raise InputFileError(path, None, f"doc id {duplicate!r} occurs more than once in corpus {corpus!r}")
+        if duplicate is not None:  # found out of core; read the file again to say where (this is rare)
+            places = [d.where for d in docs.read_documents(path, fmt, workers=workers) if d.doc_id == duplicate][:2]
+            raise InputFileError(path, " and ".join(places) or None,
+                                 f"doc id {duplicate!r} occurs more than once in corpus {corpus!r}")
         seconds = time.perf_counter() - started
         run.metric("documents", rows, dataset=corpus)
         run.metric("pages_per_second", rows / seconds, dataset=corpus)
@@ -124,10 +125,8 @@ def load_questions(wh: Warehouse, config: QuestionsConfig, force: bool = False) 
         read = list(qa.read_questions(path, config.format))
         if not read:
             raise InputFileError(path, None, "no questions found")
+        refuse_repeated_ids(path, read, "question")
         kept, dropped = qa.filter_long_answers(read, config.max_answer_tokens)
-        repeated = first_repeat(q.local_id for q in read)
-        if repeated is not None:
-            raise InputFileError(path, None, f"question id {repeated!r} occurs more than once")
         run.write("questions", f"{config.dataset}.{config.split}", {
             "question_id": [qa.make_question_id(config.dataset, config.split, q.local_id) for q in kept],
             "dataset": [config.dataset] * len(kept), "split": [config.split] * len(kept),
@@ -153,10 +152,8 @@ def load_generation_data(wh: Warehouse, config: GenerationDataConfig, force: boo
         examples = list(itertools.islice(generation.read_examples(path, config.kind, *langs), config.limit))
         if not examples:
             raise InputFileError(path, None, "no examples found")
+        refuse_repeated_ids(path, examples, "example")
         ids = [e.local_id for e in examples]
-        repeated = first_repeat(ids)
-        if repeated is not None:
-            raise InputFileError(path, None, f"example id {repeated!r} occurs more than once")
         n = len(examples)
         run.write("gen_examples", f"{config.task}.{config.split}", {
             "example_id": [f"{config.task}/{config.split}/{i}" for i in ids], "task": [config.task] * n,

@@ -22,7 +22,7 @@ from typing import Any
 
 from stages.configs import StageConfig
 from stages.registry import STAGES, Stage
-from warehouse import StageResult, Warehouse, get_run
+from warehouse import PARQUET_TABLES, StageResult, Warehouse, get_run
 
 
 def run_stage(name: str, wh: Warehouse, config: StageConfig, force: bool = False, **options) -> StageResult:
@@ -38,11 +38,13 @@ def summarize(stage: str, result: StageResult, seconds: float) -> dict[str, Any]
     """One row describing a stage run: what it wrote, how long it took, how fast."""
     run = result.run
     value = result.value if isinstance(result.value, dict) else {}
+    tables = {k: v for k, v in run.outputs.items() if k in PARQUET_TABLES}
     row: dict[str, Any] = {"stage": stage, "run_id": run.run_id, "skipped": result.skipped,
-                           "rows_written": sum(v for v in run.outputs.values() if isinstance(v, int)),
-                           "written": ", ".join(f"{v} {k}" for k, v in run.outputs.items()),
+                           "rows_written": sum(tables.values()),
+                           "written": ", ".join(f"{v} {k}" for k, v in tables.items()),
                            "seconds": round(seconds, 3)}
-    row.update({k: v for k, v in value.items() if k not in row and not isinstance(v, (list, dict))})
+    others = {k: v for k, v in run.outputs.items() if k not in tables} | value  # parameters, files, steps...
+    row.update({k: v for k, v in others.items() if k not in row and not isinstance(v, (list, dict))})
     if not result.skipped and row["rows_written"] and seconds > 0:
         row["rows_per_second"] = round(row["rows_written"] / seconds, 1)
     return row

@@ -23,10 +23,12 @@ from typing import Any, Callable, Iterator
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from warehouse.fingerprint import code_version
 from warehouse.parquet import PartitionWriter, ShardTarget
 from warehouse.runs import RunRecord, StageResult, find_successful_run, insert_run, new_run_id, now
+from warehouse.schemas import PARQUET_TABLES
 from warehouse.store import Warehouse, check_partition
 
 
@@ -217,6 +219,8 @@ class ShardSet:
         self.directory.mkdir(parents=True, exist_ok=True)
         for tmp in self.directory.glob("*.tmp"):
             tmp.unlink()  # a shard that was being written when the run died
+        # Shards an interrupted attempt finished are this run's output too.
+        self.count(sum(pq.read_metadata(p).num_rows for p in self.directory.glob(f"{self.prefix}-*.parquet")))
 
     def name(self, index: int) -> str:
         return f"{self.prefix}-{index:05d}"
@@ -257,7 +261,7 @@ def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerpr
     """
     if not force:
         previous = find_successful_run(wh, stage, inputs_fingerprint)
-        if previous is not None and (still_valid is None or still_valid(previous)):
+        if previous is not None and outputs_intact(wh, previous) and (still_valid is None or still_valid(previous)):
             return StageResult(run=previous, skipped=True)
     run = RunRecord(run_id=new_run_id(stage), stage=stage, status="running", inputs_fingerprint=inputs_fingerprint,
                     config=config, code_version=code_version(), started_at=now(), host=socket.gethostname(),
@@ -280,6 +284,17 @@ def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerpr
         raise
     staged.commit()
     return StageResult(run=run, skipped=False, value=value)
+
+
+def outputs_intact(wh: Warehouse, run: RunRecord) -> bool:
+    """Whether the tables still hold every row `run` wrote. A skip means "what this run would write is what the
+    tables hold now": not so when another run has rewritten one of its partitions since, or it was deleted."""
+    for table, rows in run.outputs.items():
+        if table in PARQUET_TABLES:
+            files, found = wh.rows_written_by(table, run.run_id)
+            if not files or found != rows:
+                return False
+    return True
 
 
 def _run_as_follower(wh: Warehouse, run: RunRecord, body: Callable[[StagedRun], Any]) -> StageResult:

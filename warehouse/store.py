@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from warehouse.parquet import LINEAGE_FINGERPRINT
+from warehouse.parquet import LINEAGE_FINGERPRINT, LINEAGE_RUN_ID
 from warehouse.schemas import DERIVED_VIEWS, NATIVE_TABLES, PARQUET_TABLES, empty_select
 
 DEFAULT_HOME = ".nkb"
@@ -46,7 +46,13 @@ def resolve_home(home: str | os.PathLike | None = None) -> Path:
     return Path(chosen).expanduser().resolve()
 
 
+MAX_PARTITION_CHARS = 200  # file names stay under the usual 255-byte limit with suffixes and staging names
+
+
 def check_partition(key: str) -> str:
+    if len(key) > MAX_PARTITION_CHARS:
+        raise WarehouseError(f"partition name {key[:40]!r}... is {len(key)} characters long; "
+                             f"at most {MAX_PARTITION_CHARS} characters")
     if not _PARTITION_RE.match(key):
         raise WarehouseError(
             f"partition name {key!r} must start with a letter or digit and use only letters, digits, '.', '_', '=', '+', '-'"
@@ -175,6 +181,16 @@ class Warehouse:
         if files:
             dataset = ds.dataset(files, schema=self.schema(table), format="parquet")
             yield from dataset.to_batches(columns=columns, filter=filter, batch_size=batch_size)
+
+    def rows_written_by(self, table: str, run_id: str) -> tuple[int, int]:
+        """(files, rows) of the table that run `run_id` wrote and that are still there (read from each file's
+        footer: a partition another run rewrote since carries that run's id)."""
+        files = rows = 0
+        for path in self.partition_files(table):
+            meta = pq.read_metadata(path)
+            if (meta.metadata or {}).get(LINEAGE_RUN_ID.encode()) == run_id.encode():
+                files, rows = files + 1, rows + meta.num_rows
+        return files, rows
 
     def lineage(self, table: str, prefix: str = "") -> list[tuple[str, str]]:
         """(partition, inputs fingerprint of the run that wrote it) for the table's partitions named

@@ -51,7 +51,7 @@ def test_webquestions_record_without_target_value(tmp_path):
 def test_webquestions_invalid_json_names_line(tmp_path):
     path = tmp_path / "wq.json"
     path.write_text('[\n{"utterance": "a?",\n "targetValue": }\n]')
-    with pytest.raises(InputFileError, match=r"line 3, column \d+: not valid JSON"):
+    with pytest.raises(InputFileError, match=r"line 3: not valid JSON at column \d+"):
         list(read_questions(path, "webquestions"))
 
 

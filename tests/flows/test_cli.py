@@ -140,3 +140,24 @@ def test_in_process_flows_skip_heartbeats_only_under_the_temporary_server():
         assert get_current_settings().flows.heartbeat_frequency is None
     with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}), local_flow_settings():
         assert get_current_settings().flows.heartbeat_frequency == default
+
+
+def test_server_down_where_no_server_was_started_fails_says_how_and_creates_nothing(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "server", "down")
+    assert code == 1 and "no server was started from" in err and "--project" in err
+    assert not (tmp_path / ".nkb").exists() and not (tmp_path / ".prefect").exists()
+
+
+def test_server_hints_name_the_project_so_they_work_from_anywhere(tmp_path):
+    from flows.cli import server_command
+    assert server_command("down", tmp_path).endswith(f"server down --project {tmp_path.resolve()}")
+
+
+def test_a_name_too_long_for_a_file_is_refused_in_one_line(home, tmp_path):
+    path = tmp_path / "wiki.jsonl"
+    path.write_text('{"id": "a", "title": "A", "text": "Ada."}\n')
+    with pytest.raises(SystemExit) as refused:
+        main(["--home", home, "run", "ingest", "--set", f"path={path}", "--set", f"corpus={'c' * 300}"])
+    assert "invalid config for `nkb run ingest`: corpus" in str(refused.value.code)
+    assert len(str(refused.value.code).splitlines()) == 2  # the error and where the help is

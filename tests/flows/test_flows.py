@@ -95,3 +95,18 @@ def test_salient_spans_on_a_local_dask_cluster_equal_the_in_process_run(tmp_path
     row = salient_spans_flow(config, home, force=True)
     assert not row["skipped"] and row["shards"] > 2
     assert query(Warehouse(home), spans).to_pylist() == in_process
+
+
+def test_an_input_error_through_prefect_is_one_line_not_a_traceback(tmp_path):
+    """As a user runs it: `nkb run --prefect` in a process of its own, under Prefect's temporary server."""
+    import os
+    import subprocess
+    import sys
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{oops\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {
+        "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "--home", str(tmp_path / "wh"), "run", "ingest",
+                           "--set", f"path={bad}", "--prefect"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr
+    assert f"error: {bad}, line 1: not valid JSON" in done.stderr

@@ -123,7 +123,7 @@ def _missing(tmp_path, world):
 def _duplicate_ids(tmp_path, world):
     path = tmp_path / "dup.jsonl"
     path.write_text('{"id": 1, "title": "A", "text": "x"}\n{"id": 1, "title": "B", "text": "y"}\n')
-    return IngestConfig(path=str(path), corpus="general"), "doc id '1' occurs more than once"
+    return IngestConfig(path=str(path), corpus="general"), "line 1 and line 2: doc id '1' occurs more than once"
 
 
 @pytest.mark.parametrize("make_bad", [_truncated_bz2, _invalid_xml, _jsonl_not_json, _webq_no_target, _empty,
@@ -150,7 +150,7 @@ def test_generation_data_stage_refuses_repeated_ids(tmp_path):
     path.write_text('{"id": "a", "document": "D", "summary": "s"}\n{"id": "a", "document": "E", "summary": "t"}\n')
     wh = Warehouse(tmp_path / "wh")
     config = GenerationDataConfig(path=str(path), kind="summarization", task="x", split="train")
-    with pytest.raises(InputFileError, match="example id 'a' occurs more than once"):
+    with pytest.raises(InputFileError, match="x.jsonl, line 1 and line 2: example id 'a' occurs more than once"):
         load_generation_data(wh, config)
     path.write_text('{"id": "a", "document": "D", "summary": "s"}\n')
     assert load_generation_data(wh, config).value["examples"] == 1
@@ -165,3 +165,67 @@ def test_ner_workers_only_for_many_texts_long_enough_to_ship(monkeypatch):
     assert data.ner_processes([paragraph] * 2000) == 1  # too few to pay the workers' start-up
     assert data.ner_processes([sentence] * 50_000) == 1  # too short: shipping each costs more than its NER
     assert data.ner_processes([sentence, paragraph] * 1500) == 4  # 64 words on average
+
+
+def _docs_file(path, n: int, tag: str):
+    path.write_text("".join(f'{{"id": "{tag}{i}", "title": "T{i}", "text": "{tag} text {i}"}}\n' for i in range(n)))
+    return IngestConfig(path=str(path), corpus="x")
+
+
+def _corpus_x(wh):
+    return sorted(query(wh, "SELECT doc_id FROM documents WHERE corpus = 'x'").column("doc_id").to_pylist())
+
+
+def test_a_rerun_is_not_skipped_when_its_partition_holds_another_runs_rows(tmp_path, wh):
+    three, thousand = _docs_file(tmp_path / "good3.jsonl", 3, "g"), _docs_file(tmp_path / "docs.jsonl", 1000, "d")
+    assert not data.ingest(wh, three).skipped and len(_corpus_x(wh)) == 3
+    assert not data.ingest(wh, thousand).skipped and len(_corpus_x(wh)) == 1000
+    again = data.ingest(wh, three)
+    assert not again.skipped and _corpus_x(wh) == ["g0", "g1", "g2"]
+    assert data.ingest(wh, three).skipped  # now it is what the table holds
+
+
+def test_a_questions_rerun_after_another_file_replaced_the_split_rewrites_it(tmp_path, wh):
+    def questions(name, n):
+        path = tmp_path / name
+        path.write_text("".join(f'{{"question": "q{i}?", "answer": ["a{i}"]}}\n' for i in range(n)))
+        return QuestionsConfig(path=str(path), format="nq_open", dataset="nq", split="train")
+    small, big = questions("small.jsonl", 2), questions("big.jsonl", 50)
+    data.load_questions(wh, small)
+    data.load_questions(wh, big)
+    assert not data.load_questions(wh, small).skipped
+    assert query(wh, "SELECT count(*) AS n FROM questions").to_pylist() == [{"n": 2}]
+
+
+def test_interleaved_ingests_leave_exactly_the_last_committed_writers_rows(tmp_path, wh):
+    """Property-style: random ingests, reruns and forced reruns of three files into one partition; after every
+    step the partition holds exactly the rows of the file last committed (skipped or not)."""
+    import random
+    files = [_docs_file(tmp_path / f"f{k}.jsonl", n, f"f{k}-") for k, n in enumerate((3, 7, 5))]
+    expected = {k: sorted(f"f{k}-{i}" for i in range(n)) for k, n in enumerate((3, 7, 5))}
+    rng = random.Random(4)
+    last = None
+    for step in range(25):
+        k = rng.randrange(3)
+        result = data.ingest(wh, files[k], force=rng.random() < 0.2)
+        if result.skipped:
+            assert last == k, f"step {step}: skipped although the partition holds file {last}'s rows"
+        last = k
+        assert _corpus_x(wh) == expected[k], f"step {step}"
+
+
+def test_repeated_question_ids_are_named_with_both_places(tmp_path, wh):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"id": "a", "question": "x?", "answers": ["1"]}\n{"id": "b", "question": "y?", "answers": ["2"]}\n'
+                    '{"id": "a", "question": "z?", "answers": ["3"]}\n')
+    with pytest.raises(InputFileError, match="q.jsonl, line 1 and line 3: question id 'a' occurs more than once"):
+        data.load_questions(wh, QuestionsConfig(path=str(path), format="jsonl", dataset="d", split="train"))
+
+
+def test_repeated_page_ids_of_a_dump_are_named_by_page(tmp_path, wh):
+    from tests.conftest import mediawiki_dump, mediawiki_page
+    path = tmp_path / "dump.xml"
+    path.write_text(mediawiki_dump([mediawiki_page("A", "Ada.", 1), mediawiki_page("B", "Bo.", 2),
+                                    mediawiki_page("C", "Cy.", 1)]))
+    with pytest.raises(InputFileError, match="dump.xml, page 1 and page 3: doc id '1' occurs more than once"):
+        data.ingest(wh, IngestConfig(path=str(path)))

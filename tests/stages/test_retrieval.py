@@ -133,6 +133,7 @@ def test_salient_spans_resume_after_a_crash(tmp_path, monkeypatch):
     resumed = data.find_salient_spans(wh, config)
     assert resumed.value["resumed_shards"] == 2 and resumed.run.run_id == failed.run_id
     assert [r.status for r in list_runs(wh, stage="salient-spans")] == ["success"]
+    assert data.find_salient_spans(wh, config).skipped  # the resumed run's rows are all its own
     got = query(wh, "SELECT * EXCLUDE (run_id) FROM salient_spans ORDER BY ALL").to_pylist()
 
     fresh = data.find_salient_spans(wh, config, force=True)

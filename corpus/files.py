@@ -1,0 +1,109 @@
+"""Opening input files, and the small checks every reader shares.
+
+A file is read as it is (`.gz` and `.bz2` decompressed as they are read: dumps and datasets ship so); a
+decompression failure, a JSON syntax error or a field of the wrong type becomes one `InputFileError` naming
+the file and where in it.
+"""
+
+from __future__ import annotations
+
+import bz2
+import contextlib
+import gzip
+import json
+import os
+import zlib
+from typing import BinaryIO, Iterator
+
+from corpus.errors import InputFileError, require_file
+
+COMPRESSED = (".gz", ".bz2")
+
+
+def without_compression(name: str) -> str:
+    """The file name without a compression suffix (what the format is told from)."""
+    for suffix in COMPRESSED:
+        if name.lower().endswith(suffix):
+            return name[:-len(suffix)]
+    return name
+
+
+@contextlib.contextmanager
+def open_input(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """The file's bytes, decompressed when its name ends in .gz or .bz2. A damaged or cut compressed stream,
+    met anywhere while the block runs, becomes an InputFileError with the compressed file's byte offset."""
+    require_file(path)
+    name = str(path).lower()
+    with open(path, "rb") as raw:
+        stream = gzip.GzipFile(fileobj=raw) if name.endswith(".gz") else \
+            bz2.BZ2File(raw) if name.endswith(".bz2") else raw
+        try:
+            yield stream
+        except EOFError:
+            raise InputFileError(path, f"byte {raw.tell()}", "compressed stream ends early (truncated file?)") from None
+        except (OSError, zlib.error) as exc:
+            raise InputFileError(path, f"byte {raw.tell()}", f"cannot decompress: {exc}") from None
+
+
+def decoded_lines(lines, path) -> Iterator[tuple[int, str]]:
+    """(byte offset, text) of each line of a binary stream, as UTF-8; a leading BOM is dropped. A byte that is
+    not UTF-8 is named by its offset in the (decompressed) stream."""
+    offset = 0
+    for raw in lines:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputFileError(path, f"byte {offset + exc.start}", "not UTF-8 text") from None
+        yield offset, text.removeprefix("\ufeff") if offset == 0 else text
+        offset += len(raw)
+
+
+def parse_json(data: bytes | str, path, where: str | None):
+    """One JSON value; a syntax error names `where` plus the column (or line and column of a whole file)."""
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError as exc:
+        raise InputFileError(path, where or f"byte {exc.start}", "not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        reason = exc.msg[:-3] + " there" if exc.msg.endswith(" at") else exc.msg  # "…string starting at"
+        raise InputFileError(path, where or f"line {exc.lineno}",
+                             f"not valid JSON at column {exc.colno} ({reason})") from None
+
+
+def kind(value) -> str:
+    """What a JSON value is, as an error message says it: null, true, 3.5, a string, a list, an object."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return {str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def text_field(path, where: str, obj: dict, field: str, allow_empty: bool = True) -> str:
+    """A field that must hold a string."""
+    value = obj.get(field)
+    if not isinstance(value, str):
+        raise InputFileError(path, where, f"field {field!r} must be a string, found {kind(value)}")
+    if not allow_empty and not value.strip():
+        raise InputFileError(path, where, f"field {field!r} is empty")
+    return value
+
+
+def id_field(path, where: str, obj: dict, field: str = "id") -> str:
+    """An id: a non-empty string, or an integer (as datasets number their records)."""
+    value = obj.get(field)
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise InputFileError(path, where, f"field {field!r} must be a string or an integer, found {kind(value)}")
+    if isinstance(value, str) and not value.strip():
+        raise InputFileError(path, where, f"field {field!r} is empty")
+    return str(value)
+
+
+def repeats(items: Iterator[tuple[str, str]]) -> tuple[str, list[str]] | None:
+    """The first key of (key, where) pairs that occurs twice, with where it occurs (its first two places)."""
+    first: dict[str, str] = {}
+    for key, where in items:
+        if key in first:
+            return key, [first[key], where]
+        first[key] = where
+    return None

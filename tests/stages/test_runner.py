@@ -1,0 +1,26 @@
+"""The runner's summary of a stage run."""
+
+import datetime as dt
+
+from stages.runner import summarize
+from warehouse import RunRecord, StageResult
+
+
+def result(outputs: dict, value=None, skipped=False) -> StageResult:
+    run = RunRecord(run_id="r1", stage="s", status="success", inputs_fingerprint="fp", config={},
+                    code_version="c", started_at=dt.datetime(2026, 1, 1), outputs=outputs)
+    return StageResult(run=run, skipped=skipped, value=value)
+
+
+def test_rows_written_counts_table_rows_only():
+    row = summarize("base-model", result({"model_params": 1_301_632}, {"params": 1_301_632}), 10.0)
+    assert row["rows_written"] == 0 and row["written"] == "" and "rows_per_second" not in row
+    assert row["model_params"] == 1_301_632
+    row = summarize("evaluate", result({"predictions": 40, "steps": 3}), 2.0)
+    assert row["rows_written"] == 40 and row["written"] == "40 predictions" and row["rows_per_second"] == 20.0
+    assert row["steps"] == 3
+
+
+def test_a_skipped_run_reports_no_speed():
+    row = summarize("ingest", result({"documents": 10}, skipped=True), 0.5)
+    assert row["skipped"] and "rows_per_second" not in row
