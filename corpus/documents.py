@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import csv
 import itertools
+import json
 import multiprocessing
 import os
 import re
@@ -19,10 +20,10 @@ from pathlib import Path
 from typing import Iterator
 
 from corpus.errors import InputFileError, require_file
-from corpus.files import decoded_lines, id_field, open_input, parse_json, text_field, without_compression
+from corpus.files import decoded_lines, id_field, kind, open_input, parse_json, text_field, without_compression
 from corpus.wikitext import is_disambiguation, wikitext_to_text
 
-FORMATS = ("mediawiki", "dpr_tsv", "jsonl")
+FORMATS = ("mediawiki", "dpr_tsv", "kilt", "jsonl")
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ def infer_format(path: str | os.PathLike) -> str:
     if name.endswith(".tsv"):
         return "dpr_tsv"
     if name.endswith((".jsonl", ".json")):
-        return "jsonl"
+        return "kilt" if _looks_like_kilt(path) else "jsonl"
     raise InputFileError(path, None, "cannot tell the format from the file name; "
                                      f"give format= one of {', '.join(FORMATS)}")
 
@@ -53,7 +54,7 @@ def read_documents(path: str | os.PathLike, format: str | None = None, workers: 
     fmt = format or infer_format(path)
     if fmt == "mediawiki":
         return read_mediawiki(path, workers)
-    readers = {"dpr_tsv": read_dpr_tsv, "jsonl": read_jsonl_documents}
+    readers = {"dpr_tsv": read_dpr_tsv, "kilt": read_kilt, "jsonl": read_jsonl_documents}
     if fmt not in readers:
         raise InputFileError(path, None, f"unknown corpus format {fmt!r}; expected one of {', '.join(FORMATS)}")
     return readers[fmt](path)
@@ -124,9 +125,12 @@ def _mediawiki_pages(path: str | os.PathLike) -> Iterator[Document]:
 
 
 def _page_document(page: ET.Element, path, n: int) -> Document | None:
-    """The page as a document (None for other namespaces, redirects and disambiguation pages). A page without
-    a title, an id or a revision text is not what a MediaWiki export writes: it is refused, named by number."""
-    fields = {"title": None, "ns": "0", "id": None, "text": None, "redirect": False}
+    """The page as a document (None for other namespaces, redirects, disambiguation pages and content that is not
+    wikitext). A page's text is its last revision's main text (a history dump lists older revisions first; an
+    export 0.11 `<content>` slot holds other content). A page without a title, an id or a text is not what a
+    MediaWiki export writes: it is refused, named by number, and so is a stub dump's `<text bytes="…"/>`."""
+    fields = {"title": None, "ns": "0", "id": None, "text": None, "redirect": False, "model": "wikitext",
+              "bytes": "0", "deleted": False}
     for child in page:
         name = _local(child.tag)
         if name in ("title", "ns", "id"):
@@ -135,17 +139,23 @@ def _page_document(page: ET.Element, path, n: int) -> Document | None:
             fields["redirect"] = True
         elif name == "revision":
             for part in child:
-                if _local(part.tag) == "text":
-                    fields["text"] = part.text or ""
+                tag = _local(part.tag)
+                if tag == "text":
+                    fields.update(text=part.text or "", bytes=part.get("bytes", "0"), deleted="deleted" in part.attrib)
+                elif tag == "model":
+                    fields["model"] = (part.text or "").strip()
     title, text = fields["title"], fields["text"]
     where = f"page {n}" + (f" ({title!r})" if title else "")
     missing = [tag for tag, present in (("title", title), ("id", fields["id"]), ("text", text is not None))
                if not present]  # an empty <text/> is an empty page; no <text> at all is not a page
     if missing:
         raise InputFileError(path, where, f"no <{missing[0]}>")
-    if fields["ns"] != "0" or fields["redirect"] or text.lstrip().upper().startswith("#REDIRECT"):
+    if not text and not fields["deleted"] and fields["bytes"].isdigit() and int(fields["bytes"]) > 0:
+        raise InputFileError(path, where, f"<text> is empty but has {fields['bytes']} bytes: a stub dump holds no "
+                                          "text; use a pages-articles dump")
+    if fields["ns"] != "0" or fields["redirect"] or fields["model"] != "wikitext":
         return None
-    if is_disambiguation(text, title):
+    if text.lstrip().upper().startswith("#REDIRECT") or is_disambiguation(text, title):
         return None
     return Document(doc_id=fields["id"], title=title, text=text, where=f"page {n}")
 
@@ -200,3 +210,44 @@ def read_jsonl_documents(path: str | os.PathLike) -> Iterator[Document]:
             raise InputFileError(path, where, f"missing field(s) {', '.join(missing)}")
         yield Document(doc_id=id_field(path, where, obj), title=text_field(path, where, obj, "title"),
                        text=text_field(path, where, obj, "text"), where=where)
+
+
+# ---- KILT knowledge source -----------------------------------------------------------------------
+
+KILT_MARKERS = ("Section::::", "BULLET::::")  # what KILT writes before section titles and list items
+
+
+def read_kilt(path: str | os.PathLike) -> Iterator[Document]:
+    """KILT's knowledge source (`kilt_knowledgesource.json`, JSON Lines): `{"wikipedia_id", "wikipedia_title",
+    "text": [paragraph, ...], "anchors", "categories", "history", "wikidata_info"}` per page. The first paragraph is
+    the title; section titles and list items lose KILT's markers and keep a line of their own."""
+    for lineno, obj in iter_jsonl(path):
+        where = f"line {lineno}"
+        title = text_field(path, where, obj, "wikipedia_title", allow_empty=False)
+        paragraphs = obj.get("text")
+        if not isinstance(paragraphs, list) or not all(isinstance(p, str) for p in paragraphs):
+            raise InputFileError(path, where, f"field 'text' must be a list of paragraphs, found {kind(paragraphs)}")
+        if paragraphs and paragraphs[0].strip() == title:
+            paragraphs = paragraphs[1:]
+        lines = [_without_kilt_marker(p) for p in paragraphs]
+        yield Document(doc_id=id_field(path, where, obj, "wikipedia_id"), title=title,
+                       text="\n".join(line for line in lines if line), where=where)
+
+
+def _without_kilt_marker(paragraph: str) -> str:
+    paragraph = paragraph.strip()
+    for marker in KILT_MARKERS:
+        if paragraph.startswith(marker):
+            return paragraph[len(marker):].removeprefix("- ").strip()
+    return paragraph
+
+
+def _looks_like_kilt(path) -> bool:
+    """Whether a .json/.jsonl corpus is KILT's knowledge source: its first record has KILT's fields."""
+    try:
+        with open_input(path) as stream:
+            first = stream.readline(1 << 20)
+        record = json.loads(first)
+    except (InputFileError, ValueError):
+        return False
+    return isinstance(record, dict) and {"wikipedia_id", "wikipedia_title", "text"} <= record.keys()

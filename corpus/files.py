@@ -10,6 +10,7 @@ from __future__ import annotations
 import bz2
 import contextlib
 import gzip
+import io
 import json
 import os
 import zlib
@@ -107,3 +108,76 @@ def repeats(items: Iterator[tuple[str, str]]) -> tuple[str, list[str]] | None:
             return key, [first[key], where]
         first[key] = where
     return None
+
+
+def json_array_items(path, member: str, chunk: int = 1 << 20) -> Iterator[tuple[int, object]]:
+    """(n, item) for the items of the array under the top-level key `member` of a JSON object file, read as a
+    stream: memory holds one item, not the file (TriviaQA's releases run to gigabytes). Other top-level values
+    are skipped; a missing key, or a value that is not an array, is an InputFileError."""
+    decoder = json.JSONDecoder()
+    with open_input(path) as stream:
+        text = io.TextIOWrapper(stream, encoding="utf-8")
+        buf, pos, consumed, done = "", 0, 0, False
+
+        def more() -> bool:  # append the next chunk; False at the end of the file
+            nonlocal buf, pos, consumed, done
+            block = "" if done else text.read(chunk)
+            done = not block
+            consumed += pos
+            buf, pos = buf[pos:] + block, 0
+            return bool(block)
+
+        def skip_space() -> str:  # the next non-blank character ("" at the end)
+            nonlocal pos
+            while True:
+                while pos < len(buf) and buf[pos].isspace():
+                    pos += 1
+                if pos < len(buf) or not more():
+                    return buf[pos:pos + 1]
+
+        def value():
+            nonlocal pos
+            skip_space()
+            while True:
+                try:
+                    item, end = decoder.raw_decode(buf, pos)
+                except json.JSONDecodeError as exc:
+                    where = f"character {consumed + exc.pos + 1}"  # before more() moves the buffer
+                    if more():
+                        continue  # the value runs past the buffer
+                    raise InputFileError(path, where, f"not valid JSON ({exc.msg})") from None
+                pos = end
+                return item
+
+        def expect(chars: str) -> str:
+            nonlocal pos
+            found = skip_space()
+            if not found or found not in chars:
+                raise InputFileError(path, f"character {consumed + pos + 1}", f"expected one of {chars!r}, "
+                                                                              f"found {found or 'the end of the file'!r}")
+            pos += 1
+            return found
+
+        try:
+            expect("{")
+            while True:
+                if skip_space() == "}":
+                    break
+                key = value()
+                expect(":")
+                if key != member:
+                    value()
+                elif expect("[") and skip_space() == "]":
+                    return
+                else:
+                    n = 0
+                    while True:
+                        n += 1
+                        yield n, value()
+                        if expect(",]") == "]":
+                            return
+                if expect(",}") == "}":
+                    break
+        except UnicodeDecodeError as exc:
+            raise InputFileError(path, None, f"not UTF-8 text ({exc.reason})") from None
+    raise InputFileError(path, None, f"no {member!r} array at the top level")

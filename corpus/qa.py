@@ -7,14 +7,16 @@ warehouse's `question_id`. Answers longer than a few tokens are filtered as in t
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator
 
 from corpus.documents import iter_jsonl
 from corpus.errors import InputFileError
-from corpus.files import id_field, kind, open_input, parse_json
+from corpus.files import id_field, json_array_items, kind, open_input, parse_json
 
-FORMATS = ("nq_open", "webquestions", "headqa", "jsonl")
+FORMATS = ("nq_open", "webquestions", "headqa", "triviaqa", "jsonl")
+NO_ANSWERS = "a release without answers (a test file) cannot train or evaluate a model"
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ def make_question_id(dataset: str, split: str, local_id: str) -> str:
 
 def read_questions(path: str | os.PathLike, format: str) -> Iterator[Question]:
     readers = {"nq_open": read_nq_open, "webquestions": read_webquestions, "headqa": read_headqa,
-               "jsonl": read_jsonl_questions}
+               "triviaqa": read_triviaqa, "jsonl": read_jsonl_questions}
     if format not in readers:
         raise InputFileError(path, None, f"unknown QA format {format!r}; expected one of {', '.join(FORMATS)}")
     return readers[format](path)
@@ -66,7 +68,8 @@ def read_nq_open(path: str | os.PathLike) -> Iterator[Question]:
     for lineno, obj in iter_jsonl(path):
         where = f"line {lineno}"
         if "answer" not in obj:
-            raise InputFileError(path, where, "missing field 'answer'")
+            raise InputFileError(path, where, f"missing field 'answer' ({NO_ANSWERS}, e.g. EfficientQA's "
+                                              "no-annotations files)")
         yield Question(str(lineno), _question_text(path, where, obj.get("question")),
                        _answers(path, where, obj["answer"]), where)
 
@@ -108,11 +111,17 @@ def read_webquestions(path: str | os.PathLike) -> Iterator[Question]:
         yield Question(str(i), _question_text(path, where, rec.get("utterance")), _answers(path, where, answers), where)
 
 
-def parse_target_value(value: str) -> list[str]:
-    """Answers of a WebQuestions `targetValue`, e.g. `(list (description Paris) (description "Rock, \\"n\\" roll"))`.
+# A quoted description ends at the quote that closes it: the one followed by `)` and then the next description or
+# the list's end. The official files never escape a quote inside a description (`(description "Pinocchio
+# Medley ("Do You See the Noses Growing?"): …")`, `(description ""A quotation."")`), so an inner quote is text.
+_QUOTED_END = re.compile(r'"\s*\)(?=\s*(?:\(description\b|\)\s*$))')
 
-    Values are bare (up to the closing parenthesis, nested parentheses allowed) or double-quoted with
-    backslash escapes, so they may hold quotes, parentheses and commas."""
+
+def parse_target_value(value: str) -> list[str]:
+    """Answers of a WebQuestions `targetValue`, e.g. `(list (description Paris) (description "Rock and roll"))`.
+
+    Values are bare (up to the closing parenthesis, nested parentheses allowed) or double-quoted; a quoted
+    value may hold quotes, parentheses and commas, unescaped, as the official files write them."""
     if not isinstance(value, str):
         raise ValueError(f"expected a string, found {type(value).__name__}")
     s, i, n = value, 0, len(value)
@@ -138,8 +147,10 @@ def parse_target_value(value: str) -> list[str]:
         i = expect(i, "(description")
         i = skip_ws(i)
         if i < n and s[i] == '"':
-            i, text = _quoted(s, i)
-            i = expect(i, ")")
+            end = _QUOTED_END.search(s, i + 1)
+            if end is None:
+                raise ValueError(f"unterminated quoted description at character {i + 1} of {s!r}")
+            text, i = s[i + 1:end.start()], end.end()
         else:
             start, depth = i, 0
             while i < n and not (s[i] == ")" and depth == 0):
@@ -155,22 +166,6 @@ def parse_target_value(value: str) -> list[str]:
     if not answers:
         raise ValueError("empty answer list")
     return answers
-
-
-def _quoted(s: str, i: int) -> tuple[int, str]:
-    """Parse a double-quoted string starting at s[i] == '"'; returns (index after it, text)."""
-    out, i = [], i + 1
-    while i < len(s):
-        c = s[i]
-        if c == "\\" and i + 1 < len(s):
-            out.append(s[i + 1])
-            i += 2
-        elif c == '"':
-            return i + 1, "".join(out)
-        else:
-            out.append(c)
-            i += 1
-    raise ValueError(f"unterminated quoted value in {s!r}")
 
 
 # ---- HEAD-QA ----------------------------------------------------------------------------------
@@ -233,6 +228,28 @@ def _headqa_exams(path, data) -> Iterator[tuple[str, list]]:
         yield str(data.get("name", "")), _exam_questions(data)
     else:
         raise InputFileError(path, None, "expected {'exams': ...}, a list of exams, one exam, or a list of questions")
+
+
+# ---- TriviaQA ---------------------------------------------------------------------------------
+
+def read_triviaqa(path: str | os.PathLike) -> Iterator[Question]:
+    """TriviaQA JSON (the rc and unfiltered releases): `{"Data": [{"QuestionId", "Question", "Answer": {"Value",
+    "Aliases", ...}, ...}], "Domain", "Version", ...}`, read as a stream; the answers are the value and its aliases."""
+    for n, rec in json_array_items(path, "Data"):
+        where = f"record {n}"
+        if not isinstance(rec, dict):
+            raise InputFileError(path, where, f"expected a JSON object, found {kind(rec)}")
+        if "Answer" not in rec:
+            raise InputFileError(path, where, f"no 'Answer' ({NO_ANSWERS})")
+        answer = rec["Answer"]
+        if not isinstance(answer, dict) or "Value" not in answer:
+            raise InputFileError(path, where, f"'Answer' must be an object with a 'Value', found {kind(answer)}")
+        aliases = answer.get("Aliases", [])
+        if not isinstance(aliases, list):
+            raise InputFileError(path, where, f"'Aliases' must be a list of strings, found {kind(aliases)}")
+        answers = _answers(path, where, list(dict.fromkeys([answer["Value"], *aliases])))
+        yield Question(id_field(path, where, rec, "QuestionId"), _question_text(path, where, rec.get("Question")),
+                       answers, where)
 
 
 # ---- answer-length filter ------------------------------------------------------------------

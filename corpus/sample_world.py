@@ -513,9 +513,10 @@ def _a(noun: str) -> str:
 
 
 def _webq_value(answer: str) -> str:
-    """WebQuestions writes single words bare and anything with spaces or quotes as a quoted string."""
+    """WebQuestions writes single words bare and anything with spaces, quotes or parentheses as a quoted string,
+    with no escapes: a quote inside it stays as it is (the official files' own way)."""
     if " " in answer or '"' in answer or "(" in answer or ")" in answer:
-        return '"' + answer.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return f'"{answer}"'
     return answer
 
 

@@ -94,9 +94,10 @@ class IngestConfig(StageConfig):
     """Read a Wikipedia-like corpus into the `documents` table (one partition per corpus)."""
     volatile = frozenset({"workers"})
 
-    path: str = Field(description="Corpus file: MediaWiki XML dump (.xml), DPR passages .tsv, or .jsonl; plain, .gz or .bz2.")
-    format: Optional[Literal["mediawiki", "dpr_tsv", "jsonl"]] = Field(
-        None, description="File format; inferred from the file name when not given.")
+    path: str = Field(description="Corpus file: a MediaWiki XML dump (.xml), DPR passages (.tsv), KILT's knowledge "
+                                  "source or {id, title, text} JSON Lines (.jsonl/.json); plain, .gz or .bz2.")
+    format: Optional[Literal["mediawiki", "dpr_tsv", "kilt", "jsonl"]] = Field(
+        None, description="File format; inferred from the file name (and a JSON file's first record) when not given.")
     corpus: Optional[Name] = Field(None,
                                   description="Name of the corpus (the partition it replaces); default: the file name without extensions.")
     limit: Optional[int] = Field(None, ge=1, description="Stop after this many documents (for trials).")
@@ -115,10 +116,12 @@ class IngestConfig(StageConfig):
 class QuestionsConfig(StageConfig):
     """Read a QA dataset split into the `questions` table (one partition per dataset and split)."""
 
-    path: str = Field(description="Question file: NQ-open .jsonl, WebQuestions .json, HEAD-QA .json, or generic .jsonl.")
-    format: Literal["nq_open", "webquestions", "headqa", "jsonl"] = Field(
+    path: str = Field(description="Question file: NQ-open/EfficientQA .jsonl, WebQuestions .json, HEAD-QA .json, "
+                                  "TriviaQA .json, or generic .jsonl; plain, .gz or .bz2.")
+    format: Literal["nq_open", "webquestions", "headqa", "triviaqa", "jsonl"] = Field(
         description="nq_open ({question, answer[]}), webquestions ({utterance, targetValue}), "
-                    "headqa (exams of {qid, qtext, ra, answers[]}), jsonl ({id?, question, answers[]}).")
+                    "headqa (exams of {qid, qtext, ra, answers[]}), triviaqa ({Data: [{QuestionId, Question, "
+                    "Answer: {Value, Aliases}}]}), jsonl ({id?, question, answers[]}).")
     dataset: Name = Field(description="Dataset name, e.g. nq, webquestions, headqa.")
     split: Name = Field(description="Split name, e.g. train, validation, test.")
     max_answer_tokens: Optional[int] = Field(

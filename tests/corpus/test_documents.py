@@ -158,3 +158,80 @@ def test_parallel_cleaning_gives_the_same_documents_in_order(write_bz2):
     pages = [mediawiki_page(f"P{i}", ARTICLE.replace("Ada", f"Ada{i}"), i) for i in range(1, 400)]
     path = write_bz2("many.xml.bz2", mediawiki_dump(pages))
     assert list(read_documents(path, workers=2)) == list(read_documents(path))
+
+
+def kilt_page(wikipedia_id, title, paragraphs):
+    """A record in the layout of KILT's knowledge source (its first paragraph is the title)."""
+    return {"_id": "x", "wikipedia_id": wikipedia_id, "wikipedia_title": title, "text": [title + "\n", *paragraphs],
+            "anchors": [{"text": "Velmora", "href": "Velmora", "paragraph_id": 1, "start": 0, "end": 7}],
+            "categories": "Painters,People", "history": {"pageid": 7, "revid": 1, "url": "https://example.org"},
+            "wikidata_info": {"wikidata_id": "Q1", "aliases": {"alias": []}}}
+
+
+def test_kilt_knowledge_source_drops_the_title_paragraph_and_its_markers(tmp_path):
+    path = tmp_path / "kilt_knowledgesource.json"
+    path.write_text(json.dumps(kilt_page("7", "Ada Quint", [
+        "Ada Quint (born 1901) was a painter.\n", "Section::::Career.\n", "She worked at Orvel Works.\n",
+        "BULLET::::- The Silver Lantern (1920)\n"])) + "\n", encoding="utf-8")
+    assert infer_format(path) == "kilt"  # told from the first record: the file is JSON Lines named .json
+    (doc,) = read_documents(path)
+    assert (doc.doc_id, doc.title) == ("7", "Ada Quint")
+    assert doc.text == "Ada Quint (born 1901) was a painter.\nCareer.\nShe worked at Orvel Works.\nThe Silver Lantern (1920)"
+
+
+def test_a_plain_jsonl_corpus_is_not_taken_for_kilt(tmp_path):
+    path = tmp_path / "docs.json"
+    path.write_text(json.dumps({"id": 1, "title": "T", "text": "x"}) + "\n")
+    assert infer_format(path) == "jsonl"
+
+
+def test_a_multistream_bz2_dump_reads_like_one_stream(tmp_path):
+    """Wikipedia's -multistream.xml.bz2: the header and siteinfo, then pages in groups of 100, then the closing
+    tag, each compressed as a bz2 stream of its own and the streams concatenated."""
+    import bz2
+    pages = [mediawiki_page(f"Page {i}", f"'''Page {i}''' is page number {i}.", i) for i in range(1, 251)]
+    whole = mediawiki_dump(pages)
+    head, _, rest = whole.partition("<page>")
+    body, _, tail = ("<page>" + rest).rpartition("</mediawiki>")
+    groups = ["".join(pages[i:i + 100]) for i in range(0, 250, 100)]
+    assert "".join(groups) == body
+    path = tmp_path / "enwiki-pages-articles-multistream.xml.bz2"
+    path.write_bytes(b"".join(bz2.compress(part.encode()) for part in [head, *groups, "</mediawiki>" + tail]))
+    plain = tmp_path / "dump.xml"
+    plain.write_text(whole, encoding="utf-8")
+    docs = list(read_documents(path))
+    assert len(docs) == 250 and docs == list(read_documents(plain))
+
+
+def _export_page(title, page_id, revisions, ns=0):
+    """A page in MediaWiki's own export layout (its test dumps): several revisions, a deleted text, a slot."""
+    return f"<page><title>{title}</title><ns>{ns}</ns><id>{page_id}</id>{''.join(revisions)}</page>\n"
+
+
+def _revision(rev_id, text, model="wikitext", extra="", deleted=False):
+    body = (f'<text bytes="{len(text)}" sha1="x" deleted="deleted"/>' if deleted else
+            f'<text bytes="{len(text)}" sha1="x" xml:space="preserve">{text}</text>')
+    return (f"<revision><id>{rev_id}</id><timestamp>2024-01-01T00:00:00Z</timestamp><contributor><username>U"
+            f"</username><id>1</id></contributor><origin>{rev_id}</origin><model>{model}</model>"
+            f"<format>text/x-wiki</format>{body}{extra}<sha1>x</sha1></revision>")
+
+
+def test_history_exports_take_the_last_revision_and_the_main_slot(tmp_path):
+    slot = ('<content><role>mediainfo</role><origin>9</origin><model>wikibase-mediainfo</model>'
+            '<format>application/json</format><text bytes="2" xml:space="preserve">{}</text></content>')
+    pages = [_export_page("Ada Quint", 1, [_revision(10, "Old text."), _revision(11, "", deleted=True),
+                                           _revision(12, "'''Ada Quint''' painted.", extra=slot)]),
+             _export_page("Module:X", 2, [_revision(20, "return {}", model="Scribunto")]),
+             _export_page("Q42", 3, [_revision(30, '{"type":"item"}', model="wikibase-item")])]
+    path = tmp_path / "dump.xml"
+    path.write_text(mediawiki_dump(pages), encoding="utf-8")
+    assert [(d.doc_id, d.text) for d in read_documents(path)] == [("1", "Ada Quint painted.")]
+
+
+def test_a_stub_dump_is_refused_with_what_to_use_instead(tmp_path):
+    page = ("<page><title>Ada Quint</title><ns>0</ns><id>1</id><revision><id>10</id><model>wikitext</model>"
+            '<format>text/x-wiki</format><text bytes="94" sha1="x" id="55"/><sha1>x</sha1></revision></page>\n')
+    path = tmp_path / "stub-articles.xml"
+    path.write_text(mediawiki_dump([page]), encoding="utf-8")
+    with pytest.raises(InputFileError, match=r"page 1 \('Ada Quint'\): <text> is empty but has 94 bytes: a stub dump"):
+        list(read_documents(path))

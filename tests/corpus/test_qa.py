@@ -9,17 +9,23 @@ from corpus.qa import Question, filter_long_answers, parse_target_value, read_qu
 @pytest.mark.parametrize("value,expected", [
     ("(list (description Jamaica))", ["Jamaica"]),
     ('(list (description "Jazmyn Bieber") (description "Jaxon Bieber"))', ["Jazmyn Bieber", "Jaxon Bieber"]),
-    ('(list (description "Rock, \\"n\\" roll (band)"))', ['Rock, "n" roll (band)']),
     ("(list (description Paris (France)) (description 1923))", ["Paris (France)", "1923"]),
-    ('(list (description "a\\\\b"))', ["a\\b"]),
     ("  (list\n (description X)  )  ", ["X"]),
+    # The official files' quirks: quotes inside a quoted description are not escaped.
+    ('(list (description "Orvel Medley ("Can You Hear It?"): A Theme") (description "Good Night"))',
+     ['Orvel Medley ("Can You Hear It?"): A Theme', "Good Night"]),
+    ('(list (description ""A line that someone once said.""))', ['"A line that someone once said."']),
+    ('(list (description "Two songs") (description ""Hope" is a word") (description Bells))',
+     ["Two songs", '"Hope" is a word', "Bells"]),
+    ('(list (description "Temperance "Tempie" Quint"))', ['Temperance "Tempie" Quint']),
+    ('(list (description "a\\b"))', ["a\\b"]),  # no escapes: a backslash is a backslash
 ])
 def test_parse_target_value(value, expected):
     assert parse_target_value(value) == expected
 
 
 @pytest.mark.parametrize("value", ["(description X)", "(list (description X)", '(list (description "X))',
-                                   "(list)", "(list (description X)) extra"])
+                                   '(list (description "X) (description Y)', "(list)", "(list (description X)) extra"])
 def test_parse_target_value_rejects(value):
     with pytest.raises(ValueError):
         parse_target_value(value)
@@ -95,3 +101,70 @@ def test_long_answers_filtered_and_counted():
     assert [q.local_id for q in kept] == ["1", "3"] and kept[1].answers == ("short",)
     assert dropped == 1
     assert filter_long_answers(questions, None) == (questions, 0)
+
+
+def _triviaqa(path, data, **top):
+    path.write_text(json.dumps({"Data": data, "Domain": "Web", "Version": 1.0} | top, indent=2))
+    return path
+
+
+def _trivia_record(qid, question, value, aliases):
+    """The release's record layout: answer value and aliases, normalised forms, and evidence lists."""
+    return {"Answer": {"Aliases": aliases, "MatchedWikiEntityName": value, "NormalizedAliases": [a.lower() for a in aliases],
+                       "NormalizedValue": value.lower(), "Type": "WikipediaEntity", "Value": value},
+            "EntityPages": [{"DocSource": "TagMe", "Filename": "X.txt", "Title": "X"}], "Question": question,
+            "QuestionId": qid, "QuestionSource": "http://example.org/", "SearchResults": [{"Rank": 0, "Title": "T"}]}
+
+
+def test_triviaqa_answers_are_the_value_and_its_aliases(tmp_path):
+    path = _triviaqa(tmp_path / "web-dev.json", [
+        _trivia_record("tc_1", "Which river runs through Velmora?", "Orvel", ["Orvel", "Orvel River", "River Orvel"]),
+        _trivia_record("tc_2", "Who painted the Silver Lantern?", "Ada Quint", ["Quint"])])
+    qs = list(read_questions(path, "triviaqa"))
+    assert [(q.local_id, q.answers) for q in qs] == [("tc_1", ("Orvel", "Orvel River", "River Orvel")),
+                                                     ("tc_2", ("Ada Quint", "Quint"))]
+
+
+def test_triviaqa_data_may_come_after_the_other_keys_and_is_streamed(tmp_path):
+    path = tmp_path / "wikipedia-train.json"
+    records = [_trivia_record(f"q{i}", f"Question {i}?", f"A{i}", [f"A{i}"]) for i in range(300)]
+    path.write_text(json.dumps({"Domain": "Wikipedia", "Split": "train", "Data": records}))
+    from corpus import files
+    streamed = list(files.json_array_items(path, "Data", chunk=512))  # items cross many chunk boundaries
+    assert len(streamed) == 300 and streamed[-1][1]["QuestionId"] == "q299"
+    assert [q.local_id for q in read_questions(path, "triviaqa")][-1] == "q299"
+
+
+def test_triviaqa_test_files_without_answers_are_refused_by_name(tmp_path):
+    record = _trivia_record("tc_9", "Q?", "A", ["A"])
+    del record["Answer"]
+    path = _triviaqa(tmp_path / "web-test-without-answers.json", [record])
+    with pytest.raises(InputFileError, match="record 1: no 'Answer' \\(a release without answers"):
+        list(read_questions(path, "triviaqa"))
+
+
+def test_nq_open_files_released_without_answers_say_so(tmp_path):
+    path = tmp_path / "NQ-open.efficientqa.dev.1.1.no-annotations.jsonl"
+    path.write_text('{"question": "who painted the silver lantern"}\n')
+    with pytest.raises(InputFileError, match="line 1: missing field 'answer' \\(a release without answers"):
+        list(read_questions(path, "nq_open"))
+
+
+def test_efficientqa_test_records_use_their_gold_answers(tmp_path):
+    path = tmp_path / "NQ-open.efficientqa.test.1.1.jsonl"
+    path.write_text(json.dumps({"question": "q", "answer": ["Ada"], "def_correct_predictions": ["Ada Quint"],
+                                "poss_correct_predictions": [], "def_incorrect_predictions": ["Bo"],
+                                "answer_and_def_correct_predictions": ["Ada", "Ada Quint"]}) + "\n")
+    assert [q.answers for q in read_questions(path, "nq_open")] == [("Ada",)]
+
+
+def test_headqa_official_layout_exams_hold_their_questions_under_data(tmp_path):
+    """The official files: {version, language, exams: {name: {name, category, year, data: [{qid (a string),
+    qtext, ra (a string), answers: [{aid (a number), atext}], image}]}}}."""
+    exam = {"name": "Cuaderno_2099_1_X", "category": "biology", "year": "2099", "data": [
+        {"qid": "1", "qtext": "Which organ filters blood?", "ra": "2", "image": "",
+         "answers": [{"aid": 1, "atext": "The heart."}, {"aid": 2, "atext": "The kidney."}]}]}
+    path = tmp_path / "dev_HEAD_EN.json"
+    path.write_text(json.dumps({"version": "1.0", "language": "en", "exams": {"Cuaderno_2099_1_X": exam}}))
+    assert [(q.local_id, q.answers) for q in read_questions(path, "headqa")] == [
+        ("Cuaderno_2099_1_X-1", ("The kidney.",))]
