@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 from corpus.errors import InputFileError, require_file
-from corpus.files import decoded_lines, id_field, kind, open_input, parse_json, text_field, without_compression
+from corpus.files import (decoded_lines, id_field, iter_jsonl, kind, open_input, parse_json, text_field,
+                          without_compression)
 from corpus.wikitext import is_disambiguation, wikitext_to_text
 
 FORMATS = ("mediawiki", "dpr_tsv", "kilt", "jsonl")
@@ -188,18 +189,6 @@ def read_dpr_tsv(path: str | os.PathLike) -> Iterator[Document]:
 
 
 # ---- JSONL ------------------------------------------------------------------------------------
-
-def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each non-blank line of a JSON Lines file."""
-    with open_input(path) as stream:
-        for lineno, raw in enumerate(stream, start=1):
-            if not raw.strip():
-                continue
-            obj = parse_json(raw, path, f"line {lineno}")
-            if not isinstance(obj, dict):
-                raise InputFileError(path, f"line {lineno}", f"expected a JSON object, found {type(obj).__name__}")
-            yield lineno, obj
-
 
 def read_jsonl_documents(path: str | os.PathLike) -> Iterator[Document]:
     """One `{"id", "title", "text"}` object per line."""

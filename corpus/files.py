@@ -181,3 +181,15 @@ def json_array_items(path, member: str, chunk: int = 1 << 20) -> Iterator[tuple[
         except UnicodeDecodeError as exc:
             raise InputFileError(path, None, f"not UTF-8 text ({exc.reason})") from None
     raise InputFileError(path, None, f"no {member!r} array at the top level")
+
+
+def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSON Lines file."""
+    with open_input(path) as stream:
+        for lineno, raw in enumerate(stream, start=1):
+            if not raw.strip():
+                continue
+            obj = parse_json(raw, path, f"line {lineno}")
+            if not isinstance(obj, dict):
+                raise InputFileError(path, f"line {lineno}", f"expected a JSON object, found {type(obj).__name__}")
+            yield lineno, obj

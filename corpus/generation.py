@@ -14,9 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from corpus.documents import iter_jsonl
 from corpus.errors import InputFileError
-from corpus.files import id_field, open_input, text_field
+from corpus.files import id_field, iter_jsonl, open_input, text_field
 from corpus.qa import load_json
 
 KINDS = ("summarization", "translation")

@@ -11,9 +11,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator
 
-from corpus.documents import iter_jsonl
 from corpus.errors import InputFileError
-from corpus.files import id_field, json_array_items, kind, open_input, parse_json
+from corpus.files import id_field, iter_jsonl, json_array_items, kind, open_input, parse_json
 
 FORMATS = ("nq_open", "webquestions", "headqa", "triviaqa", "jsonl")
 NO_ANSWERS = "a release without answers (a test file) cannot train or evaluate a model"

@@ -20,6 +20,18 @@ from warehouse import Warehouse, WarehouseError, list_runs, query, resolve_home
 from warehouse.sql import FORMATTERS
 
 EPILOG = "The warehouse is ./.nkb unless --home or $NKB_HOME says otherwise."
+EXPERIMENT_EPILOG = """experiment keys (YAML; paths relative to the file, '{sample_world}' is the generated world's folder):
+  name                 names the experiment
+  knowledge            [{path, corpus, format?, limit?}]: the corpus retrieval searches and the slots learn
+  general              [{path, corpus, ...}] (optional): general text, for pretraining and injection's general steps
+  questions            [{path, format, dataset, split}]: QA files; fine-tuning uses split train, evaluation validation
+  generation           [{path, kind, task, split, ...}] (optional): the general-generation check's files
+  probes, facts        (optional) cloze probe file; facts (question_id, relation) for the slots' analysis
+  base_model           a Hugging Face T5 directory, or instead
+  pretrain             {size, steps, ...}: build and pretrain a small T5 here (then large: the larger row's changes)
+  rows                 report rows (transformer, base, base+nkb, base+nkb-a, large, kformer, concat)
+  stages               {STAGE: {KEY: value}}: stage settings; `nkb run STAGE --help` lists each stage's keys
+  device               auto, cpu or cuda for every model stage"""
 
 
 def _prepare_environment(home: Path) -> None:
@@ -45,10 +57,7 @@ def local_flow_settings():
             yield
 
 
-_UNSET = object()
-
-
-def _field_help(name: str, field, default=_UNSET) -> str:
+def _field_help(name: str, field) -> str:
     annotation = field.annotation
     args = typing.get_args(annotation)
     if typing.get_origin(annotation) is typing.Union:
@@ -61,28 +70,13 @@ def _field_help(name: str, field, default=_UNSET) -> str:
         kind = "a,b,..."
     else:
         kind = getattr(annotation, "__name__", str(annotation))
-    value = field.get_default(call_default_factory=True) if default is _UNSET else default
-    shown = "required" if field.is_required() else f"default {value!r}"
+    shown = "required" if field.is_required() else f"default {field.get_default(call_default_factory=True)!r}"
     return f"  {name}={kind}  ({shown})\n      {field.description or ''}"
 
 
-def _nested(field) -> type[BaseModel] | None:
-    """The config model of a field that holds one (e.g. ModelsConfig.inject), else None."""
-    annotation = field.annotation
-    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-
-
 def _config_epilog(config: type) -> str:
-    lines = ["config fields (set with --set key=value; a nested config's fields with --set key.field=value):"]
-    for name, field in config.model_fields.items():
-        inner = _nested(field)
-        if inner is None:
-            lines.append(_field_help(name, field))
-            continue
-        lines.append(f"  {name}.*  {field.description or ''}")
-        default = field.get_default(call_default_factory=True)
-        lines += [_field_help(f"{name}.{n}", f, getattr(default, n)) for n, f in inner.model_fields.items()]
-    return "\n".join(lines)
+    return "\n".join(["config fields (set with --set key=value):"] +
+                     [_field_help(name, field) for name, field in config.model_fields.items()])
 
 
 def _is_list(annotation) -> bool:
@@ -91,12 +85,11 @@ def _is_list(annotation) -> bool:
     return typing.get_origin(annotation) is list
 
 
-def _set_value(fields: dict, key: str, value: str, command: str, prefix: str = ""):
+def _set_value(fields: dict, key: str, value: str, command: str):
     """The value `--set key=value` gives a field: a list takes a,b,c; an empty value gives an optional field
-    None and a list no items. `prefix`: the nested config's key, for error messages."""
+    None and a list no items."""
     if key not in fields:
-        raise SystemExit(f"error: `{command}` has no config field {prefix + key!r}; "
-                         f"fields: {', '.join(prefix + f for f in fields)}")
+        raise SystemExit(f"error: `{command}` has no config field {key!r}; fields: {', '.join(fields)}")
     annotation = fields[key].annotation
     if value == "" and type(None) in typing.get_args(annotation):
         return None
@@ -106,8 +99,7 @@ def _set_value(fields: dict, key: str, value: str, command: str, prefix: str = "
 
 
 def parse_sets(config: type, pairs: list[str], command: str):
-    """`config` from `--set key=value` pairs; `key.field=value` sets a field of a nested config, whose other
-    fields keep their defaults. Errors name the field and `command`, whose --help lists them."""
+    """`config` from `--set key=value` pairs. Errors name the field and `command`, whose --help lists them."""
     values: dict[str, typing.Any] = {}
     fields = config.model_fields
     for pair in pairs:
@@ -115,12 +107,7 @@ def parse_sets(config: type, pairs: list[str], command: str):
         key = key.strip()
         if not sep:
             raise SystemExit(f"error: --set expects key=value, got {pair!r}")
-        outer, dot, inner = key.partition(".")
-        if dot and outer in fields and _nested(fields[outer]):
-            nested = values.setdefault(outer, fields[outer].get_default(call_default_factory=True).model_dump())
-            nested[inner] = _set_value(_nested(fields[outer]).model_fields, inner, value, command, f"{outer}.")
-        else:
-            values[key] = _set_value(fields, key, value, command)
+        values[key] = _set_value(fields, key, value, command)
     try:
         return config.model_validate(values)
     except ValidationError as exc:
@@ -194,22 +181,31 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_pipeline(args) -> int:
+    from stages.experiment import Experiment
+    return run_experiment(Experiment.load(args.experiment, args.set or []), args)
+
+
 def cmd_demo(args) -> int:
+    from stages.experiment import SAMPLE_WORLD, Experiment
+    sets = (args.set or []) + ([f"sample_world.people={args.people}"] if args.people else [])
+    return run_experiment(Experiment.load(SAMPLE_WORLD, sets), args)
+
+
+def run_experiment(experiment, args) -> int:
+    """Run an experiment's plan through the pipeline flow, then say what ran and where the results are."""
     from flows.flows import pipeline
-    from stages.configs import ModelsConfig, SampleWorldConfig
     home = resolve_home(args.home)
-    models = parse_sets(ModelsConfig, args.set or [], "nkb demo")
     started = time.perf_counter()
-    world = SampleWorldConfig(people=args.people) if args.people else SampleWorldConfig()
     with local_flow_settings():
-        rows = pipeline(world=world, home=str(home), force=args.force, train_models=args.models, models=models)
+        rows = pipeline(experiment=experiment, home=str(home), force=args.force, train_models=args.models)
     seconds = time.perf_counter() - started
-    print(f"\nThe pipeline finished in {seconds:.0f} s. Stages:")
+    print(f"\nExperiment {experiment.name} finished in {seconds:.0f} s. Stages:")
     for r in rows:
         state = "skipped (unchanged)" if r["skipped"] else f"{r['written']} in {r['seconds']:.1f} s"
         what = r.get("corpus") or r.get("model") or ".".join(str(r[k]) for k in ("dataset", "split") if r.get(k))
         what = Path(what).name if "/" in str(what) else what
-        print(f"  {r['stage']:<13} {what:<24} {state}")
+        print(f"  {r['stage']:<16} {what:<24} {state}")
     wh = Warehouse(home)
     print(f"\nWarehouse: {home}\n  Parquet tables: {wh.tables_dir}\n  DuckDB file:    {wh.db_path}"
           f"  (open it with the duckdb CLI too)\n\nTables:")
@@ -351,27 +347,36 @@ def cmd_server(args) -> int:
 # ---- parser --------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    from stages.configs import ModelsConfig
     from stages.registry import STAGES
     parser = argparse.ArgumentParser(prog="nkb", description="Neural Knowledge Bank pipeline: stages, warehouse, SQL.",
                                      epilog=EPILOG)
     parser.add_argument("--home", help="warehouse directory (default: $NKB_HOME or ./.nkb)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="run the whole pipeline on the built-in sample world",
-                          description="Generate the sample world and run every stage on it, end to end. "
-                                      "--set changes the models' sizes and budgets, e.g. `--set rows=base,base+nkb "
-                                      "--set generation_tasks=` trains only those rows, without the generation check.",
-                          epilog=_config_epilog(ModelsConfig), formatter_class=argparse.RawDescriptionHelpFormatter)
-    demo.add_argument("--people", type=int, help="people in the sample world (default: the stage's default)")
-    demo.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")
-    demo.add_argument("--models", action=argparse.BooleanOptionalAction, default=True,
-                      help="also train, fine-tune and evaluate the report's models (the Table 3 flow; about "
-                           "28 minutes on 2 CPU cores with every row, 11 for base and base+NKB alone); --no-models "
-                           "stops after the data stages")
-    demo.add_argument("--set", action="append", metavar="KEY=VALUE",
-                      help="set a field of the models' config (repeatable; listed below)")
-    demo.set_defaults(func=cmd_demo)
+    experiment_help = ("set an experiment key (repeatable): stages.STAGE.KEY=value for a stage's setting (listed "
+                       "by `nkb run STAGE --help`), pretrain.KEY, large.KEY, sample_world.KEY, or a top-level key "
+                       "such as rows=base,base+nkb; values are YAML")
+    models_help = ("also build or bring in the base, inject, fine-tune, evaluate and report (about 35 minutes for "
+                   "the sample world on 2 CPU cores); --no-models stops after the data stages")
+    pipe = sub.add_parser("pipeline", help="run an experiment file end to end",
+                          description="Run an experiment: the stages its YAML file plans (ingest its corpora and QA "
+                                      "files, index, retrieve, salient spans, base model, NKB injection, fine-tuning, "
+                                      "evaluation, report, analysis, surgery). Stages whose inputs are unchanged are "
+                                      "skipped, so a rerun after changing a setting reruns only what it affects.",
+                          epilog=EXPERIMENT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pipe.add_argument("experiment", help="the experiment's YAML file (see experiments/example.yaml)")
+    demo = sub.add_parser("demo", help="run the built-in sample world's experiment end to end",
+                          description="Generate the sample world and run its experiment (experiments/sample-world.yaml) "
+                                      "end to end; `nkb pipeline experiments/sample-world.yaml` does the same. E.g. "
+                                      "`--set rows=base,base+nkb --set generation=` trains only those rows, without "
+                                      "the generation check.",
+                          epilog=EXPERIMENT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_argument("--people", type=int, help="people in the sample world (sets sample_world.people)")
+    for p, func in ((pipe, cmd_pipeline), (demo, cmd_demo)):
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help=experiment_help)
+        p.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")
+        p.add_argument("--models", action=argparse.BooleanOptionalAction, default=True, help=models_help)
+        p.set_defaults(func=func)
 
     run = sub.add_parser("run", help="run one stage", description="Run one stage with its config; "
                          "`nkb run STAGE --help` lists the stage's config fields.")

@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from stages.configs import ModelsConfig, SampleWorldConfig, StageConfig
+from stages.configs import StageConfig
+from stages.experiment import SAMPLE_WORLD, Experiment
 from stages.registry import STAGES
 
 PREFECT_YAML = Path(__file__).resolve().parents[1] / "prefect.yaml"
@@ -48,11 +49,12 @@ def deployments() -> list[dict[str, Any]]:
     pipeline = {
         "name": "pipeline",
         "entrypoint": "flows/flows.py:pipeline",
-        "description": "The whole pipeline on the sample world; GPU stages run through their deployments.",
+        "description": "An experiment end to end (the form's experiment, or experiment_file: a YAML path); GPU "
+                       "stages run through their deployments. Default: the built-in sample world.",
         "work_pool": {"name": "cpu"},
         "enforce_parameter_schema": True,
-        "parameters": {"world": config_defaults(SampleWorldConfig), "force": False, "train_models": True,
-                       "models": config_defaults(ModelsConfig), "dispatch": True},
+        "parameters": {"experiment": Experiment.load(SAMPLE_WORLD).model_dump(mode="json"), "force": False,
+                       "train_models": True, "dispatch": True},
         "schedules": [{"cron": PIPELINE_CRON, "timezone": "UTC", "active": False}],
     }
     stages = [{

@@ -1,4 +1,4 @@
-"""Prefect flows: one per stage, `table3` and `pipeline`. They only wire: run the stage, log, publish artifacts.
+"""Prefect flows: one per stage, and `pipeline`. They only wire: run the stage, log, publish artifacts.
 
 Every stage flow is made from the stage registry; the module exposes each as `<stage>_flow` (e.g.
 `ingest_flow`), the entrypoints of `prefect.yaml`. No `from __future__ import annotations` here: Prefect
@@ -7,6 +7,7 @@ reads the parameter types to validate parameters and to draw the UI's run form.
 
 import os
 import time
+from pathlib import Path
 from typing import Optional
 
 from prefect import flow, get_run_logger, task
@@ -14,9 +15,9 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.deployments import flow_attribute
 from flows.errors import quiet_user_errors
-from stages.configs import (AnalyzeConfig, EvaluateConfig, IndexConfig, ModelsConfig, ReportConfig, RetrieveConfig,
-                            SampleWorldConfig, SurgeryConfig)
-from stages.data import NerShard, generation_inputs, ner_shard, sample_world_inputs
+from stages.data import NerShard, ner_shard
+from stages.experiment import Experiment, ExperimentError
+from stages.inputs import world_dir
 from stages.registry import STAGES, Stage
 from stages.runner import run_stage, summarize
 from warehouse import Warehouse, resolve_home
@@ -98,81 +99,26 @@ def run(name: str, config, home: Optional[str], force: bool, dispatch: bool = Fa
     return state.result()
 
 
-@flow(name="table3", description="The paper's Table 3 on the warehouse's data: train, fine-tune and evaluate "
-                                 "every model row, then report.", log_prints=True)
-def table3(models: ModelsConfig = ModelsConfig(), home: Optional[str] = None, force: bool = False,
-           dispatch: bool = False) -> list[dict]:
-    """Base, larger base and random-init models; NKB and NKB-a injection; QA fine-tuning and evaluation of each
-    row; the report with the knowledge probe and the no-forgetting check. dispatch: run the GPU stages
-    through their deployments (workers on the `gpu` pool) instead of in this process."""
+def load_experiment(experiment: Optional[Experiment], experiment_file: Optional[str]) -> Experiment:
+    """The experiment a pipeline run was given: inline (relative paths against the working directory) or a file."""
+    if (experiment is None) == (experiment_file is None):
+        raise ExperimentError("give the pipeline an experiment or an experiment_file (one of the two)")
+    return Experiment.load(experiment_file) if experiment_file else experiment.relative_to(Path.cwd())
+
+
+@flow(name="pipeline", description="An experiment end to end: its data, base, NKB injection, fine-tuning, "
+                                   "evaluation, report, analysis and surgery; unchanged stages are skipped.",
+      log_prints=True)
+def pipeline(experiment: Optional[Experiment] = None, experiment_file: Optional[str] = None,
+             home: Optional[str] = None, force: bool = False, train_models: bool = True,
+             dispatch: bool = False) -> list[dict]:
+    """Run an experiment's plan: ingest its corpora, load its QA and generation files, index the knowledge corpus,
+    retrieve the top documents per question, find their salient spans, and (with `train_models`) build or bring in
+    the base, inject the NKB, fine-tune and evaluate every row, report, analyse and edit the slots. The experiment
+    is given inline (the form) or as an experiment_file (a YAML path). dispatch: GPU-pool stages run through their
+    deployments (needs a server with a worker on the `gpu` pool, see `nkb server up`)."""
     quiet_user_errors()
-    wanted = models.rows
-
-    def go(name: str, config) -> dict:
-        if models.device != "auto" and "device" in type(config).model_fields:
-            config = config.model_copy(update={"device": models.device})
-        return run(name, config, home, force, dispatch)
-
-    rows = [go("pretraining-data", models.pretraining)]
-    if models.base.ssm_share:
-        rows.append(go("salient-spans", models.spans.model_copy(update={"corpus": models.pretraining.corpus,
-                                                                         "source": "pretraining"})))
-    rows.append(go("base-model", models.base))
-    if "transformer" in wanted:
-        rows.append(go("base-model", models.base.model_copy(update={"name": "transformer", "steps": 0})))
-    if "large" in wanted:
-        large = {"name": "large", "size": models.large_size, "steps": models.large_steps or models.base.steps}
-        rows.append(go("base-model", models.base.model_copy(update=large)))
-    if "base+nkb" in wanted:
-        rows.append(go("inject", models.inject))
-    if "base+nkb-a" in wanted:
-        rows.append(go("inject", models.inject.model_copy(update={"variant": "nkb-a", "steps": models.nkb_a_steps,
-                                                                  "lr": models.nkb_a_lr})))
-    qa = models.finetune.model_copy(update={"name": None, "task": None, "knowledge": "none"})
-    for name in ("transformer", "base", "base+nkb", "base+nkb-a", "large"):
-        if name in wanted:
-            rows.append(go("finetune", qa.model_copy(update={"model": name})))
-            rows.append(go("evaluate", EvaluateConfig(model=f"{name}.qa")))
-    for name in ("base", "base+nkb", "base+nkb-a"):  # does injection hurt general generation? (Table 4)
-        if name in wanted:
-            for task_name in models.generation_tasks:
-                rows.append(go("finetune", qa.model_copy(update={"model": name, "task": task_name, "answer_format": "plain",
-                                                                 "epochs": models.generation_epochs})))
-                rows.append(go("evaluate", EvaluateConfig(model=f"{name}.{task_name}")))
-    for mode in ("kformer", "concat"):  # the base with retrieved documents, on the same fine-tuning budget
-        if mode in wanted:
-            rows.append(go("finetune", qa.model_copy(update={"model": "base", "name": f"base.{mode}", "knowledge": mode})))
-            rows.append(go("evaluate", EvaluateConfig(model=f"base.{mode}")))
-    optional = {field: name if row in wanted else None
-                for field, row, name in (("transformer", "transformer", "transformer"), ("nkb", "base+nkb", "base+nkb"),
-                                         ("nkb_a", "base+nkb-a", "base+nkb-a"), ("large", "large", "large"),
-                                         ("kformer", "kformer", "base.kformer"), ("concat", "concat", "base.concat"))}
-    rows.append(go("report", ReportConfig(**optional, generation_tasks=models.generation_tasks)))
-    return rows
-
-
-@flow(name="pipeline", description="The whole pipeline on the sample world.", log_prints=True)
-def pipeline(world: SampleWorldConfig = SampleWorldConfig(), home: Optional[str] = None, force: bool = False,
-             train_models: bool = True, models: ModelsConfig = ModelsConfig(), dispatch: bool = False) -> list[dict]:
-    """Generate the sample world, ingest its corpora, load its QA datasets, index the knowledge corpus,
-    retrieve the top-3 documents per question, find their salient spans, and (with `train_models`) run the
-    Table 3 flow, then analyse and edit base+NKB's slots. dispatch: GPU-pool stages run through their
-    deployments (needs a server with a worker on the `gpu` pool, see `nkb server up`); otherwise everything
-    runs in this process."""
-    quiet_user_errors()
-    rows = [run("sample-world", world, home, force)]
-    ingests, question_sets = sample_world_inputs(Warehouse(home))
-    rows += [run("ingest", config, home, force) for config in ingests]
-    rows += [run("questions", config, home, force) for config in question_sets]
-    rows += [run("generation-data", config, home, force) for config in generation_inputs(Warehouse(home))]
-    rows.append(run("index", IndexConfig(), home, force))
-    rows.append(run("retrieve", RetrieveConfig(), home, force))
-    rows.append(run("salient-spans", models.spans, home, force))
-    if train_models:
-        rows += table3(models, home, force, dispatch)
-        if "base+nkb" in models.rows:  # what the slots hold, and editing them (the paper's sections 5 and 6)
-            device = {"device": models.device}
-            rows.append(run("analyze", AnalyzeConfig(**device), home, force, dispatch))
-            rows.append(run("surgery", SurgeryConfig(**device), home, force, dispatch))
-    create_table_artifact(key="pipeline-run", table=rows, description="Stages of this pipeline run")
+    chosen = load_experiment(experiment, experiment_file).with_world(world_dir(Warehouse(home)))
+    rows = [run(name, config, home, force, dispatch) for name, config in chosen.plan(train_models)]
+    create_table_artifact(key="pipeline-run", table=rows, description=f"Stages of experiment {chosen.name}")
     return rows

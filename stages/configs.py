@@ -154,7 +154,7 @@ class IndexConfig(StageConfig):
     """Build a BM25 Lucene index over one corpus of `documents` (reused while the corpus is unchanged)."""
     volatile = frozenset({"threads"})
 
-    corpus: Name = Field("sampleworld", description="The `documents` corpus to index.")
+    corpus: Optional[Name] = Field(None, description="The `documents` corpus to index; default: the warehouse's only corpus.")
     k1: float = Field(0.9, gt=0, description="BM25 term-frequency saturation (Anserini's default 0.9).")
     b: float = Field(0.4, ge=0, le=1, description="BM25 length normalisation (Anserini's default 0.4).")
     threads: int = Field(2, ge=1, description="Lucene indexing threads.")
@@ -164,7 +164,7 @@ class RetrieveConfig(StageConfig):
     """Retrieve the top-k documents for every question from a corpus's BM25 index into `retrievals`."""
     volatile = frozenset({"threads", "batch_size"})
 
-    corpus: Name = Field("sampleworld", description="Corpus whose newest index to search.")
+    corpus: Optional[Name] = Field(None, description="Corpus whose newest index to search; default: the warehouse's only corpus.")
     k: int = Field(3, ge=1, le=1000, description="Documents per question (the NKB paper uses the top 3).")
     datasets: Optional[list[str]] = Field(None, description="Datasets to retrieve for; default: all in `questions`.")
     threads: int = Field(2, ge=1, description="Lucene search threads for batch search.")
@@ -176,7 +176,7 @@ class SalientSpansConfig(StageConfig):
     documents cut on sentence boundaries, or the pretraining sentences of its pretraining data."""
     volatile = frozenset({"batch_size", "n_process", "dask"})
 
-    corpus: Name = Field("sampleworld", description="Corpus of the documents.")
+    corpus: Optional[Name] = Field(None, description="Corpus of the documents; default: the warehouse's only corpus.")
     source: Literal["retrieved", "pretraining"] = Field(
         "retrieved", description="retrieved: segment the corpus's retrieved documents (what NKB injection learns); "
                                  "pretraining: the training sentences the pretraining-data stage wrote for the "
@@ -204,11 +204,11 @@ class PretrainingDataConfig(StageConfig):
     """Train a T5-style tokenizer on warehouse text and pack a corpus into token rows for pretraining (a share
     held out), with the training rows' sentences as `segments` for salient span masking."""
 
-    corpus: Name = Field("general", description="Corpus of `documents` to pretrain on (the sample "
-                                                             "world's general text states no question fact).")
+    corpus: Optional[Name] = Field(None, description="Corpus of `documents` to pretrain on; default: the warehouse's only corpus (the sample "
+                                                     "world's general text, which states no question fact).")
     vocab_size: int = Field(4000, ge=100, description="SentencePiece pieces (plus <pad>, </s>, <unk> and 100 sentinels).")
-    tokenizer_corpora: list[str] = Field(default_factory=lambda: ["general", "sampleworld"],
-                                         description="Corpora of `documents` the tokenizer is trained on.")
+    tokenizer_corpora: Optional[list[str]] = Field(None, description="Corpora of `documents` the tokenizer is trained "
+                                                                     "on; default: every corpus in the warehouse.")
     held_out_share: float = Field(0.05, ge=0, lt=0.5, description="Share of the packed sequences kept for the "
                                                                   "held-out loss (the no-forgetting check).")
     seq_len: int = Field(128, ge=16, description="Tokens per packed pretraining sequence.")
@@ -222,8 +222,12 @@ class BaseModelConfig(TrainingConfig):
 
     name: Name = Field("base", description="Name of the model in reports, e.g. base or large.")
     size: ModelSize = Field("small", description="tiny (~2M parameters), mini (~3M), small (~11M), large (~30M).")
-    pretrain_corpus: Name = Field("general", description="Corpus whose newest pretraining data "
-                                                                       "(pretraining-data stage) to pretrain on.")
+    pretrain_corpus: Optional[Name] = Field(None, description="Corpus whose newest pretraining data (pretraining-data "
+                                                              "stage) to pretrain on; default: the warehouse's only corpus. With source: the general "
+                                                              "text whose rows the no-forgetting check holds out.")
+    source: Optional[str] = Field(None, description="A Hugging Face T5 directory or hub name to bring in as this "
+                                                    "base instead of pretraining one (steps and the pretraining "
+                                                    "settings are then unused).")
     steps: int = Field(1500, ge=0, description="Optimizer steps; 0 keeps the random initialisation (the "
                                               "report's Transformer row).")
     optimizer: Optimizer = "adamw"
@@ -245,7 +249,7 @@ class InjectConfig(TrainingConfig):
     variant: Literal["nkb", "nkb-a"] = Field("nkb", description="nkb: only the slots train, the base is frozen; "
                                                                 "nkb-a: every parameter trains.")
     name: Optional[ModelName] = Field(None, description="Name of the result; default <base_model>+<variant>.")
-    corpus: Name = Field("sampleworld", description="Corpus whose segments and salient spans to inject.")
+    corpus: Optional[Name] = Field(None, description="Corpus whose segments and salient spans to inject; default: the warehouse's only corpus.")
     layers: list[str] = Field(default_factory=lambda: ["decoder.-1"],
                               description="Blocks to mount slots on: encoder.N / decoder.N (N may be negative).")
     slots: Optional[int] = Field(None, ge=1, description="Slots per layer; default the FFN width d_ff.")
@@ -260,8 +264,8 @@ class InjectConfig(TrainingConfig):
         "Share of the steps that train on span corruption of general text (general_corpus) instead of the "
         "knowledge corpus. Wikipedia, the paper's corpus, is general text too; the sample world's knowledge "
         "corpus is facts alone, and slots trained on it alone also fire on other text."))
-    general_corpus: Name = Field("general", description="Corpus of general text for general_share; "
-                                                                      "the base's held-out rows are left out.")
+    general_corpus: Optional[Name] = Field(None, description="Corpus of general text for general_share (required "
+                                                             "then); the base's held-out rows are left out.")
     general_batch_size: int = Field(16, ge=1, description="Packed general-text sequences per general step.")
     seed: Seed = 0
 
@@ -344,8 +348,8 @@ class ReportConfig(ModelStageConfig):
     generation_tasks: list[str] = Field(default_factory=lambda: ["summaries", "translation"],
                                         description="General-generation tasks whose scores of base, base+NKB and "
                                                     "base+NKB-a (fine-tuned as <model>.<task>) are reported.")
-    probes: Optional[str] = Field(None, description="Cloze probe file (JSONL: prompt, answer, split); default: "
-                                                    "the sample world's probes.jsonl.")
+    probes: Optional[str] = Field(None, description="Cloze probe file (JSONL: prompt, answer, split, wording); "
+                                                    "without one the probe columns stay empty.")
 
 
 class AnalyzeConfig(ModelStageConfig):
@@ -359,8 +363,8 @@ class AnalyzeConfig(ModelStageConfig):
     top_k: int = Field(10, ge=1, le=100, description="Tokens kept per value vector.")
     top_questions: int = Field(5, ge=1, description="Questions kept per key (those that make the slot fire most).")
     split: Name = Field("validation", description="Questions whose activations are recorded.")
-    facts: Optional[str] = Field(None, description="JSONL with question_id and relation, for key coherence; "
-                                                   "default: the sample world's facts.jsonl when present.")
+    facts: Optional[str] = Field(None, description="JSONL with question_id and relation, for key coherence "
+                                                   "(none without it).")
 
 
 class SurgeryConfig(ModelStageConfig):
@@ -390,65 +394,6 @@ class EditConfig(ModelStageConfig):
     lam: float = Field(0.07, gt=0, description="Edit strength λ (the paper's best: 0.07).")
 
 
-# ---- the pipeline's models: the stage configs above, with the demo's values ----------------------
+# ---- the report's rows -----------------------------------------------------------------------
 
 Row = Literal["transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat"]
-DEMO_INJECT_LAYERS = ["encoder.-1", "decoder.0", "decoder.1"]
-
-
-class ModelsConfig(StageConfig):
-    """The model stages of the pipeline (the report's rows), each with its stage config; the defaults are the
-    demo's values for one 2-core machine. `nkb demo --set inject.steps=2000` changes one field of one."""
-
-    rows: list[Row] = Field(
-        default_factory=lambda: ["transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat"],
-        description="Report rows to train and evaluate (base is always built: the others derive from it).")
-    spans: SalientSpansConfig = Field(
-        default_factory=lambda: SalientSpansConfig(max_words=15),
-        description="Salient spans of the retrieved documents: sentence-long segments (max_words 15), so that a "
-                    "masked fact can only be recalled from its subject, as in a question.")
-    pretraining: PretrainingDataConfig = Field(
-        default_factory=PretrainingDataConfig,
-        description="The tokenizer and packed pretraining text shared by the base, the larger base and the "
-                    "Transformer row.")
-    base: BaseModelConfig = Field(
-        default_factory=lambda: BaseModelConfig(size="tiny", steps=2400, ssm_share=0.625),
-        description="The base: a tiny T5 pretrained 2,400 steps, 1,500 of them on salient span masking. After "
-                    "1,600 steps base+NKB's unseen-wording probe was 27-46 over five injection seeds, after 2,400 "
-                    "63 and 52 for the first two; with span corruption alone the tiny base fills masked facts with "
-                    "'of', and injected facts do not transfer to unseen wordings.")
-    large_size: ModelSize = Field("mini", description="Size of the larger base, pretrained like the base (mini: 2x "
-                                                      "tiny's parameters for ~1.4x its step time on CPU).")
-    large_steps: Optional[int] = Field(None, ge=1, description="Pretraining steps of the larger base; default the "
-                                                               "base's own.")
-    inject: InjectConfig = Field(
-        default_factory=lambda: InjectConfig(steps=4000, lr=3e-2, layers=DEMO_INJECT_LAYERS, general_share=0.1),
-        description="NKB injection (base+NKB): 4,000 steps at 3e-2 on the last encoder block and both decoder "
-                    "blocks, one step in ten on general text. On the demo world 2,000 steps left the SSM loss at "
-                    "0.30; 4,000 halve it and double the unseen-wording probe. Slots injected with facts alone "
-                    "raised the held-out loss from 2.47 to 9.01 and halved base+NKB's translation BLEU; general "
-                    "text keeps them quiet on other text.")
-    nkb_a_steps: int = Field(500, ge=1, description="Steps of the base+NKB-a row: inject's settings with every "
-                                                    "parameter training (~3x a NKB step).")
-    nkb_a_lr: float = Field(1e-3, gt=0, description="Learning rate of the base+NKB-a row (the paper's).")
-    finetune: FinetuneConfig = Field(
-        default_factory=lambda: FinetuneConfig(epochs=30, answer_format="sentinel"),
-        description="QA fine-tuning of every row (Kformer and concat too; model, name, task and knowledge are set "
-                    "per row). sentinel asks for the answer like a "
-                    "masked span, the path the NKB was injected on; with plain (the paper's) the tiny base+NKB, "
-                    "injected 2,000 steps, led base by 8.6 EM instead of 18.3.")
-    generation_tasks: list[str] = Field(default_factory=lambda: ["summaries", "translation"],
-                                        description="General-generation tasks on which base, base+NKB and base+NKB-a "
-                                                    "are fine-tuned and scored (the paper's Table 4).")
-    generation_epochs: int = Field(20, ge=1, description="Fine-tuning epochs per generation task (finetune's other "
-                                                          "settings); at 5 the scores still mostly measured "
-                                                          "under-fitting.")
-    device: DeviceChoice = Field("auto", description="The device of every model stage; auto leaves each its own "
-                                                     "(base.device, ...).")
-
-    @model_validator(mode="after")
-    def _base_reads_the_pretraining_data(self):
-        if self.base.pretrain_corpus != self.pretraining.corpus:
-            raise ValueError(f"base.pretrain_corpus ({self.base.pretrain_corpus!r}) must be the pretraining data's "
-                             f"corpus, pretraining.corpus ({self.pretraining.corpus!r})")
-        return self

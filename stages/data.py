@@ -25,7 +25,7 @@ from corpus.errors import InputFileError, require_file
 from corpus.files import repeats
 from stages.configs import (GenerationDataConfig, IndexConfig, IngestConfig, QuestionsConfig, RetrieveConfig,
                             SalientSpansConfig, SampleWorldConfig)
-from stages.inputs import PRETRAINING, corpus_lineage, world_dir
+from stages.inputs import PRETRAINING, corpus_lineage, one_corpus, world_dir
 from stages.progress import counting, progress
 from warehouse import ShardTarget, StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs, run_stage
 
@@ -173,6 +173,7 @@ INDEX_META = "nkb-index.json"
 def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> StageResult:
     """Export a corpus to a JsonCollection and build a Lucene index under `files/indexes/`."""
     from corpus import bm25
+    config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
     fp = fingerprint("index", config.identity(), [corpus_lineage(wh, config.corpus)])
     target = wh.files_dir / "indexes" / f"{config.corpus}-{fp[:12]}"
 
@@ -222,6 +223,7 @@ def latest_index(wh: Warehouse, corpus: str) -> tuple[Path, dict]:
 def retrieve(wh: Warehouse, config: RetrieveConfig, force: bool = False) -> StageResult:
     """Top-k BM25 documents per question, one `retrievals` partition per dataset; answer recall@k."""
     from corpus import bm25
+    config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
     directory, meta = latest_index(wh, config.corpus)
     question_parts = wh.lineage("questions")
     datasets = config.datasets or sorted({name.split(".")[0] for name, _ in question_parts})
@@ -336,6 +338,7 @@ def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = 
     map_shards runs the pending shards and returns their row counts: in this process by default, or
     elsewhere (the flow passes a Dask-backed one when `config.dask` is set); the result is the same."""
     from corpus import ner
+    config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
     if config.source == "retrieved":
         partition = config.corpus
         upstream = wh.lineage("retrievals")

@@ -21,12 +21,28 @@ def world_dir(wh: Warehouse) -> Path:
 
 # ---- lineage: what stands for a table's data in a fingerprint --------------------------------------
 
+def corpora(wh: Warehouse) -> list[str]:
+    """The corpora of `documents`."""
+    return sorted({name for name, _ in wh.lineage("documents")})
+
+
+def one_corpus(wh: Warehouse, corpus: str | None, field: str = "corpus") -> str:
+    """`corpus` when given; else the warehouse's only corpus, or an error that lists them."""
+    if corpus:
+        return corpus
+    found = corpora(wh)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise ValueError("no corpus in the warehouse yet; run the ingest stage first")
+    raise ValueError(f"the warehouse holds several corpora ({', '.join(found)}): say which with {field}=")
+
+
 def corpus_lineage(wh: Warehouse, corpus: str) -> str:
     """The inputs fingerprint of the run that ingested `corpus`."""
     found = [fp for name, fp in wh.lineage("documents", corpus) if name == corpus]
     if not found:
-        corpora = sorted({name for name, _ in wh.lineage("documents")})
-        raise ValueError(f"no documents for corpus {corpus!r} (corpora: {', '.join(corpora) or 'none'}); "
+        raise ValueError(f"no documents for corpus {corpus!r} (corpora: {', '.join(corpora(wh)) or 'none'}); "
                          "run the ingest stage first")
     return found[0]
 

@@ -11,19 +11,16 @@ from pathlib import Path
 
 import numpy as np
 
+from corpus.files import iter_jsonl
 from stages.configs import AnalyzeConfig, EditConfig, SurgeryConfig
-from stages.inputs import qa_pair, read_questions, world_dir
+from stages.inputs import qa_pair, read_questions
 from stages.models import model_dir, model_present, publish_model, source_model
-from warehouse import StagedRun, StageResult, Warehouse, fingerprint, run_stage
+from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, run_stage
 
 
-def _relations(wh: Warehouse, path: str | None) -> dict[str, str]:
-    """question_id -> relation, from a facts file (default: the sample world's), or {} without one."""
-    from corpus.sample_world import WorldFiles
-    facts = Path(path) if path else WorldFiles.at(world_dir(wh)).root / "facts.jsonl"
-    if not facts.exists():
-        return {}
-    rows = [json.loads(line) for line in facts.read_text(encoding="utf-8").splitlines() if line.strip()]
+def _relations(path: str | None) -> dict[str, str]:
+    """question_id -> relation, from a facts file, or {} without one."""
+    rows = [obj for _, obj in iter_jsonl(path)] if path else []
     return {r["question_id"]: r["relation"] for r in rows if "question_id" in r and "relation" in r}
 
 
@@ -50,10 +47,10 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
     from nkb_model.train import choose_device
     source = source_model(wh, config.model)
     questions = read_questions(wh, None, config.split)
-    relations = _relations(wh, config.facts)
+    relations = _relations(config.facts)
     span_parts = _retrieved_span_partitions(wh)
     inputs = source.lineage + [f"{n}:{f}" for n, f in span_parts] + _split_questions_lineage(wh, config.split)
-    fp = fingerprint("analyze", config.identity(), inputs + [str(len(relations))])
+    fp = fingerprint("analyze", config.identity(), inputs + [file_digest(config.facts) if config.facts else ""])
     device = choose_device(config.device)
 
     def body(run: StagedRun) -> dict:

@@ -7,15 +7,15 @@ loss are measured here, on the model before fine-tuning.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from corpus.files import iter_jsonl
 from stages.configs import ReportConfig
-from stages.inputs import world_dir
 from stages.models import base_dir_of, find_model
-from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, query, run_metrics, run_stage
+from warehouse import (StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs, query, run_metrics,
+                       run_stage)
 
 GENERATION_METRICS = ("rougeL", "bleu")
 GENERATION_ROWS = ("base", "base+NKB", "base+NKB-a")  # rows fine-tuned on the generation tasks
@@ -72,7 +72,6 @@ def _probe(run: StagedRun, name: str, model, tokenizer, probes: list[dict], spli
 
 def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageResult:
     """Collect EM of each row's fine-tuned model; probe and held-out loss of each row's model before fine-tuning."""
-    from corpus.sample_world import WorldFiles
     from nkb_model.checkpoint import load_model, read_info
     from nkb_model.evaluation import heldout_loss
     from nkb_model.nkb import unmount_nkb
@@ -92,15 +91,14 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
                 continue
     if not available:
         raise ValueError("no model of the report exists yet; run base-model, inject, finetune and evaluate first")
-    probes_path = Path(config.probes) if config.probes else WorldFiles.at(world_dir(wh)).probes
-    probes = [json.loads(line) for line in open(probes_path, encoding="utf-8")] if probes_path.exists() else []
+    probes = [obj for _, obj in iter_jsonl(config.probes)] if config.probes else []
     probes = [p for p in probes if p.get("split", config.split) == config.split]
     inputs = [f"{label}:{read_info(d).get('built_by', '')}" for label, _, d, _ in available]
     inputs += [f"{finetuned}:{json.dumps(latest_scores(wh, finetuned, config.split), sort_keys=True)}"
                for _, _, _, finetuned in available]
     generation = _generation_scores(wh, available, config)
     inputs.append(json.dumps(generation, sort_keys=True))
-    fp = fingerprint("report", config.identity(), inputs + [str(len(probes))])
+    fp = fingerprint("report", config.identity(), inputs + [file_digest(config.probes) if config.probes else ""])
     device = choose_device(config.device)
 
     def body(run: StagedRun) -> dict:

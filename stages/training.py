@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig, PretrainingDataConfig
-from stages.inputs import (PRETRAINING, corpus_lineage, corpus_texts, gen_examples, gen_inputs, gen_lineage,
-                           packed_rows, qa_inputs, qa_pair, questions_lineage, read_questions, retrievals_lineage,
-                           segments_with_spans, spans_lineage)
+from stages.inputs import (PRETRAINING, corpora, corpus_lineage, corpus_texts, gen_examples, gen_inputs, gen_lineage,
+                           one_corpus, packed_rows, qa_inputs, qa_pair, questions_lineage, read_questions,
+                           retrievals_lineage, segments_with_spans, spans_lineage)
 from stages.models import model_dir, model_present, publish_model, source_model, work_dir
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, run_stage
 
@@ -31,8 +31,10 @@ def prepare_pretraining_data(wh: Warehouse, config: PretrainingDataConfig, force
     `segments` partition <corpus>.pretraining (replacing its salient spans, which described other sentences)."""
     from corpus.segment import segment
     from nkb_model import base_model
-    corpora = sorted(set(config.tokenizer_corpora) | {config.corpus})
-    fp = fingerprint("pretraining-data", config.identity(), [f"{c}:{corpus_lineage(wh, c)}" for c in corpora])
+    config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus),
+                                       "tokenizer_corpora": config.tokenizer_corpora or corpora(wh)})
+    read = sorted(set(config.tokenizer_corpora) | {config.corpus})
+    fp = fingerprint("pretraining-data", config.identity(), [f"{c}:{corpus_lineage(wh, c)}" for c in read])
     target = wh.files_dir / "pretraining" / f"{config.corpus}-{fp[:12]}"
     partition = f"{config.corpus}.{PRETRAINING}"
 
@@ -83,10 +85,14 @@ def latest_pretraining_data(wh: Warehouse, corpus: str) -> Path:
 # ---- base model ----------------------------------------------------------------------------------
 
 def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = False) -> StageResult:
-    """Span-corruption (and salient span masking) pretraining; saves a Hugging Face directory under `files/models/`."""
+    """Span-corruption (and salient span masking) pretraining; saves a Hugging Face directory under `files/models/`.
+    With `source`, a Hugging Face T5 is brought in as this base instead (`import_base_model`)."""
     from nkb_model import base_model
     from nkb_model.checkpoint import INFO
     from nkb_model.train import choose_device, train
+    if config.source:
+        return import_base_model(wh, config, force)
+    config = config.model_copy(update={"pretrain_corpus": one_corpus(wh, config.pretrain_corpus, "pretrain_corpus")})
     data = latest_pretraining_data(wh, config.pretrain_corpus)
     data_meta = json.loads((data / PRETRAINING_META).read_text())
     inputs = [str(data), data_meta["built_by"]]
@@ -132,6 +138,56 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
                      still_valid=model_present)
 
 
+def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = False) -> StageResult:
+    """A Hugging Face T5 (a local directory, or a hub name on a machine that has it) published as this base, with
+    held-out rows of the general corpus (`pretrain_corpus`, when given) for the no-forgetting check."""
+    from nkb_model.checkpoint import INFO
+    from warehouse import file_digest
+    source = Path(config.source)
+    local = source.is_dir()
+    if not local and source.exists():
+        raise ValueError(f"base model source {config.source}: not a directory")
+    files = sorted(f for f in source.rglob("*") if f.is_file()) if local else []
+    inputs = [f"{f.relative_to(source)}:{file_digest(f)}" for f in files] if local else [config.source]
+    if config.pretrain_corpus:
+        inputs.append(f"{config.pretrain_corpus}:{corpus_lineage(wh, config.pretrain_corpus)}")
+    fp = fingerprint("base-model", config.identity() | {"source": config.source if not local else None}, inputs)
+    target = model_dir(wh, config.name, fp)
+
+    def body(run: StagedRun) -> dict:
+        from transformers import AutoTokenizer, T5ForConditionalGeneration
+        started = time.perf_counter()
+        try:
+            model = T5ForConditionalGeneration.from_pretrained(config.source)
+            tokenizer = AutoTokenizer.from_pretrained(config.source)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot load base model {config.source!r} as a Hugging Face T5: "
+                             f"{str(exc).splitlines()[0]}") from None
+        held_out = None
+        if config.pretrain_corpus:
+            rows = packed_rows(wh, tokenizer, config.pretrain_corpus, GENERAL_SEQ_LEN)
+            order = np.random.default_rng(config.seed).permutation(len(rows))
+            held_out = rows[order[:max(1, int(len(rows) * 0.05))]]
+        n_params = sum(p.numel() for p in model.parameters())
+        info = {"name": config.name, "kind": "base", "source": config.source, "params": n_params,
+                "vocab": len(tokenizer), "built_by": run.run_id}
+
+        def write(directory: Path) -> None:
+            model.save_pretrained(directory)
+            tokenizer.save_pretrained(directory)
+            if held_out is not None:
+                np.save(directory / "held_out.npy", held_out)
+            (directory / INFO).write_text(json.dumps(info, indent=1))
+
+        publish_model(run, target, write)
+        run.run.outputs["model_params"] = n_params
+        run.metric("params_total", n_params)
+        return {"model": str(target), "source": config.source, "params": n_params,
+                "held_out": 0 if held_out is None else len(held_out), "seconds": time.perf_counter() - started}
+
+    return run_stage(wh, "base-model", config.model_dump(), fp, body, force=force, still_valid=model_present)
+
+
 def pretraining_ssm_batches(wh: Warehouse, tokenizer, config: BaseModelConfig, max_input_len: int):
     """SSM batches over the pretraining rows' sentences (salient-spans with source=pretraining found their
     entities and dates), one masked per sentence and redrawn every epoch, like the injection corpus's."""
@@ -161,6 +217,9 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
     from nkb_model.checkpoint import hf_dir, save_model
     from nkb_model.nkb import NKBConfig, mark_only_nkb_trainable, mount_nkb, mounted_layers
     from nkb_model.train import choose_device, train
+    config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
+    if config.general_share and not config.general_corpus:
+        raise ValueError(f"general_share={config.general_share} needs general_corpus= (corpora: {', '.join(corpora(wh))})")
     base = source_model(wh, config.base_model)
     name = config.model_name()
     inputs = base.lineage + spans_lineage(wh, config.corpus)

@@ -23,7 +23,7 @@ def test_stage_help_lists_config_fields(capsys):
         main(["run", "questions", "--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    for field in ("path=str", "format=nq_open|webquestions|headqa|jsonl", "dataset=str", "split=str",
+    for field in ("path=str", "format=nq_open|webquestions|headqa|triviaqa|jsonl", "dataset=str", "split=str",
                   "max_answer_tokens=int  (default 5)", "Drop answers longer than"):
         assert field in out
 
@@ -52,23 +52,15 @@ def test_unknown_field_and_bad_value(capsys, home):
         main(["--home", home, "run", "sample-world", "--set", "people=2"])
 
 
-def test_demo_sets_the_models_config():
-    from flows.cli import parse_sets
-    from stages.configs import ModelsConfig
-    demo = ModelsConfig()
-    models = parse_sets(ModelsConfig, ["rows=base, base+nkb", "generation_tasks=", "large_steps=", "inject.steps=10",
-                                        "inject.layers=decoder.-1"], "nkb demo")
-    assert models.rows == ["base", "base+nkb"] and models.generation_tasks == [] and models.large_steps is None
-    # one field of a nested config changes; its others keep the demo's values, not the stage's defaults
-    assert models.inject.steps == 10 and models.inject.layers == ["decoder.-1"]
-    assert models.inject.model_copy(update={"steps": demo.inject.steps, "layers": demo.inject.layers}) == demo.inject
-    assert models.base == demo.base
-    with pytest.raises(SystemExit, match="invalid config for `nkb demo`: rows.0"):
-        parse_sets(ModelsConfig, ["rows=bigger"], "nkb demo")
-    with pytest.raises(SystemExit, match="`nkb demo` has no config field 'inject.stepz'; fields: inject.device"):
-        parse_sets(ModelsConfig, ["inject.stepz=3"], "nkb demo")
-    with pytest.raises(SystemExit, match="invalid config for `nkb demo`: inject.lr"):
-        parse_sets(ModelsConfig, ["inject.lr=-1"], "nkb demo")
+def test_pipeline_names_the_experiment_file_and_key_at_fault(capsys, home, tmp_path):
+    code, _, err = run_cli(capsys, "--home", home, "demo", "--set", "stages.inject.stepz=3")
+    assert code == 1 and err.startswith("error: ") and "sample-world.yaml: stages.inject: no setting 'stepz'" in err
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\nknowledge: [{path: a.jsonl, corpus: a}\n")
+    code, _, err = run_cli(capsys, "--home", home, "pipeline", str(broken))
+    assert code == 1 and f"{broken}, line 3, column 1: not valid YAML" in err
+    code, _, err = run_cli(capsys, "--home", home, "pipeline", str(tmp_path / "none.yaml"))
+    assert code == 1 and "none.yaml: cannot read the experiment (No such file or directory)" in err
 
 
 def test_missing_file_is_one_line(capsys, home, tmp_path):

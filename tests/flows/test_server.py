@@ -13,6 +13,7 @@ import pytest
 from flows import server
 from flows.deployments import config_defaults
 from stages.registry import STAGES
+from tests.experiments import tiny_experiment
 from warehouse import Warehouse, list_runs, query
 
 pytestmark = pytest.mark.slow
@@ -100,10 +101,10 @@ def test_a_worker_runs_a_triggered_stage_and_it_writes_the_warehouse(running):
 
 def test_pipeline_dispatches_gpu_stages_to_the_gpu_pool(running, client):
     _, home = running
-    models = {"rows": ["base"], "pretraining": {"vocab_size": 800}, "base": {"size": "tiny", "steps": 2, "batch_size": 4},
-              "finetune": {"epochs": 1}, "spans": {"max_words": 40}, "generation_tasks": [], "device": "cpu"}
-    flow_run = run_deployment_here(running, "pipeline/pipeline",
-                                   {"world": SMALL_WORLD, "models": models, "dispatch": True, "home": str(home)},
+    experiment = tiny_experiment("rows=[base]", "generation=", "pretrain.batch_size=4", "pretrain.steps=2",
+                                 "sample_world.background_people=10").model_dump(mode="json")
+    flow_run = run_deployment_here(running, "pipeline/pipeline", {"experiment": experiment, "dispatch": True,
+                                                                   "home": str(home)},
                                    timeout=600)
     assert flow_run.state.is_completed(), flow_run.state
     # Every GPU stage ran as a flow run of its own deployment, on the gpu pool, started from within the

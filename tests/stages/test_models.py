@@ -9,26 +9,27 @@ import pytest
 import torch
 from transformers import AutoTokenizer, T5ForConditionalGeneration
 
+from corpus.sample_world import WorldFiles
 from nkb_model.checkpoint import load_model
 from stages import data, evaluation, knowledge, report, training
 from stages.configs import (BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig, InjectConfig,
                             PretrainingDataConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig)
-from stages.inputs import qa_inputs, read_questions, retrieved_documents
+from stages.inputs import qa_inputs, read_questions, retrieved_documents, world_dir
 from stages.models import find_model
 from warehouse import Warehouse, list_runs, query, run_metrics
 
 pytestmark = pytest.mark.slow
-PRETRAINING = PretrainingDataConfig(vocab_size=800, seq_len=64)
-TINY = BaseModelConfig(size="tiny", steps=6, batch_size=8, warmup_steps=2)
+PRETRAINING = PretrainingDataConfig(corpus="general", vocab_size=800, seq_len=64)
+TINY = BaseModelConfig(size="tiny", steps=6, batch_size=8, warmup_steps=2, pretrain_corpus="general")
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     wh = Warehouse(tmp_path_factory.mktemp("models") / "wh")
     data.load_sample_world(wh, SampleWorldConfig(people=15, background_people=30))
-    data.build_index(wh, IndexConfig())
-    data.retrieve(wh, RetrieveConfig())
-    data.find_salient_spans(wh, SalientSpansConfig())
+    data.build_index(wh, IndexConfig(corpus="sampleworld"))
+    data.retrieve(wh, RetrieveConfig(corpus="sampleworld"))
+    data.find_salient_spans(wh, SalientSpansConfig(corpus="sampleworld"))
     training.prepare_pretraining_data(wh, PRETRAINING)
     data.find_salient_spans(wh, SalientSpansConfig(corpus="general", source="pretraining"))
     return wh
@@ -93,7 +94,7 @@ def test_base_model_needs_pretraining_data_and_its_spans(tmp_path):
         training.pretrain_base_model(wh, TINY)
 
 
-INJECT = InjectConfig(steps=8, batch_size=8, warmup_steps=2, lr=1e-2)
+INJECT = InjectConfig(corpus="sampleworld", steps=8, batch_size=8, warmup_steps=2, lr=1e-2)
 
 
 def _base_tensors(model):
@@ -119,7 +120,8 @@ def test_injection_mixing_in_general_text_never_shows_the_slots_held_out_text(wo
     import numpy as np
     training.pretrain_base_model(world, TINY)
     base_dir = find_model(world, "base")  # the newest "base": the one inject mounts on
-    config = INJECT.model_copy(update={"name": "base+nkb-general", "general_share": 0.5, "general_batch_size": 4})
+    config = INJECT.model_copy(update={"name": "base+nkb-general", "general_share": 0.5, "general_batch_size": 4,
+                                    "general_corpus": "general"})
     _, tokenizer, _ = load_model(base_dir)
     held = np.load(base_dir / "held_out.npy")
     general = training.general_batches(world, tokenizer, base_dir, config)
@@ -177,7 +179,7 @@ def test_report_rows_probe_and_no_forgetting(world, capsys):
     training.inject(world, INJECT)
     training.finetune(world, FinetuneConfig(model="base+nkb", epochs=1, batch_size=16))
     evaluation.evaluate(world, EvaluateConfig(model="base+nkb.qa"))
-    result = report.report(world, ReportConfig(), force=True)
+    result = report.report(world, ReportConfig(probes=str(WorldFiles.at(world_dir(world)).probes)), force=True)
     rows = query(world, "SELECT * FROM report").to_pylist()
     models = {r["model"] for r in rows}
     assert {"base", "base+NKB"} <= models and "Transformer" not in models  # no such model trained here
@@ -298,7 +300,8 @@ def qa_with_nkb(world):
 
 def test_analyze_reads_values_and_keys_and_records_their_summary(world, qa_with_nkb):
     from stages.configs import AnalyzeConfig
-    result = knowledge.analyze(world, AnalyzeConfig(model=qa_with_nkb, top_k=3))
+    config = AnalyzeConfig(model=qa_with_nkb, top_k=3, facts=str(WorldFiles.at(world_dir(world)).facts))
+    result = knowledge.analyze(world, config)
     slots = load_model(find_model(world, qa_with_nkb))[0].config.d_ff
     values = query(world, "SELECT * FROM nkb_values").to_pylist()
     assert len(values) == slots and {v["layer"] for v in values} == {"decoder.1"}
@@ -312,7 +315,7 @@ def test_analyze_reads_values_and_keys_and_records_their_summary(world, qa_with_
     assert Path(result.value["plot"]).stat().st_size > 5000
     ffn = knowledge.analyze(world, AnalyzeConfig(model=qa_with_nkb, kind="ffn", top_k=3))
     assert ffn.value["slots"] == slots and ffn.value["layers"] == ["decoder.-1"]
-    assert knowledge.analyze(world, AnalyzeConfig(model=qa_with_nkb, top_k=3)).skipped
+    assert knowledge.analyze(world, config).skipped
 
 
 def test_surgery_changes_answers_and_records_success_and_change_rates(world, qa_with_nkb):

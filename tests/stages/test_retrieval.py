@@ -15,7 +15,7 @@ WORLD = SampleWorldConfig(people=15, background_people=5)
 
 def load_world(home) -> Warehouse:
     wh = Warehouse(home)
-    data.load_sample_world(wh, WORLD)
+    data.load_sample_world(wh, WORLD, general=False)  # one corpus: the stages find it themselves
     return wh
 
 

@@ -1,0 +1,315 @@
+"""Experiments: one YAML file describing a user's data, base model and stage settings, and the plan of stage runs
+it makes. `nkb pipeline FILE` and the Prefect `pipeline` flow run the plan in order; every stage in it is skipped
+while its inputs are unchanged, so a rerun does only what a changed file or setting needs.
+
+    name: nq-wiki
+    knowledge: [{path: enwiki-pages-articles.xml.bz2, corpus: enwiki}]   # what retrieval searches, slots learn
+    general: [{path: general.jsonl, corpus: general}]                   # optional: pretraining, general steps
+    questions:
+      - {path: NQ-open.train.jsonl, format: nq_open, dataset: nq, split: train}
+      - {path: NQ-open.dev.jsonl, format: nq_open, dataset: nq, split: validation}
+    base_model: t5-base                  # a Hugging Face T5 directory or hub name ...
+    pretrain: {size: tiny, steps: 300}   # ... or a small T5 built here (then base_model is left out)
+    rows: [base, base+nkb]
+    stages: {inject: {steps: 30000, batch_size: 256}, finetune: {epochs: 10}}
+
+Paths are relative to the file; `{sample_world}` stands for the generated sample world's folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+import typing
+from pathlib import Path
+from typing import Any, Iterable, Literal, Optional
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from stages.configs import (AnalyzeConfig, BaseModelConfig, DeviceChoice, EvaluateConfig, FinetuneConfig,
+                            GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig, ModelSize, Name,
+                            PretrainingDataConfig, QuestionsConfig, ReportConfig, RetrieveConfig, Row,
+                            SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig)
+
+SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-world.yaml"  # what `nkb demo` runs
+ROWS: tuple[Row, ...] = ("transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat")
+BUILT_ROWS = {"transformer", "large"}  # rows that only a base built here has
+NEXT_SIZE = {"tiny": "mini", "mini": "small", "small": "large"}
+# What each key of `stages:` changes: a stage's config (nkb-a and generation are inject and finetune runs too).
+OVERRIDABLE: dict[str, type[StageConfig]] = {
+    "index": IndexConfig, "retrieve": RetrieveConfig, "salient-spans": SalientSpansConfig,
+    "pretraining-data": PretrainingDataConfig, "base-model": BaseModelConfig, "inject": InjectConfig,
+    "nkb-a": InjectConfig, "finetune": FinetuneConfig, "generation": FinetuneConfig, "evaluate": EvaluateConfig,
+    "report": ReportConfig, "analyze": AnalyzeConfig, "surgery": SurgeryConfig}
+# Fields the plan sets itself (which corpus, which model, which row): an override of them would break the rows.
+PLANNED = {"corpus", "source", "name", "model", "base_model", "variant", "task", "knowledge", "pretrain_corpus",
+           "general_corpus", "tokenizer_corpora", "transformer", "base", "nkb", "nkb_a", "large", "kformer", "concat",
+           "generation_tasks", "probes", "facts"}
+
+
+class ExperimentError(ValueError):
+    """An experiment file that cannot be run: names the file, the key and what is wrong."""
+
+
+def apply_sets(data: dict, pairs: Iterable[str]) -> dict:
+    """An experiment's YAML mapping changed by `--set key=value` pairs. A dotted key reaches into a mapping
+    (`stages.inject.steps=500`, `pretrain.size=mini`, `sample_world.people=40`); a value is read as YAML
+    (`500`, `true`, `[a, b]`), and a list setting also takes `a,b,c`; an empty value empties a list and unsets
+    anything else."""
+    data = copy.deepcopy(data)
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        path = [part.strip() for part in key.split(".")]
+        if not sep or not all(path):
+            raise ExperimentError(f"--set expects key=value (a stage's setting: stages.STAGE.KEY=value), got {pair!r}")
+        is_list = _is_list(_setting(path))
+        try:
+            value = yaml.safe_load(text) if text.strip() else ([] if is_list else None)
+        except yaml.YAMLError as exc:
+            raise ExperimentError(f"--set {key}: the value is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        if is_list and isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ExperimentError(f"--set {key}: {part!r} holds {type(node).__name__}, not a mapping of settings")
+        node[path[-1]] = value
+    return data
+
+
+def _setting(path: list[str]):
+    """The field a dotted --set key names, or None when unknown (validation then names the unknown key)."""
+    if len(path) == 1:
+        return Experiment.model_fields.get(path[0])
+    if path[0] == "stages" and len(path) == 3 and path[1] in OVERRIDABLE:
+        return OVERRIDABLE[path[1]].model_fields.get(path[2])
+    if path[0] in ("pretrain", "large") and len(path) == 2:
+        return BaseModelConfig.model_fields.get(path[1]) or PretrainingDataConfig.model_fields.get(path[1])
+    if path[0] == "sample_world" and len(path) == 2:
+        return SampleWorldConfig.model_fields.get(path[1])
+    return None
+
+
+def _is_list(field) -> bool:
+    if field is None:
+        return False
+    annotation = field.annotation
+    options = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
+        else (annotation,)
+    return any(typing.get_origin(a) is list for a in options)
+
+
+class CorpusFile(StageConfig):
+    """A corpus file to ingest."""
+
+    path: str = Field(description="The file (relative to the experiment file, or absolute).")
+    corpus: Name = Field(description="The corpus's name in the warehouse.")
+    format: Optional[Literal["mediawiki", "dpr_tsv", "kilt", "jsonl"]] = Field(
+        None, description="File format; from the file name when not given.")
+    limit: Optional[int] = Field(None, ge=1, description="Stop after this many documents (for trials).")
+
+
+class Experiment(StageConfig):
+    """One experiment: its data, its base model, and the settings of its stages."""
+
+    name: Name = Field(description="Names the experiment's runs and report.")
+    description: str = Field("", description="What the experiment is for (shown nowhere but the file).")
+    sample_world: Optional[SampleWorldConfig] = Field(
+        None, description="Generate the sample world first; '{sample_world}' in a path is its folder.")
+    knowledge: list[CorpusFile] = Field(min_length=1, max_length=1, description=(
+        "The knowledge corpus (one file): what retrieval searches and the NKB slots learn."))
+    general: list[CorpusFile] = Field(default_factory=list, max_length=1, description=(
+        "General text (one file, optional): pretraining text for a base built here, and the text of injection's "
+        "general steps (inject's general_share) and of the no-forgetting check."))
+    questions: list[QuestionsConfig] = Field(min_length=1, description=(
+        "QA files; fine-tuning uses the 'train' split, evaluation and the report the 'validation' split."))
+    generation: list[GenerationDataConfig] = Field(default_factory=list, description=(
+        "Summarisation and translation files for the general-generation check (the paper's Table 4)."))
+    probes: Optional[str] = Field(None, description="Cloze probe file (JSONL: prompt, answer, split, wording).")
+    facts: Optional[str] = Field(None, description="JSONL of question_id and relation, for the slots' key coherence.")
+    base_model: Optional[str] = Field(None, description=(
+        "The base: a Hugging Face T5 directory (relative to the file, or absolute), or a model name already in the "
+        "local Hugging Face cache (nothing is downloaded)."))
+    pretrain: Optional[dict[str, Any]] = Field(None, description=(
+        "Build and pretrain a small T5 here instead (fields of pretraining-data and base-model, e.g. size, steps)."))
+    large: dict[str, Any] = Field(default_factory=dict, description=(
+        "The larger-base row of a base built here: base-model fields that differ (default: the next size up)."))
+    rows: Optional[list[Row]] = Field(None, description=(
+        "Report rows to train and evaluate; default every row that applies (transformer and large need a base "
+        "built here)."))
+    stages: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        f"Settings of the stages: {', '.join(OVERRIDABLE)} (nkb-a: the base+NKB-a injection, over inject's; "
+        "generation: fine-tuning on the generation tasks, over finetune's)."))
+    device: DeviceChoice = Field("auto", description="The device of every model stage; auto leaves each its own.")
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if (self.base_model is None) == (self.pretrain is None):
+            raise ValueError("give base_model (a Hugging Face T5) or pretrain (a small T5 built here), not both")
+        if self.base_model and self.rows and BUILT_ROWS & set(self.rows):
+            raise ValueError(f"rows {sorted(BUILT_ROWS & set(self.rows))} need a base built here (pretrain), "
+                             "not base_model")
+        splits = {q.split for q in self.questions}
+        if not {"train", "validation"} <= splits:
+            raise ValueError(f"questions need a 'train' and a 'validation' split (found {sorted(splits)})")
+        corpora = [c.corpus for c in self.knowledge + self.general]
+        if len(set(corpora)) != len(corpora):
+            raise ValueError(f"the knowledge and the general corpus need different names (both {corpora[0]!r})")
+        for stage, settings in self.stages.items():
+            if stage not in OVERRIDABLE:
+                raise ValueError(f"stages: no stage {stage!r}; stages: {', '.join(OVERRIDABLE)}")
+            fields = OVERRIDABLE[stage].model_fields
+            for key in settings:
+                if key not in fields:
+                    raise ValueError(f"stages.{stage}: no setting {key!r}; settings: {', '.join(fields)}")
+                if key in PLANNED:
+                    raise ValueError(f"stages.{stage}.{key} is set by the experiment itself (its data and rows)")
+            try:
+                OVERRIDABLE[stage].model_validate(settings)
+            except ValidationError as exc:
+                wrong = [e for e in exc.errors() if e["type"] != "missing"]  # the plan fills in required fields
+                if wrong:
+                    raise ValueError(f"stages.{stage}.{'.'.join(map(str, wrong[0]['loc']))}: {wrong[0]['msg']}") from None
+        for key in (self.pretrain or {}) | self.large:
+            if key not in BaseModelConfig.model_fields and key not in PretrainingDataConfig.model_fields or key in PLANNED:
+                raise ValueError(f"pretrain/large: no setting {key!r} of base-model or pretraining-data")
+        return self
+
+    # ---- files ----------------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str | Path, sets: Iterable[str] = ()) -> "Experiment":
+        """The experiment in a YAML file, changed by `--set key=value` pairs (see `apply_sets`), its relative paths
+        made absolute against the file's folder."""
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ExperimentError(f"{path}: cannot read the experiment ({exc.strerror or exc})") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ExperimentError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        if not isinstance(data, dict):
+            raise ExperimentError(f"{path}: expected a mapping of experiment keys (name, knowledge, questions, ...)")
+        return cls.parse(apply_sets(data, sets), str(path)).relative_to(path.resolve().parent)
+
+    @classmethod
+    def parse(cls, data: dict, source: str = "the experiment") -> "Experiment":
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            key = "".join(f"{k}: " for k in [".".join(map(str, first["loc"]))] if k)
+            more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+            raise ExperimentError(f"{source}: {key}{first['msg'].removeprefix('Value error, ')}{more}") from None
+
+    def relative_to(self, folder: Path) -> "Experiment":
+        """Relative paths resolved against `folder` ('{sample_world}' paths are left for `with_world`)."""
+        def resolve(path: Optional[str]) -> Optional[str]:
+            if path is None or path.startswith("{sample_world}") or Path(path).is_absolute():
+                return path
+            return str((folder / path).resolve())
+        moved = self._map_paths(resolve)
+        # base_model may also name a model in the local Hugging Face cache: a path only where that folder exists
+        if self.base_model and (folder / self.base_model).is_dir():
+            moved = moved.model_copy(update={"base_model": resolve(self.base_model)})
+        return moved
+
+    def with_world(self, world_dir: Path) -> "Experiment":
+        """'{sample_world}' in the paths replaced by the generated world's folder."""
+        return self._map_paths(lambda p: p if p is None else p.replace("{sample_world}", str(world_dir)))
+
+    def _map_paths(self, change) -> "Experiment":
+        def files(entries):
+            return [e.model_copy(update={"path": change(e.path)}) for e in entries]
+        return self.model_copy(update={"knowledge": files(self.knowledge), "general": files(self.general),
+                                       "questions": files(self.questions), "generation": files(self.generation),
+                                       "probes": change(self.probes), "facts": change(self.facts)})
+
+    # ---- the plan ---------------------------------------------------------------------------------
+
+    def plan(self, train_models: bool = True) -> list[tuple[str, StageConfig]]:
+        """The stage runs, in order: (stage name, config). Paths must be resolved (`load`, `with_world`)."""
+        knowledge = self.knowledge[0].corpus
+        general = self.general[0].corpus if self.general else None
+        steps: list[tuple[str, StageConfig]] = []
+        if self.sample_world:
+            steps.append(("sample-world", self.sample_world))
+        steps += [("ingest", IngestConfig(**c.model_dump())) for c in self.knowledge + self.general]
+        steps += [("questions", q) for q in self.questions]
+        steps += [("generation-data", g) for g in self.generation]
+        steps.append(("index", self._stage("index", corpus=knowledge)))
+        steps.append(("retrieve", self._stage("retrieve", corpus=knowledge)))
+        steps.append(("salient-spans", self._stage("salient-spans", corpus=knowledge)))
+        if train_models:
+            steps += self._model_steps(knowledge, general)
+        return steps
+
+    def _stage(self, stage: str, **planned):
+        """A stage's config: the experiment's settings for it, what the plan sets, and the models' device."""
+        config_type = OVERRIDABLE[stage]
+        values = {**self.stages.get(stage, {}), **planned}
+        if self.device != "auto" and "device" in config_type.model_fields:
+            values["device"] = self.device
+        try:
+            return config_type(**values)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ExperimentError(f"stages.{stage}.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+    def _model_steps(self, knowledge: str, general: Optional[str]) -> list[tuple[str, StageConfig]]:
+        rows = self.rows or [r for r in ROWS if not (self.base_model and r in BUILT_ROWS)]
+        steps: list[tuple[str, StageConfig]] = []
+        if self.pretrain is not None:
+            corpus = general or knowledge
+            pretraining = {k: v for k, v in self.pretrain.items() if k in PretrainingDataConfig.model_fields}
+            base = {k: v for k, v in self.pretrain.items() if k in BaseModelConfig.model_fields}
+            steps.append(("pretraining-data", self._stage("pretraining-data", **pretraining, corpus=corpus,
+                                                          tokenizer_corpora=sorted({corpus, knowledge}))))
+            base_config = self._stage("base-model", **base, name="base", pretrain_corpus=corpus)
+            if base_config.ssm_share:
+                steps.append(("salient-spans", self._stage("salient-spans", corpus=corpus, source="pretraining")))
+            steps.append(("base-model", base_config))
+            if "transformer" in rows:
+                steps.append(("base-model", base_config.model_copy(update={"name": "transformer", "steps": 0})))
+            if "large" in rows:
+                large = {"size": NEXT_SIZE.get(base_config.size, base_config.size)} | self.large
+                steps.append(("base-model", base_config.model_copy(update={**large, "name": "large"})))
+        else:
+            steps.append(("base-model", self._stage("base-model", name="base", source=self.base_model,
+                                                    pretrain_corpus=general)))
+        inject = {"corpus": knowledge, "general_corpus": general, "base_model": "base"}
+        if "base+nkb" in rows:
+            steps.append(("inject", self._stage("inject", **inject, name="base+nkb")))
+        if "base+nkb-a" in rows:
+            nkb_a = {**self.stages.get("inject", {}), **self.stages.get("nkb-a", {})}
+            steps.append(("inject", InjectConfig(**{**self._stage("inject", **inject).model_dump(), **nkb_a,
+                                                   "variant": "nkb-a", "name": "base+nkb-a"})))
+        for name in ("transformer", "base", "base+nkb", "base+nkb-a", "large"):
+            if name in rows:
+                steps.append(("finetune", self._stage("finetune", model=name, name=f"{name}.qa")))
+                steps.append(("evaluate", self._stage("evaluate", model=f"{name}.qa")))
+        tasks = list(dict.fromkeys(g.task for g in self.generation))
+        generation = {**self.stages.get("finetune", {}), **self.stages.get("generation", {}), "answer_format": "plain"}
+        for name in ("base", "base+nkb", "base+nkb-a"):
+            if name in rows:
+                for task in tasks:
+                    steps.append(("finetune", FinetuneConfig(**{**self._stage("finetune").model_dump(), **generation,
+                                                                "model": name, "name": f"{name}.{task}", "task": task})))
+                    steps.append(("evaluate", self._stage("evaluate", model=f"{name}.{task}")))
+        for mode in ("kformer", "concat"):  # the base with retrieved documents, on the same fine-tuning budget
+            if mode in rows:
+                steps.append(("finetune", self._stage("finetune", model="base", name=f"base.{mode}", knowledge=mode)))
+                steps.append(("evaluate", self._stage("evaluate", model=f"base.{mode}")))
+        present = {"transformer": "transformer", "nkb": "base+nkb", "nkb_a": "base+nkb-a", "large": "large",
+                   "kformer": "base.kformer", "concat": "base.concat"}
+        report = {field: name if (name.split(".")[-1] if name.startswith("base.") else name) in rows else None
+                  for field, name in present.items()}
+        steps.append(("report", self._stage("report", **report, generation_tasks=tasks, probes=self.probes)))
+        if "base+nkb" in rows:  # what the slots hold, and editing them (the paper's sections 5 and 6)
+            steps.append(("analyze", self._stage("analyze", model="base+nkb.qa", facts=self.facts)))
+            steps.append(("surgery", self._stage("surgery", model="base+nkb.qa")))
+        return steps

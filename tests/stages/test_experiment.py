@@ -1,0 +1,137 @@
+"""Experiment files: what they accept and refuse, and the plan of stage runs they make (pure logic, no runs)."""
+
+from pathlib import Path
+
+import pytest
+
+from stages.configs import BaseModelConfig, InjectConfig
+from stages.experiment import SAMPLE_WORLD, Experiment, ExperimentError, apply_sets
+
+EXAMPLE = SAMPLE_WORLD.parent / "example.yaml"
+MINIMAL = {"name": "mine", "knowledge": [{"path": "wiki.jsonl", "corpus": "wiki"}], "base_model": "t5-base",
+           "questions": [{"path": "nq.train.jsonl", "format": "nq_open", "dataset": "nq", "split": "train"},
+                         {"path": "nq.dev.jsonl", "format": "nq_open", "dataset": "nq", "split": "validation"}]}
+
+
+def plan_of(experiment: Experiment) -> list[tuple[str, object]]:
+    return experiment.with_world(Path("/world")).plan()
+
+
+def names(plan) -> list[str]:
+    """What each step makes: a model's name, else the model it evaluates or analyses, else the stage's name."""
+    return [getattr(config, "name", None) or getattr(config, "model", None) or stage for stage, config in plan]
+
+
+def made(plan) -> dict:
+    """The config of each model a stage makes (base-model, inject, finetune), by the model's name."""
+    return {config.name: config for stage, config in plan if stage in ("base-model", "inject", "finetune")}
+
+
+def test_the_sample_world_plans_every_row_with_its_own_settings():
+    plan = plan_of(Experiment.load(SAMPLE_WORLD))
+    stages = [stage for stage, _ in plan]
+    assert stages[:3] == ["sample-world", "ingest", "ingest"] and stages[-3:] == ["report", "analyze", "surgery"]
+    assert stages.count("questions") == 6 and stages.count("generation-data") == 4
+    assert stages.count("base-model") == 3 and stages.count("inject") == 2 and stages.count("finetune") == 13
+    configs = made(plan)
+    nkb, nkb_a = configs["base+nkb"], configs["base+nkb-a"]
+    assert isinstance(nkb, InjectConfig) and (nkb.steps, nkb.lr, nkb.general_corpus) == (4000, 0.03, "general")
+    # nkb-a: inject's settings, then its own over them
+    assert (nkb_a.variant, nkb_a.steps, nkb_a.lr, nkb_a.layers) == ("nkb-a", 500, 0.001, nkb.layers)
+    assert configs["large"].size == "mini" and configs["transformer"].steps == 0 and configs["base"].steps == 2400
+    # generation fine-tuning: finetune's settings, generation's over them, plain answers, one run per task
+    summaries = configs["base+nkb.summaries"]
+    assert (summaries.epochs, summaries.answer_format, summaries.task) == (20, "plain", "summaries")
+    assert configs["base+nkb.qa"].epochs == 30 and configs["base+nkb.qa"].answer_format == "sentinel"
+    report = dict(plan)["report"]
+    assert (report.nkb, report.kformer, report.generation_tasks) == ("base+nkb", "base.kformer",
+                                                                    ["summaries", "translation"])
+    assert report.probes == "/world/probes.jsonl" and configs["base+nkb.qa"].device == "auto"
+
+
+def test_rows_and_device_narrow_the_plan():
+    experiment = Experiment.load(SAMPLE_WORLD, ["rows=base,base+nkb", "generation=", "device=cpu"])
+    plan = plan_of(experiment)
+    assert [n for n in names(plan) if n in ("transformer", "large", "base+nkb-a", "base.kformer")] == []
+    report = dict(plan)["report"]
+    assert (report.nkb, report.nkb_a, report.large, report.concat, report.generation_tasks) == (
+        "base+nkb", None, None, None, [])
+    assert all(config.device == "cpu" for _, config in plan if "device" in type(config).model_fields)
+    assert [s for s, _ in plan_of(experiment.model_copy(update={"rows": ["base"]}))][-1] == "report"
+
+
+def test_a_hugging_face_base_is_imported_not_built():
+    plan = plan_of(Experiment.parse(MINIMAL))
+    stages = [stage for stage, _ in plan]
+    assert "pretraining-data" not in stages and "sample-world" not in stages
+    (base,) = [c for s, c in plan if s == "base-model"]
+    assert isinstance(base, BaseModelConfig) and base.source == "t5-base" and base.name == "base"
+    assert not {"transformer", "large"} & set(names(plan))
+    with pytest.raises(ExperimentError, match=r"rows \['large'\] need a base built here"):
+        Experiment.parse(MINIMAL | {"rows": ["base", "large"]})
+
+
+def test_relative_paths_are_the_files_and_the_world_is_filled_in(tmp_path):
+    (tmp_path / "mine.yaml").write_text("name: mine\nknowledge: [{path: data/wiki.jsonl, corpus: wiki}]\n"
+                                        "base_model: /models/t5\nprobes: '{sample_world}/probes.jsonl'\nquestions:\n"
+                                        "  - {path: ../nq.jsonl, format: nq_open, dataset: nq, split: train}\n"
+                                        "  - {path: /abs/dev.jsonl, format: nq_open, dataset: nq, split: validation}\n")
+    experiment = Experiment.load(tmp_path / "mine.yaml")
+    assert experiment.knowledge[0].path == str(tmp_path / "data" / "wiki.jsonl")
+    assert [q.path for q in experiment.questions] == [str(tmp_path.parent / "nq.jsonl"), "/abs/dev.jsonl"]
+    assert experiment.probes == "{sample_world}/probes.jsonl"
+    assert experiment.with_world(Path("/w")).probes == "/w/probes.jsonl"
+
+
+def test_sets_read_yaml_values_lists_and_nested_keys():
+    data = apply_sets(MINIMAL, ["stages.inject.layers=encoder.-1, decoder.0", "stages.inject.steps=500",
+                                "rows=[base, base+nkb]", "stages.finetune.datasets=", "stages.report.probes=",
+                                "name=other"])
+    assert data["stages"] == {"inject": {"layers": ["encoder.-1", "decoder.0"], "steps": 500},
+                              "finetune": {"datasets": []}, "report": {"probes": None}}
+    assert data["rows"] == ["base", "base+nkb"] and data["name"] == "other" and MINIMAL["name"] == "mine"
+    with pytest.raises(ExperimentError, match="expects key=value"):
+        apply_sets(MINIMAL, ["rows"])
+    with pytest.raises(ExperimentError, match="'name' holds str, not a mapping"):
+        apply_sets(MINIMAL, ["name.first=x"])
+    with pytest.raises(ExperimentError, match="not valid YAML"):
+        apply_sets(MINIMAL, ["rows=[base"])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"pretrain": {"size": "tiny"}}, "give base_model .* or pretrain .*, not both"),
+    ({"base_model": None}, "give base_model .* or pretrain .*, not both"),
+    ({"questions": MINIMAL["questions"][:1]}, r"questions need a 'train' and a 'validation' split \(found \['train'\]\)"),
+    ({"general": [{"path": "g.jsonl", "corpus": "wiki"}]}, "the knowledge and the general corpus need different names"),
+    ({"stages": {"injection": {}}}, "stages: no stage 'injection'; stages: index, "),
+    ({"stages": {"inject": {"stepz": 3}}}, "stages.inject: no setting 'stepz'; settings: device"),
+    ({"stages": {"inject": {"corpus": "x"}}}, "stages.inject.corpus is set by the experiment itself"),
+    ({"stages": {"inject": {"lr": -1}}}, "stages.inject.lr: Input should be greater than 0"),
+    ({"knowledge": []}, "knowledge: List should have at least 1 item"),
+    ({"rows": ["bigger"]}, "rows.0: Input should be 'transformer'"),
+    ({"nme": "x"}, "nme: Extra inputs are not permitted"),
+])
+def test_a_wrong_experiment_is_refused_by_key(change, message):
+    with pytest.raises(ExperimentError, match=f"^mine.yaml: {message}"):
+        Experiment.parse(MINIMAL | change, "mine.yaml")
+
+
+def test_not_yaml_or_not_a_mapping_names_the_file_and_line(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("name: x\nrows: [base\n")
+    with pytest.raises(ExperimentError, match=r"x.yaml, line 3, column 1: not valid YAML"):
+        Experiment.load(path)
+    path.write_text("- a list\n")
+    with pytest.raises(ExperimentError, match="x.yaml: expected a mapping of experiment keys"):
+        Experiment.load(path)
+
+
+def test_the_template_for_users_plans_the_papers_rows(tmp_path):
+    experiment = Experiment.load(EXAMPLE)
+    plan = plan_of(experiment)
+    assert experiment.base_model == "models/t5-base"  # no such folder beside it: a name in the HF cache
+    (tmp_path / "models" / "t5-base").mkdir(parents=True)
+    (tmp_path / "mine.yaml").write_text(EXAMPLE.read_text())
+    assert Experiment.load(tmp_path / "mine.yaml").base_model == str(tmp_path / "models" / "t5-base")
+    assert {"base+nkb", "base+nkb-a", "base.kformer", "base.concat"} <= set(names(plan))
+    assert dict(plan)["inject"].steps == 30000
