@@ -101,7 +101,8 @@ def sweep(model: nn.Module, tokenizer, texts: list[str], gold_answers: list[str]
     Of the inputs whose first predicted token is not the gold answer's, `questions` are chosen at random; for
     each, the top slot is edited toward the gold first token at every λ, and the edit is undone. Returns a row
     per (question, λ) — {question (index into texts), slot, lambda, original, target, new (tokens), success,
-    change_rate: the share of `others` other inputs whose first token changed} — and how many were wrong."""
+    change_rate: the share of `others` other inputs whose first token changed (None without
+    others)} — and how many were wrong."""
     gold = [tokenizer(a, add_special_tokens=False)["input_ids"][0] for a in gold_answers]
     predicted = first_token(model, tokenizer, texts)
     wrong = [i for i in range(len(texts)) if predicted[i] != gold[i]]
@@ -117,7 +118,8 @@ def sweep(model: nn.Module, tokenizer, texts: list[str], gold_answers: list[str]
             edit = edit_slot(model, layer, slot, gold[i], predicted[i], lam)
             after = first_token(model, tokenizer, [texts[i]] + [texts[j] for j in checked])
             edit.undo(model)
-            changed = sum(after[1 + n] != predicted[j] for n, j in enumerate(checked)) / len(checked)
+            changed = sum(after[1 + n] != predicted[j] for n, j in enumerate(checked))
+            changed = changed / len(checked) if checked else None  # a one-question split has no others to check
             rows.append({"question": i, "slot": slot, "lambda": lam, "original": token(predicted[i]),
                          "target": token(gold[i]), "new": token(after[0]), "success": after[0] == gold[i],
                          "change_rate": changed})

@@ -153,9 +153,11 @@ def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageR
         for lam in config.lambdas:
             mine = [r for r in rows if r["lambda"] == lam]
             success = 100.0 * np.mean([r["success"] for r in mine]) if mine else None
-            change = 100.0 * np.mean([r["change_rate"] for r in mine]) if mine else None
+            rates = [r["change_rate"] for r in mine if r["change_rate"] is not None]
+            change = 100.0 * np.mean(rates) if rates else None
             if mine:
                 run.metric(f"surgery_success@{lam:g}", success)
+            if rates:
                 run.metric(f"surgery_change_rate@{lam:g}", change)
             table.append({"lambda": lam, "success": success, "change_rate": change})
         return {"model": source.name, "layer": layer, "questions_edited": len({r["question"] for r in rows}),

@@ -62,29 +62,61 @@ def test_multiprocess_ner_inside_a_flow_neither_warns_nor_loses_documents():
     assert forked == spans(1) and len(forked) == 300
 
 
-def test_an_experiment_file_of_the_users_own_files_runs_its_data_stages(tmp_path):
-    """No sample world: a corpus and QA files beside the experiment file, named by relative paths."""
+def test_an_experiment_of_the_users_own_files_and_hugging_face_t5(tmp_path):
+    """No sample world: a corpus, general text, QA files and a Hugging Face T5 directory beside the experiment
+    file, named by relative paths; the data stages first, then every row a brought base has."""
     import json
-    data = tmp_path / "exp" / "data"
-    data.mkdir(parents=True)
+
+    import torch
+    from transformers import T5ForConditionalGeneration
+
+    from nkb_model.base_model import new_t5, train_tokenizer
+    folder = tmp_path / "exp"
+    (folder / "data").mkdir(parents=True)
     people = [("Ada Lovelace", "London", "1815"), ("Alan Turing", "Maida Vale", "1912"),
               ("Grace Hopper", "New York", "1906")]
-    lines = [{"id": str(i), "title": n, "text": f"{n} was born in {p} in {y}."} for i, (n, p, y) in enumerate(people)]
-    (data / "wiki.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    def jsonl(name: str, records: list[dict]) -> None:
+        (folder / "data" / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+    jsonl("wiki.jsonl", [{"id": str(i), "title": n, "text": f"{n} was born in {p} in {y}."}
+                         for i, (n, p, y) in enumerate(people)])
+    general = [f"The river number {i} runs through a valley with {i % 7} bridges and old mills." for i in range(60)]
+    jsonl("general.jsonl", [{"id": str(i), "title": f"River {i}", "text": t} for i, t in enumerate(general)])
     for split, chosen in (("train", people[:2]), ("dev", people[2:])):
-        lines = [{"question": f"where was {n} born", "answer": [p]} for n, p, _ in chosen]
-        (data / f"nq.{split}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    experiment = tmp_path / "exp" / "mine.yaml"
-    experiment.write_text("name: mine\nknowledge: [{path: data/wiki.jsonl, corpus: wiki}]\nbase_model: models/t5\n"
-                          "questions:\n  - {path: data/nq.train.jsonl, format: nq_open, dataset: nq, split: train}\n"
-                          "  - {path: data/nq.dev.jsonl, format: nq_open, dataset: nq, split: validation}\n")
+        jsonl(f"nq.{split}.jsonl", [{"question": f"where was {n} born", "answer": [p]} for n, p, _ in chosen])
+    tokenizer = train_tokenizer(general + [f"{n} {p} {y}" for n, p, y in people], vocab_size=200)
+    brought = new_t5(tokenizer, "tiny")
+    brought.save_pretrained(folder / "models" / "t5")
+    tokenizer.save_pretrained(folder / "models" / "t5")
+    experiment = folder / "mine.yaml"
+    experiment.write_text(
+        "name: mine\nknowledge: [{path: data/wiki.jsonl, corpus: wiki}]\n"
+        "general: [{path: data/general.jsonl, corpus: prose}]\nbase_model: models/t5\ndevice: cpu\n"
+        "questions:\n  - {path: data/nq.train.jsonl, format: nq_open, dataset: nq, split: train}\n"
+        "  - {path: data/nq.dev.jsonl, format: nq_open, dataset: nq, split: validation}\n"
+        "stages: {inject: {steps: 2, batch_size: 2}, nkb-a: {steps: 1}, finetune: {epochs: 1, batch_size: 2},\n"
+        "         surgery: {questions: 1, lambdas: [1.0]}}\n")
     home = str(tmp_path / "wh")
     rows = pipeline(experiment_file=str(experiment), home=home, train_models=False)
-    assert [r["stage"] for r in rows] == ["ingest", "questions", "questions", "index", "retrieve", "salient-spans"]
+    assert [r["stage"] for r in rows] == ["ingest", "ingest", "questions", "questions", "index", "retrieve",
+                                          "salient-spans"]
     top = query(Warehouse(home), "SELECT q.question, r.doc_id FROM retrievals r JOIN questions q USING (question_id) "
                                  "WHERE r.rank = 1 ORDER BY r.doc_id").to_pylist()
     assert [(t["question"], t["doc_id"]) for t in top] == [(f"where was {n} born", str(i))
                                                           for i, (n, _, _) in enumerate(people)]
+    rows = pipeline(experiment_file=str(experiment), home=home)
+    assert all(r["skipped"] for r in rows[:7]) and not any(r["skipped"] for r in rows[7:])
+    assert [r["stage"] for r in rows[7:]] == ["base-model", "inject", "inject"] + ["finetune", "evaluate"] * 5 + [
+        "report", "analyze", "surgery"]
+    # the base is the brought model, unchanged, with held-out rows of the general text for the no-forgetting check
+    (base,) = [r for r in list_runs(Warehouse(home), stage="base-model")]
+    imported = T5ForConditionalGeneration.from_pretrained(base.checkpoint)
+    assert all(torch.equal(a, b) for a, b in zip(imported.state_dict().values(), brought.state_dict().values()))
+    report = query(Warehouse(home), "SELECT DISTINCT model FROM report").column("model").to_pylist()
+    assert sorted(report) == sorted(["base", "base+NKB", "base+NKB-a", "Kformer", "concat"])
+    losses = {r["model"]: r["heldout_loss"] for r in query(Warehouse(home), "SELECT model, heldout_loss FROM report "
+                                                                             "WHERE dataset = 'average'").to_pylist()}
+    assert losses["base"] is not None and losses["base+NKB"] is not None
     with pytest.raises(ValueError, match="an experiment or an experiment_file"):
         pipeline(home=home)
 

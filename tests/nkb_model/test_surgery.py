@@ -80,6 +80,8 @@ def test_the_sweep_edits_wrong_first_tokens_and_undoes_every_edit():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     again, _ = surgery.sweep(model, tok, texts, gold, "decoder.1", [0.01, 200.0], questions=4, others=3, seed=1)
     assert again == rows  # seeded: the same questions and others
+    alone, wrong = surgery.sweep(model, tok, texts[1:2], gold[1:2], "decoder.1", [200.0], questions=4, others=3)
+    assert wrong == 1 and alone[0]["success"] and alone[0]["change_rate"] is None  # no other question to check
 
 
 def test_an_answer_edit_edits_one_slot_per_wrong_token_and_none_for_right_ones():
