@@ -1,11 +1,17 @@
-"""Ingestion benchmark: pages/s and MB/s of uncompressed XML, and peak memory for a dump and one 4x larger.
+"""Ingestion benchmark: pages/s and MB/s of uncompressed XML, and peak memory as the dump grows.
 
-Generates sample-world MediaWiki dumps of at least `--mb` MB uncompressed (and 4x that), ingests each
-with the real `ingest` stage in a fresh process, and prints one JSON object. Memory must be flat: the
-peak RSS for the large dump should match the small one's. Results are recorded as `metrics` rows of
-the ingest runs in the benchmark warehouse (`bench/results/warehouse` unless --home).
+Two sources of dumps:
+- the sample world (default): dumps of at least `--mb` MB uncompressed and 4x that;
+- a real pages-articles file (`--dump FILE`): the file itself and copies made `--repeats` times larger by
+  repeating its pages under new ids and titles, with a plain single-process mwparserfromhell `strip_code`
+  loop over the same pages for comparison, and the time the full English Wikipedia would take at that rate.
+
+Each dump is ingested by the real `ingest` stage in a fresh process. Memory must be flat: the peak RSS for
+the largest dump should match the smallest one's. Results are recorded as `metrics` rows of the ingest runs in
+the benchmark warehouse (`bench/results/warehouse` unless --home).
 
     python -m bench.ingest [--mb 50] [--home DIR]
+    python -m bench.ingest --dump enwiki-...-pages-articles1.xml-p1p41242.bz2 [--repeats 1,20,80]
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import argparse
 import bz2
 import gc
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -68,40 +76,96 @@ def make_dump(path: Path, min_mb: float, seed: int = 1) -> float:
         people = int(people * min_mb * 1e6 / size * 1.05) + 1
 
 
+ENWIKI_ARTICLES = 7_028_569  # English Wikipedia's articles on 26 July 2025 (Wikipedia:Size of Wikipedia)
+
+
+def repeat_dump(source: Path, path: Path, times: int) -> float:
+    """`source`'s pages `times` over, each copy with new page ids and titles (the reader refuses repeated ids).
+    Returns the uncompressed MB."""
+    text = bz2.open(source, "rt", encoding="utf-8").read() if source.suffix == ".bz2" else source.read_text("utf-8")
+    head, rest = text.split("<page>", 1)
+    pages, tail = rest.rsplit("</page>", 1)
+    pages = "<page>" + pages + "</page>"
+    size = 0
+    with bz2.open(path, "wt", encoding="utf-8", compresslevel=1) as out:
+        out.write(head)
+        for k in range(times):
+            copy = pages if k == 0 else re.sub(
+                r"<title>(.*?)</title>(\s*<ns>\d+</ns>\s*)<id>(\d+)</id>",
+                lambda m: f"<title>{m[1]} ({k})</title>{m[2]}<id>{int(m[3]) + k * 10**9}</id>", pages)
+            out.write(copy)
+            size += len(copy.encode("utf-8"))
+        out.write(tail)
+    return (size + len(head.encode()) + len(tail.encode())) / 1e6
+
+
+def plain_loop(path: Path) -> dict:
+    """A single-process mwparserfromhell `strip_code` loop over the main-namespace articles: the floor a
+    wikitext cleaner built on the same parser has to beat."""
+    import xml.etree.ElementTree as ET
+
+    import mwparserfromhell
+    started, pages = time.perf_counter(), 0
+    with bz2.open(path, "rb") as fh:
+        for _, elem in ET.iterparse(fh):
+            if elem.tag.endswith("}page"):
+                ns = elem.find("{*}ns")
+                text = elem.find("{*}revision/{*}text")
+                if ns is not None and ns.text == "0" and elem.find("{*}redirect") is None and text is not None:
+                    mwparserfromhell.parse(text.text or "").strip_code()
+                    pages += 1
+                elem.clear()
+    seconds = time.perf_counter() - started
+    return {"pages": pages, "seconds": round(seconds, 1), "pages_per_s": round(pages / seconds, 1)}
+
+
+def ingest_in_child(home: Path, dump: Path, corpus: str, mb: float) -> dict:
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(home), str(dump), corpus],
+                         capture_output=True, text=True, check=True, env={"NKB_PROGRESS": "0", **_env()})
+    child = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"dump": dump.name, "uncompressed_mb": round(mb, 1), "compressed_mb": round(dump.stat().st_size / 1e6, 1),
+            "pages": child["pages"], "seconds": round(child["seconds"], 1),
+            "pages_per_s": round(child["pages"] / child["seconds"], 1),
+            "mb_per_s": round(mb / child["seconds"], 2), "peak_rss_mb": round(child["peak_rss_mb"], 1),
+            "peak_rss_with_workers_mb": round(child["peak_rss_with_workers_mb"], 1),
+            "rss_before_mb": round(child["rss_before_mb"], 1), "run_id": child["run_id"]}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mb", type=float, default=50, help="uncompressed size of the smaller dump (default 50)")
+    parser.add_argument("--mb", type=float, default=50, help="uncompressed size of the smaller sample-world dump "
+                                                              "(default 50)")
+    parser.add_argument("--dump", type=Path, help="a real pages-articles file (.xml or .xml.bz2) instead")
+    parser.add_argument("--repeats", default="1,20,80", help="with --dump: how many times to repeat its pages, "
+                                                             "comma-separated (default 1,20,80)")
     parser.add_argument("--home", default="bench/results/warehouse", help="benchmark warehouse directory")
     args = parser.parse_args(argv)
     home = Path(args.home)
     home.mkdir(parents=True, exist_ok=True)
     results = []
-    for factor in (1, 4):
+    factors = [int(f) for f in args.repeats.split(",")] if args.dump else [1, 4]
+    for factor in factors:
         dump = home.parent / f"dump-{factor}x.xml.bz2"
         started = time.perf_counter()
-        mb = make_dump(dump, args.mb * factor)
+        mb = repeat_dump(args.dump, dump, factor) if args.dump else make_dump(dump, args.mb * factor)
         gc.collect()
-        print(f"generated {dump} ({mb:.1f} MB uncompressed) in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-        out = subprocess.run([sys.executable, "-c", _CHILD, str(home), str(dump), f"bench{factor}x"],
-                             capture_output=True, text=True, check=True, env={"NKB_PROGRESS": "0", **_env()})
-        child = json.loads(out.stdout.strip().splitlines()[-1])
-        results.append({"dump": dump.name, "uncompressed_mb": round(mb, 1), "compressed_mb": round(dump.stat().st_size / 1e6, 1),
-                        "pages": child["pages"], "seconds": round(child["seconds"], 1),
-                        "pages_per_s": round(child["pages"] / child["seconds"], 1),
-                        "mb_per_s": round(mb / child["seconds"], 2), "peak_rss_mb": round(child["peak_rss_mb"], 1),
-                        "peak_rss_with_workers_mb": round(child["peak_rss_with_workers_mb"], 1),
-                        "rss_before_mb": round(child["rss_before_mb"], 1), "run_id": child["run_id"]})
+        print(f"made {dump} ({mb:.1f} MB uncompressed) in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+        results.append(ingest_in_child(home, dump, f"bench{factor}x", mb))
         print(json.dumps(results[-1]), file=sys.stderr)
-    summary = {"benchmark": "ingest", "results": results,
-               "peak_rss_ratio_4x_over_1x": round(results[1]["peak_rss_with_workers_mb"]
-                                                  / results[0]["peak_rss_with_workers_mb"], 3)}
+    summary = {"benchmark": "ingest", "source": str(args.dump or "sample world"), "cpus": os.cpu_count(),
+               "results": results, "peak_rss_ratio_largest_over_smallest": round(
+                   results[-1]["peak_rss_with_workers_mb"] / results[0]["peak_rss_with_workers_mb"], 3)}
+    if args.dump:
+        loop = plain_loop(home.parent / f"dump-{factors[0]}x.xml.bz2")
+        best = max(results, key=lambda r: r["pages_per_s"])
+        summary |= {"plain_mwparserfromhell_loop": loop,
+                    "enwiki_hours_at_this_rate": round(ENWIKI_ARTICLES / best["pages_per_s"] / 3600, 1)}
     _record(home, summary)
     print(json.dumps(summary, indent=1))
     return 0
 
 
 def _env() -> dict:
-    import os
     return {k: v for k, v in os.environ.items() if k != "NKB_PROGRESS"}
 
 
@@ -114,7 +178,9 @@ def _record(home: Path, summary: dict) -> None:
         for r in summary["results"]:
             for metric in ("pages_per_s", "mb_per_s", "peak_rss_mb", "peak_rss_with_workers_mb", "uncompressed_mb"):
                 run.metric(f"bench.ingest.{metric}", r[metric], dataset=r["dump"])
-        run.metric("bench.ingest.peak_rss_ratio_4x_over_1x", summary["peak_rss_ratio_4x_over_1x"])
+        run.metric("bench.ingest.peak_rss_ratio_largest_over_smallest", summary["peak_rss_ratio_largest_over_smallest"])
+        if "plain_mwparserfromhell_loop" in summary:
+            run.metric("bench.ingest.plain_loop_pages_per_s", summary["plain_mwparserfromhell_loop"]["pages_per_s"])
         return summary
 
     run_stage(wh, "bench-ingest", {"results": [r["run_id"] for r in summary["results"]]}, "bench", body, force=True)

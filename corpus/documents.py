@@ -37,7 +37,9 @@ class Document:
 
 def infer_format(path: str | os.PathLike) -> str:
     name = without_compression(Path(path).name.lower())
-    if name.endswith(".xml"):
+    # Wikimedia's split and multistream dumps put the page range after the extension:
+    # enwiki-20231101-pages-articles1.xml-p1p41242.bz2, ...-pages-articles-multistream1.xml-p1p41242.bz2
+    if name.endswith(".xml") or re.search(r"\.xml-p\d+p\d+", name):
         return "mediawiki"
     if name.endswith(".tsv"):
         return "dpr_tsv"

@@ -158,6 +158,9 @@ class IndexConfig(StageConfig):
     k1: float = Field(0.9, gt=0, description="BM25 term-frequency saturation (Anserini's default 0.9).")
     b: float = Field(0.4, ge=0, le=1, description="BM25 length normalisation (Anserini's default 0.4).")
     threads: int = Field(2, ge=1, description="Lucene indexing threads.")
+    store: list[Literal["positions", "docvectors", "raw"]] = Field(default_factory=list, description=(
+        "What to store besides BM25's postings: positions, docvectors, raw (no stage reads them; each makes the "
+        "index several times larger)."))
 
 
 class RetrieveConfig(StageConfig):

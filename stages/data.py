@@ -187,7 +187,8 @@ def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> Stag
             n = bm25.write_json_collection(counting(docs, bar), tmp / "collection")
 
         def fill(directory: Path) -> float:
-            bm25.build_index(tmp / "collection", directory, threads=config.threads, log_path=tmp / "index.log")
+            bm25.build_index(tmp / "collection", directory, threads=config.threads, log_path=tmp / "index.log",
+                             store=config.store)
             seconds = time.perf_counter() - started
             meta = {"index_id": fp[:12], "corpus": config.corpus, "k1": config.k1, "b": config.b,
                     "documents": n, "built_by": run.run_id, "seconds": seconds}

@@ -49,6 +49,17 @@ def test_batch_search_equals_one_by_one(tiny_index):
             assert batch.get(qid, []) == searcher.search(query, 3)
 
 
+def test_stored_extras_change_the_size_not_the_ranking(tiny_index, tmp_path):
+    """The index keeps BM25's postings only (the fixture's); positions, document vectors and raw text are opt-in."""
+    bm25.build_index(tiny_index.parent / "collection", tmp_path / "full", threads=1, store=list(bm25.STORED))
+    size = {name: sum(f.stat().st_size for f in d.rglob("*")) for name, d in (("lean", tiny_index),
+                                                                              ("full", tmp_path / "full"))}
+    assert size["full"] > 1.5 * size["lean"]
+    with bm25.Searcher(tiny_index) as lean, bm25.Searcher(tmp_path / "full") as full:
+        for query in DATA["queries"].values():
+            assert lean.search(query, 5) == full.search(query, 5)
+
+
 def test_scores_follow_the_bm25_formula(tmp_path):
     """Lucene's BM25 (no k1+1 factor) recomputed by hand for a one-term query on short documents."""
     docs = [("a", "velmora harbour velmora"), ("b", "velmora city"), ("c", "orvel works harbour"),

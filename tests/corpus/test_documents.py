@@ -61,6 +61,10 @@ def test_jsonl_documents(tmp_path):
 
 
 @pytest.mark.parametrize("name,fmt", [("a.xml.bz2", "mediawiki"), ("enwiki.XML", "mediawiki"),
+                                      # Wikimedia's split dumps: the page range follows the extension
+                                      ("enwiki-20231101-pages-articles1.xml-p1p41242.bz2", "mediawiki"),
+                                      ("enwiki-20231101-pages-articles-multistream27.xml-p68475910p69975909.bz2",
+                                       "mediawiki"),
                                       ("psgs_w100.tsv", "dpr_tsv"), ("c.jsonl", "jsonl")])
 def test_format_inferred_from_name(name, fmt):
     assert infer_format(name) == fmt
