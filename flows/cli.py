@@ -20,7 +20,7 @@ from warehouse import Warehouse, WarehouseError, list_runs, query, resolve_home
 from warehouse.sql import FORMATTERS
 
 EPILOG = "The warehouse is ./.nkb unless --home or $NKB_HOME says otherwise."
-EXPERIMENT_EPILOG = """experiment keys (YAML; paths relative to the file, '{sample_world}' is the generated world's folder):
+EXPERIMENT_EPILOG = """experiment keys (YAML; paths relative to the file; '{sample_world}': the generated world's folder):
   name                 names the experiment
   knowledge            [{path, corpus, format?, limit?}]: the corpus retrieval searches and the slots learn
   general              [{path, corpus, ...}] (optional): general text, for pretraining and injection's general steps
@@ -260,7 +260,7 @@ def cmd_runs(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from stages.report import generation_table, report_rows, report_table
+    from stages.report import generation_table, refresh_table, report_rows, report_table
     wh = Warehouse(args.home)
     rows = report_rows(wh)
     if not rows:
@@ -278,10 +278,16 @@ def cmd_report(args) -> int:
         print(f"Report {rows[0]['run_id']} ({rows[0]['split']}; EM in %; probe: cloze prompts in unseen wordings, "
               "before fine-tuning)")
     _emit(FORMATTERS[fmt](report_table(wh, rows)), args.output)
-    generation = generation_table(wh)
-    if generation is not None and fmt == "table" and not args.output:
-        print("\nGeneral generation after fine-tuning on each task (ROUGE-L F1 % / SacreBLEU; beam search)")
-        print(FORMATTERS[fmt](generation))
+    if fmt == "table" and not args.output:
+        generation = generation_table(wh)
+        if generation is not None:
+            print("\nGeneral generation after fine-tuning on each task (ROUGE-L F1 % / SacreBLEU; beam search)")
+            print(FORMATTERS[fmt](generation))
+        refresh = refresh_table(wh)
+        if refresh is not None:
+            print(f"\nThe last refresh: models rebuilt since report {refresh[0]} (EM %, before and after; probe: "
+                  "unseen wordings; questions newly right and newly wrong)")
+            print(FORMATTERS[fmt](refresh[1]))
     return 0
 
 
@@ -342,6 +348,18 @@ def cmd_server(args) -> int:
         for name, p in info["processes"].items():
             print(f"  {name:<11} pid {p['pid']:<8} {'running' if p['running'] else 'STOPPED'}  log: {p['log']}")
     return 0 if info["running"] else 3
+
+
+def cmd_schedule(args) -> int:
+    from flows import server
+    try:
+        made = server.schedule(Path(args.project), Path(args.experiment), args.cron, args.timezone)
+    except server.ServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"scheduled {made['deployment']} ({made['slug']}) at cron {made['cron']!r} {made['timezone']}: each run "
+          f"reads {made['experiment_file']} and redoes what changed since the last one")
+    return 0
 
 
 # ---- parser --------------------------------------------------------------------------------
@@ -432,6 +450,18 @@ def build_parser() -> argparse.ArgumentParser:
     ed.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (default auto)")
     ed.set_defaults(func=cmd_edit)
 
+    sch = sub.add_parser("schedule", help="run an experiment on a schedule (e.g. a weekly knowledge refresh)",
+                         description="Add a schedule to the running server's pipeline deployment that runs an "
+                                     "experiment file. Point the file's knowledge path at the newest dump (e.g. a "
+                                     "link your download job updates): each run reruns only what the new dump "
+                                     "changes, and `nkb report` shows the refresh beside the report before. "
+                                     "Scheduling the same experiment again replaces its schedule.")
+    sch.add_argument("experiment", help="the experiment's YAML file")
+    sch.add_argument("--cron", default="0 3 * * 1", help="when, as cron (default '0 3 * * 1': Mondays 03:00)")
+    sch.add_argument("--timezone", default="UTC", help="the cron's time zone (default UTC)")
+    sch.add_argument("--project", default=".", help="project directory whose server to use (default: .)")
+    sch.set_defaults(func=cmd_schedule)
+
     srv = sub.add_parser("server", help="start, stop or inspect a local Prefect server with workers",
                          description="up: start a Prefect server on 127.0.0.1, create the cpu and gpu work pools "
                                      "(gpu: one run at a time), deploy every stage and the pipeline, start one "
@@ -448,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command != "server":  # the server keeps its state in the project, not in a warehouse
+    if args.command not in ("server", "schedule"):  # the server keeps its state in the project, not in a warehouse
         _prepare_environment(resolve_home(args.home))
     try:
         return args.func(args)

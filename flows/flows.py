@@ -100,10 +100,13 @@ def run(name: str, config, home: Optional[str], force: bool, dispatch: bool = Fa
 
 
 def load_experiment(experiment: Optional[Experiment], experiment_file: Optional[str]) -> Experiment:
-    """The experiment a pipeline run was given: inline (relative paths against the working directory) or a file."""
-    if (experiment is None) == (experiment_file is None):
-        raise ExperimentError("give the pipeline an experiment or an experiment_file (one of the two)")
-    return Experiment.load(experiment_file) if experiment_file else experiment.relative_to(Path.cwd())
+    """The experiment a pipeline run was given: a file, which wins over the inline one (the form always holds one:
+    the sample world's), or inline (relative paths against the working directory)."""
+    if experiment_file:
+        return Experiment.load(experiment_file)
+    if experiment is None:
+        raise ExperimentError("give the pipeline an experiment or an experiment_file")
+    return experiment.relative_to(Path.cwd())
 
 
 @flow(name="pipeline", description="An experiment end to end: its data, base, NKB injection, fine-tuning, "
@@ -115,7 +118,7 @@ def pipeline(experiment: Optional[Experiment] = None, experiment_file: Optional[
     """Run an experiment's plan: ingest its corpora, load its QA and generation files, index the knowledge corpus,
     retrieve the top documents per question, find their salient spans, and (with `train_models`) build or bring in
     the base, inject the NKB, fine-tune and evaluate every row, report, analyse and edit the slots. The experiment
-    is given inline (the form) or as an experiment_file (a YAML path). dispatch: GPU-pool stages run through their
+    is given inline (the form) or as an experiment_file (a YAML path, which wins). dispatch: GPU-pool stages run through their
     deployments (needs a server with a worker on the `gpu` pool, see `nkb server up`)."""
     quiet_user_errors()
     chosen = load_experiment(experiment, experiment_file).with_world(world_dir(Warehouse(home)))

@@ -239,3 +239,33 @@ def status(project: Path, directory: Path | None = None) -> dict:
             "api_url": state.api_url, "healthy": healthy(state.api_url),
             "processes": {name: {"pid": info["pid"], "running": state.running(name) is not None, "log": info["log"]}
                           for name, info in state.processes.items()}}
+
+
+def schedule(project: Path, experiment_file: Path, cron: str, timezone: str = "UTC",
+             directory: Path | None = None) -> dict:
+    """Schedule the `pipeline` deployment to run an experiment file (a knowledge refresh: the file names the newest
+    dump, and each run redoes what changed). One schedule per experiment: scheduling it again replaces it."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.schedules import CronSchedule
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from stages.experiment import Experiment
+    experiment_file = experiment_file.resolve()
+    name = Experiment.load(experiment_file).name  # refuse a wrong file now, not at 3 a.m.
+    info = status(project, directory)
+    if not info["running"] or not info["healthy"]:
+        raise ServerError(f"no server answering for {info['project']}; start one with `nkb server up`")
+    try:
+        when = CronSchedule(cron=cron, timezone=timezone)
+    except ValueError as exc:
+        raise ServerError(f"cron {cron!r} / timezone {timezone!r}: {exc.errors()[0]['msg']}") from None
+    slug = f"experiment-{name}"
+    with temporary_settings({PREFECT_API_URL: info["api_url"]}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("pipeline/pipeline")
+        for old in client.read_deployment_schedules(deployment.id):
+            if old.slug == slug:
+                client.delete_deployment_schedule(deployment.id, old.id)
+        (created,) = client.create_deployment_schedules(
+            deployment.id, [(when, True)], parameters={"experiment_file": str(experiment_file)}, slug=slug)
+    return {"deployment": "pipeline/pipeline", "schedule_id": str(created.id), "slug": slug, "cron": cron,
+            "timezone": timezone, "experiment_file": str(experiment_file)}

@@ -117,6 +117,10 @@ def load_weights_exactly(params: dict[str, nn.Parameter], path: Path, what: str)
     if set(weights) != set(params):
         raise ValueError(f"{path.parent}: {what} weights do not match the mounted layers "
                          f"(file has {sorted(weights)[:3]}..., model expects {sorted(params)[:3]}...)")
+    for name, tensor in weights.items():
+        if tensor.shape != params[name].shape:
+            raise ValueError(f"{path.parent}: {what} weight {name} is {tuple(tensor.shape)}, the mounted layer's "
+                             f"{tuple(params[name].shape)} (another slot count?)")
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor)

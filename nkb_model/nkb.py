@@ -122,5 +122,11 @@ def load_nkb(model: nn.Module, directory: str | Path) -> list[str]:
     """Mount an NKB saved by `save_nkb` on a base model and load its weights exactly."""
     directory = Path(directory)
     names = mount_nkb(model, NKBConfig(**json.loads((directory / CONFIG_FILE).read_text())))
-    load_weights_exactly(dict(nkb_parameters(model)), directory / WEIGHTS_FILE, "NKB")
+    load_nkb_weights(model, directory)
     return names
+
+
+def load_nkb_weights(model: nn.Module, directory: str | Path) -> None:
+    """Copy saved slots into the NKB already mounted on `model` (same layers and slot counts): a knowledge
+    refresh starting from the previous injection's slots."""
+    load_weights_exactly(dict(nkb_parameters(model)), Path(directory) / WEIGHTS_FILE, "NKB")

@@ -44,10 +44,15 @@ class StageConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     volatile: ClassVar[frozenset[str]] = frozenset()
+    # Settings added after warehouses had runs of the stage: left out of the fingerprint while at their default
+    # (which does what the stage did before), so that upgrading reruns nothing.
+    later_settings: ClassVar[frozenset[str]] = frozenset()
 
     def identity(self) -> dict[str, Any]:
         """The fields that decide what the stage produces: the config part of its inputs fingerprint."""
-        return self.model_dump(exclude=set(self.volatile))
+        unchanged = {f for f in self.later_settings
+                     if getattr(self, f) == type(self).model_fields[f].get_default(call_default_factory=True)}
+        return self.model_dump(exclude=set(self.volatile) | unchanged)
 
 
 class ModelStageConfig(StageConfig):
@@ -153,6 +158,7 @@ class GenerationDataConfig(StageConfig):
 class IndexConfig(StageConfig):
     """Build a BM25 Lucene index over one corpus of `documents` (reused while the corpus is unchanged)."""
     volatile = frozenset({"threads"})
+    later_settings = frozenset({"store"})
 
     corpus: Optional[Name] = Field(None, description="The `documents` corpus to index; default: the warehouse's only corpus.")
     k1: float = Field(0.9, gt=0, description="BM25 term-frequency saturation (Anserini's default 0.9).")
@@ -221,7 +227,9 @@ class PretrainingDataConfig(StageConfig):
 
 
 class BaseModelConfig(TrainingConfig):
-    """Pretrain a small T5 with span corruption (and salient span masking) on a corpus's pretraining data."""
+    """Pretrain a small T5 with span corruption (and salient span masking) on a corpus's pretraining data, or
+    bring in a Hugging Face T5 (`source`)."""
+    later_settings = frozenset({"source"})
 
     name: Name = Field("base", description="Name of the model in reports, e.g. base or large.")
     size: ModelSize = Field("small", description="tiny (~2M parameters), mini (~3M), small (~11M), large (~30M).")
@@ -247,6 +255,7 @@ class BaseModelConfig(TrainingConfig):
 
 class InjectConfig(TrainingConfig):
     """Inject the salient-span-masked knowledge corpus into NKB slots mounted on a base model."""
+    later_settings = frozenset({"start"})
 
     base_model: str = Field("base", description="Model name from the base-model stage, or a Hugging Face T5 directory.")
     variant: Literal["nkb", "nkb-a"] = Field("nkb", description="nkb: only the slots train, the base is frozen; "
@@ -270,6 +279,9 @@ class InjectConfig(TrainingConfig):
     general_corpus: Optional[Name] = Field(None, description="Corpus of general text for general_share (required "
                                                              "then); the base's held-out rows are left out.")
     general_batch_size: int = Field(16, ge=1, description="Packed general-text sequences per general step.")
+    start: Literal["fresh", "previous"] = Field("fresh", description=(
+        "fresh: new slots (zero values); previous: the slots of this name's newest injection from other knowledge "
+        "(a knowledge refresh: an updated dump), fresh when there is none. The rest of the model is the base's."))
     seed: Seed = 0
 
     def model_name(self) -> str:

@@ -44,7 +44,7 @@ OVERRIDABLE: dict[str, type[StageConfig]] = {
     "report": ReportConfig, "analyze": AnalyzeConfig, "surgery": SurgeryConfig}
 # Fields the plan sets itself (which corpus, which model, which row): an override of them would break the rows.
 PLANNED = {"corpus", "source", "name", "model", "base_model", "variant", "task", "knowledge", "pretrain_corpus",
-           "general_corpus", "tokenizer_corpora", "transformer", "base", "nkb", "nkb_a", "large", "kformer", "concat",
+           "general_corpus", "transformer", "base", "nkb", "nkb_a", "large", "kformer", "concat",
            "generation_tasks", "probes", "facts"}
 
 
@@ -265,10 +265,12 @@ class Experiment(StageConfig):
         steps: list[tuple[str, StageConfig]] = []
         if self.pretrain is not None:
             corpus = general or knowledge
-            pretraining = {k: v for k, v in self.pretrain.items() if k in PretrainingDataConfig.model_fields}
+            # The tokenizer reads the pretraining text alone unless told otherwise: a base whose tokenizer read the
+            # knowledge corpus is rebuilt when the knowledge changes.
+            pretraining = {"tokenizer_corpora": [corpus]} | {
+                k: v for k, v in self.pretrain.items() if k in PretrainingDataConfig.model_fields}
             base = {k: v for k, v in self.pretrain.items() if k in BaseModelConfig.model_fields}
-            steps.append(("pretraining-data", self._stage("pretraining-data", **pretraining, corpus=corpus,
-                                                          tokenizer_corpora=sorted({corpus, knowledge}))))
+            steps.append(("pretraining-data", self._stage("pretraining-data", **pretraining, corpus=corpus)))
             base_config = self._stage("base-model", **base, name="base", pretrain_corpus=corpus)
             if base_config.ssm_share:
                 steps.append(("salient-spans", self._stage("salient-spans", corpus=corpus, source="pretraining")))

@@ -59,7 +59,10 @@ class SourceModel:
 
 
 def source_model(wh: Warehouse, name: str) -> SourceModel:
-    directory = find_model(wh, name)
+    return model_at(find_model(wh, name))
+
+
+def model_at(directory: Path) -> SourceModel:
     return SourceModel(directory, read_info(directory))
 
 

@@ -102,8 +102,10 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
     device = choose_device(config.device)
 
     def body(run: StagedRun) -> dict:
+        previous = wh.read("report").to_pylist(), wh.read("report_answers").to_pylist()
         out = {k: [] for k in ("model", "dataset", "split", "em", "params_total", "params_injected", "probe_em",
-                               "probe_seen_em", "heldout_loss")}
+                               "probe_seen_em", "heldout_loss", "model_run")}
+        answers = {k: [] for k in ("model", "dataset", "question_id", "exact_match")}
         summary = []
         for label, name, directory, finetuned in available:
             info = read_info(directory)
@@ -125,8 +127,14 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
             em_rows = sorted(ems.items()) + [("average", float(np.mean(list(ems.values()))) if ems else None)]
             for dataset, em in em_rows:
                 for key, value in zip(out, (label, dataset, config.split, em, total, injected, probe_em, probe_seen_em,
-                                            loss)):
+                                            loss, info.get("built_by"))):
                     out[key].append(value)
+            if ems:
+                mine = wh.read("predictions", ["dataset", "question_id", "exact_match"],
+                               partitions=[f"{finetuned}.{config.split}"]).to_pydict()
+                answers["model"] += [label] * len(mine["question_id"])
+                for key in ("dataset", "question_id", "exact_match"):
+                    answers[key] += mine[key]
             for metric, value in (("probe_em", probe_em), ("probe_seen_em", probe_seen_em)):
                 if value is not None:
                     run.metric(metric, value, dataset=label, split=config.split)
@@ -135,10 +143,50 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
             summary.append({"model": label, "em": ems, "probe_em": probe_em, "probe_seen_em": probe_seen_em,
                             "heldout_loss": loss})
         run.write("report", "latest", out)
+        run.write("report_answers", "latest", answers)
         run.write("report_generation", "latest", generation)
-        return {"rows": summary, "generation": [dict(zip(generation, r)) for r in zip(*generation.values())]}
+        refreshed = refresh_rows(*previous, _rows(out), _rows(answers))
+        if refreshed:  # else the last comparison stays: nothing was rebuilt since
+            run.write("report_refresh", "latest", {k: [r[k] for r in refreshed] for k in refreshed[0]})
+        return {"rows": summary, "generation": [dict(zip(generation, r)) for r in zip(*generation.values())],
+                "refreshed": sorted({r["model"] for r in refreshed})}
 
     return run_stage(wh, "report", config.model_dump(), fp, body, force=force, device=device.name)
+
+
+def _rows(columns: dict[str, list]) -> list[dict]:
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
+
+def refresh_rows(before: list[dict], answers_before: list[dict], after: list[dict],
+                 answers_after: list[dict]) -> list[dict]:
+    """`report_refresh`'s rows: for each report row whose model was rebuilt since the report `before` (a knowledge
+    refresh re-injects, then re-fine-tunes and re-evaluates), its EM per dataset and its probe then and now, and
+    the questions it newly answers right and newly gets wrong. Rows in `report`/`report_answers` form."""
+    built = {r["model"]: (r.get("model_run"), r["run_id"]) for r in before if r.get("model_run")}
+    now = {r["model"]: r["model_run"] for r in after}
+    rebuilt = [m for m in dict.fromkeys(now) if m in built and built[m][0] != now[m]]
+
+    def right(rows, model):
+        return {(a["dataset"], a["question_id"]): bool(a["exact_match"]) for a in rows if a["model"] == model}
+
+    out = []
+    for model in rebuilt:
+        then, then_em = right(answers_before, model), {r["dataset"]: r for r in before if r["model"] == model}
+        now_right, now_em = right(answers_after, model), {r["dataset"]: r for r in after if r["model"] == model}
+        first_then, first_now = next(iter(then_em.values())), next(iter(now_em.values()))
+        scores = [(d, then_em.get(d, {}).get("em"), now_em.get(d, {}).get("em"))
+                  for d in dict.fromkeys([*now_em, *then_em])]
+        scores.append(("probe", first_then.get("probe_em"), first_now.get("probe_em")))
+        for dataset, em_before, em_after in scores:
+            both = [q for q in now_right if q in then and (dataset == "average" or q[0] == dataset)]
+            counted = dataset != "probe" and bool(both)
+            out.append({"model": model, "dataset": dataset, "em_before": em_before, "em_after": em_after,
+                        "newly_right": sum(now_right[q] and not then[q] for q in both) if counted else None,
+                        "newly_wrong": sum(then[q] and not now_right[q] for q in both) if counted else None,
+                        "model_run_before": built[model][0], "model_run_after": now[model],
+                        "report_before": built[model][1]})
+    return out
 
 
 # ---- the report as tables (for `nkb report`) -----------------------------------------------------
@@ -186,3 +234,14 @@ def generation_table(wh: Warehouse) -> pa.Table | None:
     return pa.table({"model": models} | {t: [next((g["score"] for g in scores if g["model"] == m
                                                    and f"{g['task']} ({g['metric']})" == t), None) for m in models]
                                          for t in tasks})
+
+
+def refresh_table(wh: Warehouse) -> tuple[str, pa.Table] | None:
+    """The last refresh beside the report before it, one row per model and dataset (None before any refresh)."""
+    if not wh.partition_files("report_refresh"):
+        return None
+    table = query(wh, "SELECT model, dataset, round(em_before, 1) AS before, round(em_after, 1) AS after, "
+                      "round(em_after - em_before, 1) AS change, newly_right, newly_wrong, report_before "
+                      "FROM report_refresh ORDER BY model, dataset = 'probe', dataset = 'average', dataset")
+    before = table.column("report_before")[0].as_py() if table.num_rows else None
+    return before, table.drop_columns(["report_before"])

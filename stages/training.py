@@ -17,7 +17,7 @@ from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig, Pretra
 from stages.inputs import (PRETRAINING, corpora, corpus_lineage, corpus_texts, gen_examples, gen_inputs, gen_lineage,
                            one_corpus, packed_rows, qa_inputs, qa_pair, questions_lineage, read_questions,
                            retrievals_lineage, segments_with_spans, spans_lineage)
-from stages.models import model_dir, model_present, publish_model, source_model, work_dir
+from stages.models import SourceModel, model_at, model_dir, model_present, publish_model, source_model, work_dir
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, run_stage
 
 GENERAL_SEQ_LEN = 128  # general-text rows for injection into a base without held-out rows (e.g. t5-base)
@@ -215,14 +215,17 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
     from corpus.ssm import ssm_examples
     from nkb_model.batches import Seq2SeqBatches
     from nkb_model.checkpoint import hf_dir, save_model
-    from nkb_model.nkb import NKBConfig, mark_only_nkb_trainable, mount_nkb, mounted_layers
+    from nkb_model.nkb import NKBConfig, load_nkb_weights, mark_only_nkb_trainable, mount_nkb, mounted_layers
     from nkb_model.train import choose_device, train
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
     if config.general_share and not config.general_corpus:
         raise ValueError(f"general_share={config.general_share} needs general_corpus= (corpora: {', '.join(corpora(wh))})")
     base = source_model(wh, config.base_model)
     name = config.model_name()
-    inputs = base.lineage + spans_lineage(wh, config.corpus)
+    knowledge = spans_lineage(wh, config.corpus)
+    knowledge_digest = fingerprint("knowledge", {}, knowledge)
+    previous = previous_injection(wh, name, knowledge_digest) if config.start == "previous" else None
+    inputs = base.lineage + knowledge + ([f"start:{previous.info['built_by']}"] if previous else [])
     if config.general_share:
         inputs.append(f"{config.general_corpus}:{corpus_lineage(wh, config.general_corpus)}")
     fp = fingerprint("inject", config.identity() | {"name": name}, inputs)
@@ -241,6 +244,8 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         model, tokenizer, _ = base.load()
         torch.manual_seed(config.seed)
         mount_nkb(model, NKBConfig(layers=config.layers, slots=config.slots))
+        if previous:
+            load_nkb_weights(model, previous.directory / "nkb")
         model.to(device.device)
         if config.variant == "nkb":
             trainable = mark_only_nkb_trainable(model)
@@ -264,18 +269,32 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         total = sum(p.numel() for p in model.parameters())
         info = {"name": name, "kind": config.variant, "base_dir": str(hf_dir(base.directory)),
                 "base_model": config.base_model, "params": total, "params_injected": trainable,
-                "built_by": run.run_id, "final_loss": losses[-1][1],
+                "built_by": run.run_id, "final_loss": losses[-1][1], "knowledge": knowledge_digest,
+                "started_from": previous.info["built_by"] if previous else None,
                 "layers": model.nkb_config.layers, "slots": model.nkb_config.slots}
         publish_model(run, target, lambda d: save_model(model, tokenizer, d, info, config.variant == "nkb-a"))
         run.run.outputs["params_injected"] = trainable
         run.metric("params_total", total)
         run.metric("params_injected", trainable)
-        return {"model": name, "params_total": total, "params_injected": trainable,
-                "final_loss": round(losses[-1][1], 4), "examples_per_epoch": ssm.per_epoch * config.batch_size,
+        return {"model": name, "started_from": info["started_from"], "params_total": total,
+                "params_injected": trainable, "final_loss": round(losses[-1][1], 4), "examples_per_epoch": ssm.per_epoch * config.batch_size,
                 "seconds": time.perf_counter() - started, "device": device.name}
 
     return run_stage(wh, "inject", config.model_dump(), fp, body, force=force, device=device.name,
                      still_valid=model_present)
+
+
+def previous_injection(wh: Warehouse, name: str, knowledge_digest: str) -> SourceModel | None:
+    """The newest model `name` injected from other knowledge than `knowledge_digest` (the slots a knowledge refresh
+    starts from), or None. Models injected from the current knowledge are passed over, so that rerunning a
+    refresh finds the same start and is skipped."""
+    for run in list_runs(wh, stage="inject"):
+        if run.status != "success" or not run.checkpoint or not model_present(run):
+            continue
+        candidate = model_at(Path(run.checkpoint))
+        if candidate.info.get("name") == name and candidate.info.get("knowledge") != knowledge_digest:
+            return candidate
+    return None
 
 
 def general_batches(wh: Warehouse, tokenizer, base_dir: Path, config: InjectConfig):

@@ -107,6 +107,26 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
         pa.field("probe_em", pa.float64()),                  # knowledge probe (unseen wordings) before fine-tuning
         pa.field("probe_seen_em", pa.float64()),             # the same facts in their article's wording
         pa.field("heldout_loss", pa.float64()),              # general-text loss before fine-tuning
+        pa.field("model_run", pa.string()),                  # the run that built the row's model
+    ]),
+    "report_answers": pa.schema([                            # each report row's answers, for the next refresh
+        RUN_ID,
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("question_id", pa.string(), nullable=False),
+        pa.field("exact_match", pa.bool_()),
+    ]),
+    "report_refresh": pa.schema([                            # rows whose model was rebuilt, against the report before
+        RUN_ID,
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),    # a dataset, "average" or "probe"
+        pa.field("em_before", pa.float64()),
+        pa.field("em_after", pa.float64()),
+        pa.field("newly_right", pa.int64()),                 # questions wrong before, right now
+        pa.field("newly_wrong", pa.int64()),
+        pa.field("model_run_before", pa.string()),
+        pa.field("model_run_after", pa.string()),
+        pa.field("report_before", pa.string()),
     ]),
     "edits": pa.schema([
         RUN_ID,

@@ -62,15 +62,17 @@ def test_multiprocess_ner_inside_a_flow_neither_warns_nor_loses_documents():
     assert forked == spans(1) and len(forked) == 300
 
 
-def test_an_experiment_of_the_users_own_files_and_hugging_face_t5(tmp_path):
+def test_an_experiment_of_the_users_own_files_and_hugging_face_t5_then_a_knowledge_refresh(tmp_path):
     """No sample world: a corpus, general text, QA files and a Hugging Face T5 directory beside the experiment
-    file, named by relative paths; the data stages first, then every row a brought base has."""
+    file, named by relative paths; the data stages first, then every row a brought base has; then the knowledge
+    file changes, and a rerun redoes exactly what depends on it, the slots starting from the previous ones."""
     import json
 
     import torch
     from transformers import T5ForConditionalGeneration
 
     from nkb_model.base_model import new_t5, train_tokenizer
+    from nkb_model.checkpoint import read_info
     folder = tmp_path / "exp"
     (folder / "data").mkdir(parents=True)
     people = [("Ada Lovelace", "London", "1815"), ("Alan Turing", "Maida Vale", "1912"),
@@ -94,7 +96,8 @@ def test_an_experiment_of_the_users_own_files_and_hugging_face_t5(tmp_path):
         "general: [{path: data/general.jsonl, corpus: prose}]\nbase_model: models/t5\ndevice: cpu\n"
         "questions:\n  - {path: data/nq.train.jsonl, format: nq_open, dataset: nq, split: train}\n"
         "  - {path: data/nq.dev.jsonl, format: nq_open, dataset: nq, split: validation}\n"
-        "stages: {inject: {steps: 2, batch_size: 2}, nkb-a: {steps: 1}, finetune: {epochs: 1, batch_size: 2},\n"
+        "stages: {inject: {steps: 2, batch_size: 2, start: previous}, nkb-a: {steps: 1},\n"
+        "         finetune: {epochs: 1, batch_size: 2},\n"
         "         surgery: {questions: 1, lambdas: [1.0]}}\n")
     home = str(tmp_path / "wh")
     rows = pipeline(experiment_file=str(experiment), home=home, train_models=False)
@@ -117,6 +120,27 @@ def test_an_experiment_of_the_users_own_files_and_hugging_face_t5(tmp_path):
     losses = {r["model"]: r["heldout_loss"] for r in query(Warehouse(home), "SELECT model, heldout_loss FROM report "
                                                                              "WHERE dataset = 'average'").to_pylist()}
     assert losses["base"] is not None and losses["base+NKB"] is not None
+    first_injections = [r.run_id for r in list_runs(Warehouse(home), stage="inject")]
+
+    # A newer dump: one more article. What depends on the knowledge reruns; the base and its QA row do not.
+    newer = people + [("Katherine Johnson", "White Sulphur Springs", "1918")]
+    jsonl("wiki.jsonl", [{"id": str(i), "title": n, "text": f"{n} was born in {p} in {y}."}
+                         for i, (n, p, y) in enumerate(newer)])
+    refresh = pipeline(experiment_file=str(experiment), home=home)
+    reran = [(r["stage"], r.get("model") or r.get("corpus")) for r in refresh if not r["skipped"]]
+    assert [stage for stage, _ in reran] == ["ingest", "index", "retrieve", "salient-spans", "inject", "inject"] + \
+        ["finetune", "evaluate"] * 4 + ["report", "analyze", "surgery"]
+    assert ("finetune", "base.qa") not in reran and {r["stage"] for r in refresh if r["skipped"]} == {
+        "ingest", "questions", "base-model", "finetune", "evaluate"}
+    injections = [r for r in list_runs(Warehouse(home), stage="inject") if r.run_id not in first_injections]
+    started = {read_info(r.checkpoint)["started_from"] for r in injections}
+    assert started == set(first_injections)  # each from its own previous slots
+    compared = query(Warehouse(home), "SELECT model, dataset, em_before, em_after, newly_right + newly_wrong <= 1 "
+                                      "AS counted FROM report_refresh ORDER BY ALL").to_pylist()
+    assert {c["model"] for c in compared} == {"base+NKB", "base+NKB-a", "Kformer", "concat"}
+    assert {c["dataset"] for c in compared} == {"nq", "average", "probe"}
+    assert all(c["counted"] for c in compared if c["dataset"] != "probe")  # one validation question
+    assert all(r["skipped"] for r in pipeline(experiment_file=str(experiment), home=home))  # the same start again
     with pytest.raises(ValueError, match="an experiment or an experiment_file"):
         pipeline(home=home)
 

@@ -19,6 +19,7 @@ from warehouse import Warehouse, list_runs, query
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_WORLD = {"people": 10, "background_people": 10}
+EXAMPLE = ROOT / "experiments" / "example.yaml"
 
 
 def free_port() -> int:
@@ -144,6 +145,37 @@ def test_the_schedule_creates_upcoming_runs(client):
         for r in client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])),
                                        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
                                            type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])))):
+            client.delete_flow_run(r.id)
+
+
+def test_an_experiment_file_is_scheduled_as_a_refresh(running, client, tmp_path):
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, FlowRunFilter, \
+        FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    state, _ = running
+    experiment = tmp_path / "mine.yaml"
+    experiment.write_text(EXAMPLE.read_text())
+    with pytest.raises(server.ServerError, match="cron 'every monday'"):
+        server.schedule(ROOT, experiment, "every monday", directory=state.directory)
+    server.schedule(ROOT, experiment, "0 3 * * 1", directory=state.directory)
+    made = server.schedule(ROOT, experiment, "30 4 * * 1", directory=state.directory)  # replaces the first
+    deployment = client.read_deployment_by_name("pipeline/pipeline")
+    mine = [s for s in client.read_deployment_schedules(deployment.id) if s.slug == made["slug"]]
+    assert len(mine) == 1 and mine[0].active and mine[0].parameters == {"experiment_file": str(experiment)}
+    scheduled_runs = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])))
+    try:
+        deadline, scheduled = time.monotonic() + 60, []
+        while not scheduled and time.monotonic() < deadline:
+            time.sleep(1)
+            scheduled = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(
+                any_=[deployment.id])), flow_run_filter=scheduled_runs)
+        assert scheduled, "the scheduler created no run within 60 s"
+        assert all(r.parameters["experiment_file"] == str(experiment) and r.expected_start_time.weekday() == 0
+                   and (r.expected_start_time.hour, r.expected_start_time.minute) == (4, 30) for r in scheduled)
+    finally:
+        client.delete_deployment_schedule(deployment.id, mine[0].id)
+        for r in client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])),
+                                       flow_run_filter=scheduled_runs):
             client.delete_flow_run(r.id)
 
 

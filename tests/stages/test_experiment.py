@@ -47,6 +47,7 @@ def test_the_sample_world_plans_every_row_with_its_own_settings():
     assert (report.nkb, report.kformer, report.generation_tasks) == ("base+nkb", "base.kformer",
                                                                     ["summaries", "translation"])
     assert report.probes == "/world/probes.jsonl" and configs["base+nkb.qa"].device == "auto"
+    assert dict(plan)["pretraining-data"].tokenizer_corpora == ["general", "sampleworld"]  # as the file says
 
 
 def test_rows_and_device_narrow_the_plan():
@@ -69,6 +70,15 @@ def test_a_hugging_face_base_is_imported_not_built():
     assert not {"transformer", "large"} & set(names(plan))
     with pytest.raises(ExperimentError, match=r"rows \['large'\] need a base built here"):
         Experiment.parse(MINIMAL | {"rows": ["base", "large"]})
+
+
+def test_a_base_built_here_reads_the_general_text_and_keeps_its_tokenizer_off_the_knowledge():
+    built = {k: v for k, v in MINIMAL.items() if k != "base_model"} | {"pretrain": {"size": "tiny"}}
+    general = built | {"general": [{"path": "g.jsonl", "corpus": "prose"}]}
+    data = dict(plan_of(Experiment.parse(general)))["pretraining-data"]
+    assert (data.corpus, data.tokenizer_corpora) == ("prose", ["prose"])  # a refresh of wiki leaves the base alone
+    data = dict(plan_of(Experiment.parse(built)))["pretraining-data"]
+    assert (data.corpus, data.tokenizer_corpora) == ("wiki", ["wiki"])  # no general text: the knowledge itself
 
 
 def test_relative_paths_are_the_files_and_the_world_is_filled_in(tmp_path):
