@@ -20,7 +20,7 @@ from warehouse import Warehouse, WarehouseError, list_runs, query, resolve_home
 from warehouse.sql import FORMATTERS
 
 EPILOG = "The warehouse is ./.nkb unless --home or $NKB_HOME says otherwise."
-EXPERIMENT_EPILOG = """experiment keys (YAML; paths relative to the file; '{sample_world}': the generated world's folder):
+EXPERIMENT_EPILOG = """experiment keys (YAML; paths relative to the file; '{sample_world}': the sample world's folder):
   name                 names the experiment
   knowledge            [{path, corpus, format?, limit?}]: the corpus retrieval searches and the slots learn
   general              [{path, corpus, ...}] (optional): general text, for pretraining and injection's general steps

@@ -118,8 +118,8 @@ def pipeline(experiment: Optional[Experiment] = None, experiment_file: Optional[
     """Run an experiment's plan: ingest its corpora, load its QA and generation files, index the knowledge corpus,
     retrieve the top documents per question, find their salient spans, and (with `train_models`) build or bring in
     the base, inject the NKB, fine-tune and evaluate every row, report, analyse and edit the slots. The experiment
-    is given inline (the form) or as an experiment_file (a YAML path, which wins). dispatch: GPU-pool stages run through their
-    deployments (needs a server with a worker on the `gpu` pool, see `nkb server up`)."""
+    is given inline (the form) or as an experiment_file (a YAML path, which wins). dispatch: GPU-pool stages run
+    through their deployments (needs a server with a worker on the `gpu` pool, see `nkb server up`)."""
     quiet_user_errors()
     chosen = load_experiment(experiment, experiment_file).with_world(world_dir(Warehouse(home)))
     rows = [run(name, config, home, force, dispatch) for name, config in chosen.plan(train_models)]

@@ -67,7 +67,8 @@ def apply_sets(data: dict, pairs: Iterable[str]) -> dict:
         try:
             value = yaml.safe_load(text) if text.strip() else ([] if is_list else None)
         except yaml.YAMLError as exc:
-            raise ExperimentError(f"--set {key}: the value is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+            problem = getattr(exc, "problem", exc)
+            raise ExperimentError(f"--set {key}: the value is not valid YAML ({problem})") from None
         if is_list and isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         node = data
@@ -171,9 +172,11 @@ class Experiment(StageConfig):
             except ValidationError as exc:
                 wrong = [e for e in exc.errors() if e["type"] != "missing"]  # the plan fills in required fields
                 if wrong:
-                    raise ValueError(f"stages.{stage}.{'.'.join(map(str, wrong[0]['loc']))}: {wrong[0]['msg']}") from None
+                    where = ".".join(map(str, wrong[0]["loc"]))
+                    raise ValueError(f"stages.{stage}.{where}: {wrong[0]['msg']}") from None
         for key in (self.pretrain or {}) | self.large:
-            if key not in BaseModelConfig.model_fields and key not in PretrainingDataConfig.model_fields or key in PLANNED:
+            known = key in BaseModelConfig.model_fields or key in PretrainingDataConfig.model_fields
+            if not known or key in PLANNED:
                 raise ValueError(f"pretrain/large: no setting {key!r} of base-model or pretraining-data")
         return self
 
@@ -299,8 +302,9 @@ class Experiment(StageConfig):
         for name in ("base", "base+nkb", "base+nkb-a"):
             if name in rows:
                 for task in tasks:
+                    made = {"model": name, "name": f"{name}.{task}", "task": task}
                     steps.append(("finetune", FinetuneConfig(**{**self._stage("finetune").model_dump(), **generation,
-                                                                "model": name, "name": f"{name}.{task}", "task": task})))
+                                                                **made})))
                     steps.append(("evaluate", self._stage("evaluate", model=f"{name}.{task}")))
         for mode in ("kformer", "concat"):  # the base with retrieved documents, on the same fine-tuning budget
             if mode in rows:
