@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from corpus.errors import InputFileError, require_file
-from corpus.files import (decoded_lines, id_field, iter_jsonl, kind, open_input, parse_json, text_field,
-                          without_compression)
+from corpus.files import decoded_lines, id_field, iter_jsonl, kind, open_input, text_field, without_compression
 from corpus.wikitext import is_disambiguation, wikitext_to_text
 
 FORMATS = ("mediawiki", "dpr_tsv", "kilt", "jsonl")

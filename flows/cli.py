@@ -13,25 +13,14 @@ import time
 import typing
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from flows.errors import USER_ERRORS
+from stages.configs import is_list
 from warehouse import Warehouse, WarehouseError, list_runs, query, resolve_home
 from warehouse.sql import FORMATTERS
 
 EPILOG = "The warehouse is ./.nkb unless --home or $NKB_HOME says otherwise."
-EXPERIMENT_EPILOG = """experiment keys (YAML; paths relative to the file; '{sample_world}': the sample world's folder):
-  name                 names the experiment
-  knowledge            [{path, corpus, format?, limit?}]: the corpus retrieval searches and the slots learn
-  general              [{path, corpus, ...}] (optional): general text, for pretraining and injection's general steps
-  questions            [{path, format, dataset, split}]: QA files; fine-tuning uses split train, evaluation validation
-  generation           [{path, kind, task, split, ...}] (optional): the general-generation check's files
-  probes, facts        (optional) cloze probe file; facts (question_id, relation) for the slots' analysis
-  base_model           a Hugging Face T5 directory, or instead
-  pretrain             {size, steps, ...}: build and pretrain a small T5 here (then large: the larger row's changes)
-  rows                 report rows (transformer, base, base+nkb, base+nkb-a, large, kformer, concat)
-  stages               {STAGE: {KEY: value}}: stage settings; `nkb run STAGE --help` lists each stage's keys
-  device               auto, cpu or cuda for every model stage"""
 
 
 def _prepare_environment(home: Path) -> None:
@@ -66,7 +55,7 @@ def _field_help(name: str, field) -> str:
         args = typing.get_args(annotation)
     if typing.get_origin(annotation) is typing.Literal:
         kind = "|".join(map(str, args))
-    elif _is_list(annotation):
+    elif is_list(annotation):
         kind = "a,b,..."
     else:
         kind = getattr(annotation, "__name__", str(annotation))
@@ -74,15 +63,20 @@ def _field_help(name: str, field) -> str:
     return f"  {name}={kind}  ({shown})\n      {field.description or ''}"
 
 
+def _experiment_epilog() -> str:
+    import textwrap
+
+    from stages.experiment import Experiment
+    lines = ["experiment keys (YAML; paths relative to the file; '{sample_world}': the sample world's folder):"]
+    for name, field in Experiment.model_fields.items():
+        lines += textwrap.wrap(field.description or "", 110, initial_indent=f"  {name:<13} ",
+                               subsequent_indent=" " * 16)
+    return "\n".join(lines)
+
+
 def _config_epilog(config: type) -> str:
     return "\n".join(["config fields (set with --set key=value):"] +
                      [_field_help(name, field) for name, field in config.model_fields.items()])
-
-
-def _is_list(annotation) -> bool:
-    if typing.get_origin(annotation) is typing.Union:
-        return any(_is_list(a) for a in typing.get_args(annotation))
-    return typing.get_origin(annotation) is list
 
 
 def _set_value(fields: dict, key: str, value: str, command: str):
@@ -93,7 +87,7 @@ def _set_value(fields: dict, key: str, value: str, command: str):
     annotation = fields[key].annotation
     if value == "" and type(None) in typing.get_args(annotation):
         return None
-    if _is_list(annotation):
+    if is_list(annotation):
         return [v.strip() for v in value.split(",") if v.strip()]
     return value
 
@@ -371,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--home", help="warehouse directory (default: $NKB_HOME or ./.nkb)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    experiment_epilog = _experiment_epilog()
     experiment_help = ("set an experiment key (repeatable): stages.STAGE.KEY=value for a stage's setting (listed "
                        "by `nkb run STAGE --help`), pretrain.KEY, large.KEY, sample_world.KEY, or a top-level key "
                        "such as rows=base,base+nkb; values are YAML")
@@ -381,14 +376,14 @@ def build_parser() -> argparse.ArgumentParser:
                                       "files, index, retrieve, salient spans, base model, NKB injection, fine-tuning, "
                                       "evaluation, report, analysis, surgery). Stages whose inputs are unchanged are "
                                       "skipped, so a rerun after changing a setting reruns only what it affects.",
-                          epilog=EXPERIMENT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                          epilog=experiment_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     pipe.add_argument("experiment", help="the experiment's YAML file (see experiments/example.yaml)")
     demo = sub.add_parser("demo", help="run the built-in sample world's experiment end to end",
                           description="Generate the sample world and run its experiment (experiments/sample-world.yaml) "
                                       "end to end; `nkb pipeline experiments/sample-world.yaml` does the same. E.g. "
                                       "`--set rows=base,base+nkb --set generation=` trains only those rows, without "
                                       "the generation check.",
-                          epilog=EXPERIMENT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                          epilog=experiment_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--people", type=int, help="people in the sample world (sets sample_world.people)")
     for p, func in ((pipe, cmd_pipeline), (demo, cmd_demo)):
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help=experiment_help)

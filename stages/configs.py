@@ -10,6 +10,8 @@ are left out of the inputs fingerprint, so changing them does not rerun a stage.
 
 from __future__ import annotations
 
+import types
+import typing
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional
 
@@ -21,6 +23,13 @@ ModelSize = Literal["tiny", "mini", "small", "large"]  # nkb_model.base_model.SI
 # most 100 characters, so that every path built from them fits the file system's limits.
 Name = Annotated[str, StringConstraints(max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 ModelName = Annotated[str, StringConstraints(max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")]
+
+def is_list(annotation) -> bool:
+    """Whether a field's type is a list (or an optional list): `--set` then takes a,b,c."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(is_list(a) for a in typing.get_args(annotation))
+    return typing.get_origin(annotation) is list
+
 
 # ---- settings shared by several stages, declared once ---------------------------------------------
 

@@ -19,8 +19,6 @@ Paths are relative to the file; `{sample_world}` stands for the generated sample
 from __future__ import annotations
 
 import copy
-import types
-import typing
 from pathlib import Path
 from typing import Any, Iterable, Literal, Optional
 
@@ -28,9 +26,9 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from stages.configs import (AnalyzeConfig, BaseModelConfig, DeviceChoice, EvaluateConfig, FinetuneConfig,
-                            GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig, ModelSize, Name,
+                            GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig, Name,
                             PretrainingDataConfig, QuestionsConfig, ReportConfig, RetrieveConfig, Row,
-                            SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig)
+                            SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig, is_list)
 
 SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-world.yaml"  # what `nkb demo` runs
 ROWS: tuple[Row, ...] = ("transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat")
@@ -63,13 +61,14 @@ def apply_sets(data: dict, pairs: Iterable[str]) -> dict:
         path = [part.strip() for part in key.split(".")]
         if not sep or not all(path):
             raise ExperimentError(f"--set expects key=value (a stage's setting: stages.STAGE.KEY=value), got {pair!r}")
-        is_list = _is_list(_setting(path))
+        setting = _setting(path)
+        listed = setting is not None and is_list(setting.annotation)
         try:
-            value = yaml.safe_load(text) if text.strip() else ([] if is_list else None)
+            value = yaml.safe_load(text) if text.strip() else ([] if listed else None)
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", exc)
             raise ExperimentError(f"--set {key}: the value is not valid YAML ({problem})") from None
-        if is_list and isinstance(value, str):
+        if listed and isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         node = data
         for part in path[:-1]:
@@ -91,15 +90,6 @@ def _setting(path: list[str]):
     if path[0] == "sample_world" and len(path) == 2:
         return SampleWorldConfig.model_fields.get(path[1])
     return None
-
-
-def _is_list(field) -> bool:
-    if field is None:
-        return False
-    annotation = field.annotation
-    options = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
-        else (annotation,)
-    return any(typing.get_origin(a) is list for a in options)
 
 
 class CorpusFile(StageConfig):
