@@ -101,6 +101,21 @@ def batched(items, n: int) -> Iterator[list]:
         yield batch
 
 
+def batched_documents(documents: Iterator[Document], max_docs: int, max_chars: int) -> Iterator[list[Document]]:
+    """Lists of consecutive documents, each ending at `max_docs` documents or once their texts reach
+    `max_chars` characters: memory is bounded by text, however long a corpus's documents are (2,000 whole
+    Wikipedia articles held ~450 MB; 2,000 DPR passages hold 1 MB)."""
+    batch, chars = [], 0
+    for doc in documents:
+        batch.append(doc)
+        chars += len(doc.text)
+        if len(batch) >= max_docs or chars >= max_chars:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
 def _mediawiki_pages(path: str | os.PathLike) -> Iterator[Document]:
     """Article pages with their raw wikitext (not yet cleaned)."""
     with open_input(path) as stream:

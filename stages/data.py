@@ -29,7 +29,8 @@ from stages.inputs import PRETRAINING, corpus_lineage, one_corpus, world_dir
 from stages.progress import counting, progress
 from warehouse import ShardTarget, StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs, run_stage
 
-BATCH_ROWS = 2000
+# A Parquet row group of `documents`: whichever limit comes first.
+BATCH_DOCS, BATCH_CHARS = 2000, 8_000_000
 
 
 # ---- sample-world -----------------------------------------------------------------------------
@@ -94,7 +95,7 @@ def ingest(wh: Warehouse, config: IngestConfig, force: bool = False) -> StageRes
             pages = itertools.islice(pages, config.limit)
         rows = 0
         with run.writer("documents", corpus) as out, progress(desc=f"ingest {corpus}", unit=" pages") as bar:
-            for batch in docs.batched(pages, BATCH_ROWS):
+            for batch in docs.batched_documents(pages, BATCH_DOCS, BATCH_CHARS):
                 out.write({"doc_id": [d.doc_id for d in batch], "title": [d.title for d in batch],
                            "text": [d.text for d in batch], "corpus": [corpus] * len(batch)})
                 rows += len(batch)

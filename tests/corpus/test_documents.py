@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from corpus.documents import infer_format, read_documents
+from corpus.documents import Document, batched_documents, infer_format, read_documents
 from corpus.errors import InputFileError
 from tests.conftest import mediawiki_dump, mediawiki_page
 
@@ -239,3 +239,10 @@ def test_a_stub_dump_is_refused_with_what_to_use_instead(tmp_path):
     path.write_text(mediawiki_dump([page]), encoding="utf-8")
     with pytest.raises(InputFileError, match=r"page 1 \('Ada Quint'\): <text> is empty but has 94 bytes: a stub dump"):
         list(read_documents(path))
+
+
+def test_document_batches_end_at_a_count_or_at_a_text_size():
+    docs = [Document(str(i), "t", "x" * size) for i, size in enumerate([5, 5, 20, 1, 1, 1, 1])]
+    batches = [[d.doc_id for d in b] for b in batched_documents(iter(docs), max_docs=3, max_chars=10)]
+    # [5, 5] reaches 10 characters; [20] alone is over; the ones end at three documents; the rest is kept
+    assert batches == [["0", "1"], ["2"], ["3", "4", "5"], ["6"]]
