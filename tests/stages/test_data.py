@@ -11,6 +11,7 @@ from stages import data
 from stages.configs import IngestConfig, QuestionsConfig, SampleWorldConfig
 from stages.inputs import world_dir
 from warehouse import Warehouse, list_runs, query
+from warehouse.sql import sandbox
 
 SMALL = SampleWorldConfig(people=12, background_people=6)
 
@@ -20,17 +21,25 @@ def wh(tmp_path):
     return Warehouse(tmp_path / "wh")
 
 
+@pytest.fixture(scope="module")
+def loaded_once(tmp_path_factory):
+    home = tmp_path_factory.mktemp("loaded") / "wh"
+    data.load_sample_world(Warehouse(home), SMALL)
+    return home
+
+
 @pytest.fixture
-def loaded(wh):
-    """A warehouse holding a small sample world's documents and questions."""
-    data.load_sample_world(wh, SMALL)
-    return wh
+def loaded(tmp_path, loaded_once):
+    """A warehouse holding a small sample world's documents and questions (a copy: tests may change it)."""
+    shutil.copytree(loaded_once, tmp_path / "wh")
+    return Warehouse(tmp_path / "wh")
 
 
 def snapshot(wh):
     files = {str(p.relative_to(wh.home)): p.read_bytes() for p in wh.tables_dir.rglob("*") if p.is_file()}
-    rows = {t: query(wh, f'SELECT * EXCLUDE (run_id) FROM "{t}"' if kind == "parquet" else f'SELECT * FROM "{t}"')
-            .to_pylist() for t, kind, _ in wh.row_counts() if t != "runs"}
+    with sandbox(wh) as con:  # one connection for all tables (a query each would open one each)
+        rows = {t: con.sql(f'SELECT * EXCLUDE (run_id) FROM "{t}"' if kind == "parquet" else f'SELECT * FROM "{t}"')
+                .to_arrow_table().to_pylist() for t, kind, _ in wh.row_counts() if t != "runs"}
     return files, rows
 
 

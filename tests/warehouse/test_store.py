@@ -11,6 +11,7 @@ import duckdb
 import pytest
 
 from warehouse import Warehouse, WarehouseError, get_run, list_runs, query, run_stage
+from warehouse.sql import sandbox
 
 DOCS = {"doc_id": ["1", "2"], "title": ["A", "B"], "text": ["x", "y"], "corpus": ["c", "c"]}
 
@@ -23,7 +24,9 @@ def write_docs(wh, partition="c", data=DOCS, fp="fp1", force=False):
 def snapshot(wh: Warehouse) -> dict:
     """Every file under tables/ with its bytes, plus every table's rows except runs."""
     files = {str(p.relative_to(wh.home)): p.read_bytes() for p in wh.tables_dir.rglob("*") if p.is_file()}
-    rows = {t: query(wh, f'SELECT * FROM "{t}"').to_pylist() for t, _, _ in wh.row_counts() if t != "runs"}
+    with sandbox(wh) as con:  # one connection for all tables
+        rows = {t: con.sql(f'SELECT * FROM "{t}"').to_arrow_table().to_pylist()
+                for t, _, _ in wh.row_counts() if t != "runs"}
     return {"files": files, "rows": rows}
 
 
@@ -236,14 +239,20 @@ def test_a_published_file_appears_at_commit_and_the_scratch_folder_goes_with_the
 
 def test_writers_wait_for_the_lock(tmp_path):
     wh = Warehouse(tmp_path / "wh")
+    ready = tmp_path / "imported"
     script = textwrap.dedent(f"""
+        import pathlib
         from warehouse import Warehouse, run_stage
         wh = Warehouse({str(wh.home)!r})
+        pathlib.Path({str(ready)!r}).touch()
         run_stage(wh, "ingest", {{}}, "fp-wait", lambda run: run.write("documents", "c", {DOCS!r}))
     """)
     with wh.lock(exclusive=True):
         proc = subprocess.Popen([sys.executable, "-c", script])
-        time.sleep(3)
+        deadline = time.monotonic() + 60
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1)  # the writer is past its imports: a second is ample to reach the lock and wait there
         assert proc.poll() is None, "the second writer should block while the lock is held"
     assert proc.wait(timeout=60) == 0
     assert query(wh, "SELECT count(*) AS n FROM documents").to_pylist() == [{"n": 2}]
