@@ -13,7 +13,6 @@ import pyarrow as pa
 
 from corpus.files import iter_jsonl
 from stages.configs import ReportConfig
-from stages.models import base_dir_of, find_model
 from warehouse import (StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs, query, run_metrics,
                        run_stage)
 
@@ -76,6 +75,7 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
     from nkb_model.evaluation import heldout_loss
     from nkb_model.nkb import unmount_nkb
     from nkb_model.train import choose_device
+    from stages.models import base_dir_of, find_model  # here: `nkb report` only reads tables
     # (label, model before fine-tuning, its fine-tuned model); Kformer and concat exist only fine-tuned: they
     # have no probe or held-out loss of their own (their model before fine-tuning is the base).
     suffix = config.finetuned_suffix

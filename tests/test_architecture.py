@@ -109,3 +109,24 @@ def test_no_module_uses_another_modules_private_names(package):
                   if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                   and node.value.id in modules and node.attr.startswith("_") and not node.attr.startswith("__")]
     assert wrong == []
+
+
+def test_every_third_party_package_the_code_imports_is_declared():
+    import importlib.metadata
+    import re
+    import sys
+    import tomllib
+    declared = {re.split(r"[<>=!~\[ ;]", d, maxsplit=1)[0].lower().replace("_", "-")
+                for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    distributions = importlib.metadata.packages_distributions()  # top-level module -> distributions providing it
+    imported = set()
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - set(PACKAGES)
+    undeclared = {m: distributions.get(m) for m in third_party
+                  if not {d.lower().replace("_", "-") for d in distributions.get(m, [])} & declared}
+    assert not undeclared, f"imported but not in pyproject.toml's dependencies: {undeclared}"

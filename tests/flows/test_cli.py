@@ -153,3 +153,17 @@ def test_a_name_too_long_for_a_file_is_refused_in_one_line(home, tmp_path):
         main(["--home", home, "run", "ingest", "--set", f"path={path}", "--set", f"corpus={'c' * 300}"])
     assert "invalid config for `nkb run ingest`: corpus" in str(refused.value.code)
     assert len(str(refused.value.code).splitlines()) == 2  # the error and where the help is
+
+
+HEAVY = ("torch", "transformers", "spacy", "pyserini", "jnius", "prefect", "matplotlib")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "inject", "--help"], ["pipeline", "--help"], ["tables"],
+                                  ["runs"], ["sql", "select 1"], ["report"], ["server", "status"]])
+def test_commands_that_answer_at_once_import_no_heavy_library(home, argv):
+    # A command's start-up time is its imports: torch and transformers alone take ~15 s on a cold 2-core machine.
+    script = ("import sys\nfrom flows.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+              f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))")
+    out = subprocess.run([sys.executable, "-c", script, "--home", home, *argv], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "[]", (argv, out.stdout[-500:], out.stderr[-500:])
