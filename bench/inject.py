@@ -93,7 +93,8 @@ def forward_flops(model: T5ForConditionalGeneration, batch: int, input_len: int,
 def step_flops(model: T5ForConditionalGeneration, variant: str, batch: int, input_len: int, target_len: int) -> int:
     """Model FLOPs of one training step. Backward costs twice the forward when everything trains (NKB-a);
     with only the last decoder block's slots trainable (NKB) it is the LM head's input gradient (2 per weight
-    and target token) and the slots' weight gradients plus the values' input gradient (3 per slot weight)."""
+    and target token), the slots' weight gradients (2 per slot weight) and the values' input gradient (2 per
+    value weight; the keys' inputs need none)."""
     forward = forward_flops(model, batch, input_len, target_len)
     if variant == "nkb-a":
         return 3 * forward
@@ -101,7 +102,8 @@ def step_flops(model: T5ForConditionalGeneration, variant: str, batch: int, inpu
     last_block = f"decoder.block.{len(model.decoder.block) - 1}."
     if not trainable or any(".nkb_" not in n or not n.startswith(last_block) for n in trainable):
         raise ValueError("the NKB count assumes that only slots in the last decoder block train")
-    return forward + batch * target_len * (2 * model.lm_head.weight.numel() + 3 * sum(trainable.values()))
+    values = sum(n for name, n in trainable.items() if ".nkb_values." in name)
+    return forward + batch * target_len * (2 * model.lm_head.weight.numel() + 2 * sum(trainable.values()) + 2 * values)
 
 
 def compare(arch: dict, device: Device, batch: int, input_len: int, target_len: int, steps: int) -> dict:

@@ -3,12 +3,14 @@
 T5's feed-forward block is `T5LayerFF`: layer_norm → DenseReluDense → dropout → residual add, where
 DenseReluDense is `T5DenseActDense` (wi → act → dropout → wo) or `T5DenseGatedActDense`
 (act(wi_0 x) * wi_1 x → dropout → wo). Read as a key-value memory (Geva et al.), `wi` holds keys and
-`wo` values. The NKB adds `slots` more key-value pairs beside them:
+`wo` values. The NKB adds `slots` more key-value pairs beside them, with the FFN's own architecture:
 
-    FFN'(x) = FFN(x) + nkb_values(act(nkb_keys(x)))
+    FFN'(x) = FFN(x) + nkb_values(act(nkb_keys(x)))                           on T5DenseActDense
+    FFN'(x) = FFN(x) + nkb_values(act(nkb_keys(x)) * nkb_keys_linear(x))      on T5DenseGatedActDense
 
-inside the same residual branch (same layer norm, same outer dropout), with the FFN's own activation
-and no dropout of its own by default. `NKBFeedForward` wraps the original module as `base_layer` and is
+so that a slot is exactly one more FFN neuron (row of `wi`/`wi_0` and `wi_1`, column of `wo`): merging the
+slots into the FFN (`nkb_model.export`) gives the same function. It sits inside the same residual branch
+(same layer norm, same outer dropout), with no dropout of its own by default. `NKBFeedForward` wraps the original module as `base_layer` and is
 swapped in with `setattr`, so T5's code is untouched and unmounting restores the original object.
 
 T5's rules carry over: keys are initialised like `wi` (std d_model^-0.5), values like `wo`
@@ -41,24 +43,38 @@ class NKBConfig:
     slots: int | None = None          # default: the FFN width d_ff
     dropout: float = 0.0              # dropout on the slot weights (the paper uses none)
     zero_values: bool = False         # start as an exact no-op (outputs bit-identical to the base)
+    gated: bool | None = None         # gated like the FFN; default: as the FFN is. Slots saved before this
+                                      # setting existed are ungated (`load_nkb`)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
 
 
 class NKBFeedForward(FeedForwardAddition):
-    """T5's DenseReluDense plus NKB slots: `base_layer(x) + nkb_values(act(nkb_keys(x)))`."""
+    """T5's DenseReluDense plus NKB slots: `base_layer(x) + nkb_values(slot_weights(x))`."""
 
-    def __init__(self, base_layer: nn.Module, slots: int, dropout: float = 0.0, zero_values: bool = False):
+    def __init__(self, base_layer: nn.Module, slots: int, dropout: float = 0.0, zero_values: bool = False,
+                 gated: bool = False):
         super().__init__(base_layer)
+        if gated and not hasattr(base_layer, "wi_1"):
+            raise ValueError("gated NKB slots need a gated FFN (wi_0, wi_1); this one has a single wi")
         self.nkb_keys = self.linear(self.d_model, slots, like=key_layer(base_layer))
+        self.nkb_keys_linear = self.linear(self.d_model, slots, like=base_layer.wi_1) if gated else None
         self.nkb_dropout = nn.Dropout(dropout)
         self.nkb_values = self.linear(slots, self.d_model, like=base_layer.wo)
         self.init_key_values(self.nkb_keys, self.nkb_values, slots ** -0.5, zero_values)
+        if gated:  # like T5's wi_1: std d_model^-0.5
+            nn.init.normal_(self.nkb_keys_linear.weight, 0.0, self.d_model ** -0.5)
+
+    @property
+    def gated(self) -> bool:
+        return self.nkb_keys_linear is not None
 
     def slot_weights(self, x: torch.Tensor) -> torch.Tensor:
-        """How strongly each slot fires: act(x · keysᵀ), shape (batch, seq, slots)."""
-        return self.act(self.nkb_keys(x))
+        """How strongly each slot fires, shape (batch, seq, slots): act(x · keysᵀ), times x · keys_linearᵀ when
+        gated (as T5 v1.1 weighs its neurons)."""
+        weights = self.act(self.nkb_keys(x))
+        return weights * self.nkb_keys_linear(x) if self.gated else weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:     # x: (batch, seq, d_model), already layer-normed
         out = self.base_layer(x)                              # (batch, seq, d_model)
@@ -75,12 +91,14 @@ def mount_nkb(model: nn.Module, config: NKBConfig | None = None) -> list[str]:
     config = config or NKBConfig()
     names = resolve_layers(model, config.layers)
     slots = config.slots or model.config.d_ff
+    gated = config.gated if config.gated is not None else hasattr(ffn_block(model, names[0]).DenseReluDense, "wi_1")
     for name in names:
         parent = ffn_block(model, name)
         if isinstance(parent.DenseReluDense, NKBFeedForward):
             raise ValueError(f"{name} already has an NKB mounted")
-        parent.DenseReluDense = NKBFeedForward(parent.DenseReluDense, slots, config.dropout, config.zero_values)
-    model.nkb_config = NKBConfig(layers=names, slots=slots, dropout=config.dropout, zero_values=config.zero_values)
+        parent.DenseReluDense = NKBFeedForward(parent.DenseReluDense, slots, config.dropout, config.zero_values, gated)
+    model.nkb_config = NKBConfig(layers=names, slots=slots, dropout=config.dropout, zero_values=config.zero_values,
+                                 gated=gated)
     return names
 
 
@@ -121,7 +139,9 @@ def save_nkb(model: nn.Module, directory: str | Path) -> Path:
 def load_nkb(model: nn.Module, directory: str | Path) -> list[str]:
     """Mount an NKB saved by `save_nkb` on a base model and load its weights exactly."""
     directory = Path(directory)
-    names = mount_nkb(model, NKBConfig(**json.loads((directory / CONFIG_FILE).read_text())))
+    saved = json.loads((directory / CONFIG_FILE).read_text())
+    saved.setdefault("gated", False)  # saved before slots followed a gated FFN: they were plain act(keys x)
+    names = mount_nkb(model, NKBConfig(**saved))
     load_nkb_weights(model, directory)
     return names
 

@@ -83,7 +83,8 @@ def test_only_nkb_trains_and_base_stays_bit_identical(ffn):
     mount_nkb(model)
     nkb_before = {n: p.detach().clone() for n, p in nkb_parameters(model)}
     trainable = mark_only_nkb_trainable(model)
-    assert trainable == sum(p.numel() for _, p in nkb_parameters(model)) == 2 * 32 * 48
+    key_maps = 2 if ffn.startswith("gated") else 1  # a gated FFN's slots have wi_0- and wi_1-like keys
+    assert trainable == sum(p.numel() for _, p in nkb_parameters(model)) == (key_maps + 1) * 32 * 48
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     model.train()
     for _ in range(3):
@@ -137,3 +138,34 @@ def test_a_plain_hugging_face_directory_loads_as_a_base(tmp_path):
     assert read_info(tmp_path / "t5") == {"name": "t5", "kind": "base"}
     model, tokenizer, info = load_model(tmp_path / "t5")
     assert info["kind"] == "base" and model.config.d_ff == 48 and tokenizer.pad_token_id == 0
+
+
+@pytest.mark.parametrize("ffn", VARIANTS)
+def test_slots_have_the_ffns_architecture(ffn):
+    model = tiny_t5(ffn)
+    mount_nkb(model)
+    slots = mounted_layers(model)["decoder.1"]
+    assert slots.gated == ffn.startswith("gated") == (slots.nkb_keys_linear is not None)
+    x = torch.randn(2, 3, 32)
+    with torch.no_grad():
+        fired = slots.act(slots.nkb_keys(x)) * (slots.nkb_keys_linear(x) if slots.gated else 1)
+        torch.testing.assert_close(slots.slot_weights(x), fired, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="gated NKB slots need a gated FFN"):
+        mount_nkb(tiny_t5("relu"), NKBConfig(gated=True))
+
+
+def test_ungated_slots_saved_before_gating_existed_still_load_on_a_gated_ffn(tmp_path):
+    import json
+    model = tiny_t5("gated-gelu")
+    model.save_pretrained(tmp_path / "base")
+    mount_nkb(model, NKBConfig(gated=False))
+    save_nkb(model, tmp_path / "nkb")
+    config_file = tmp_path / "nkb" / "nkb_config.json"
+    saved = json.loads(config_file.read_text())
+    assert saved.pop("gated") is False
+    config_file.write_text(json.dumps(saved))  # as an older version wrote it
+    fresh = T5ForConditionalGeneration.from_pretrained(tmp_path / "base").eval()
+    load_nkb(fresh, tmp_path / "nkb")
+    assert not mounted_layers(fresh)["decoder.1"].gated
+    with torch.no_grad():
+        assert torch.equal(model(**batch()).logits, fresh(**batch()).logits)
