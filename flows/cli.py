@@ -309,6 +309,18 @@ def cmd_edit(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from stages.export import export_model
+    target = export_model(Warehouse(args.home), args.model, Path(args.folder), adapter=args.adapter)
+    if args.adapter:
+        print(f"exported {args.model} to {target}: the base T5 and, in nkb/, its slots; load it with "
+              "nkb_model.checkpoint.load_model (see its README.md)")
+    else:
+        print(f"exported {args.model} to {target}: a stock T5, the slots merged into its feed-forward layers\n"
+              f"  AutoModelForSeq2SeqLM.from_pretrained({str(target)!r}); the prompt format is in its README.md")
+    return 0
+
+
 def cmd_server(args) -> int:
     from flows import server
     project = Path(args.project)
@@ -444,6 +456,17 @@ def build_parser() -> argparse.ArgumentParser:
     ed.add_argument("--layer", help="NKB block to edit (default: the last decoder block with an NKB)")
     ed.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (default auto)")
     ed.set_defaults(func=cmd_edit)
+
+    ex = sub.add_parser("export", help="write a model as a folder that stock transformers loads",
+                        description="Write a warehouse model to a new folder that `AutoModelForSeq2SeqLM.from_pretrained` "
+                                    "and `AutoTokenizer.from_pretrained` load with no project code: its NKB slots "
+                                    "merged into T5's feed-forward layers as extra neurons (same outputs), with a "
+                                    "model card (README.md: prompt format, how it was built, scores).")
+    ex.add_argument("model", help="the model's name (e.g. base+nkb.qa; `nkb runs` lists them) or folder")
+    ex.add_argument("folder", help="the folder to write (must not exist, or be empty)")
+    ex.add_argument("--adapter", action="store_true", help="instead write the base T5 plus the slots apart (nkb/, "
+                                                           "with the base's name and SHA-256), to swap slots")
+    ex.set_defaults(func=cmd_export)
 
     sch = sub.add_parser("schedule", help="run an experiment on a schedule (e.g. a weekly knowledge refresh)",
                          description="Add a schedule to the running server's pipeline deployment that runs an "

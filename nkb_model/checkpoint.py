@@ -1,18 +1,21 @@
 """Model directories written by the model stages, and loading them back.
 
-    <dir>/nkb-model.json   {"name", "kind": base | nkb | nkb-a | finetuned, "base_dir", ...}
+    <dir>/nkb-model.json   {"name", "kind": base | nkb | nkb-a | finetuned | edited, "base_folder", ...}
+    <dir>/README.md        the model card
     <dir>/ (HF files)      a base model: an ordinary Hugging Face directory
     <dir>/weights/         T5 weights, when this model changed them (nkb-a, fine-tuned)
     <dir>/nkb/             NKB slots and their config (save_nkb), when the model has an NKB
     <dir>/kformer/         Kformer's embedding copy and projections (save_kformer), when it has Kformer
 
-A model whose T5 weights are those of its base (NKB injection with the base frozen) stores only
-its slots and points at the base directory.
+A model whose T5 weights are those of its base (NKB injection with the base frozen) stores only its slots;
+`base_folder` is the folder of those weights relative to the model's own folder (`../base-0123abcd`), so a
+warehouse moved or copied whole still finds them. Folders written before held an absolute `base_dir`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from transformers import AutoTokenizer, T5ForConditionalGeneration
@@ -46,7 +49,19 @@ def hf_dir(directory: str | Path) -> Path:
         return directory
     if (directory / "weights").exists():
         return directory / "weights"
+    return base_folder(directory, info)
+
+
+def base_folder(directory: str | Path, info: dict) -> Path:
+    """The folder of the T5 weights a derived model was built on."""
+    if "base_folder" in info:
+        return (Path(directory) / info["base_folder"]).resolve()
     return Path(info["base_dir"])
+
+
+def relative_base(base_weights: str | Path, target: str | Path) -> str:
+    """`base_folder` for a model that will be published at `target`."""
+    return os.path.relpath(Path(base_weights).resolve(), Path(target).resolve())
 
 
 def load_model(directory: str | Path, with_nkb: bool = True):

@@ -172,7 +172,7 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
     """Edit the top slot at each step of the wanted answer (multi-token answers: one slot per token),
     then save the NKB as a new model that shares the source's T5 weights, with the edit log."""
     from nkb_model import surgery as knife
-    from nkb_model.checkpoint import hf_dir, save_model
+    from nkb_model.checkpoint import hf_dir, relative_base, save_model
     from nkb_model.train import choose_device
     source = source_model(wh, config.model)
     # The default name is a digest of the edit, so the same edit of the same model is one version.
@@ -194,7 +194,7 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
             "layer": layer, "lambda": config.lam, "steps": done["steps"], "source": source.name}]
         new_info = {**{k: v for k, v in source.info.items() if k not in ("built_by", "edits")},
                     "name": name, "kind": "edited", "source": source.name, "source_kind": source.info["kind"],
-                    "base_dir": str(hf_dir(source.directory)), "built_by": run.run_id, "edits": log}
+                    "base_folder": relative_base(hf_dir(source.directory), target), "built_by": run.run_id, "edits": log}
         model.to("cpu")
         publish_model(run, target, lambda d: save_model(model, tokenizer, d, new_info, weights_changed=False))
         return {"model": name, "old_answer": done["old_answer"], "new_answer": done["new_answer"],

@@ -9,7 +9,7 @@ from typing import Callable
 
 from nkb_model.checkpoint import INFO, read_info
 from stages.registry import STAGES
-from warehouse import RunRecord, StagedRun, Warehouse, list_runs
+from warehouse import RunRecord, StagedRun, Warehouse, get_run, list_runs
 
 
 def model_dir(wh: Warehouse, name: str, fp: str) -> Path:
@@ -68,8 +68,9 @@ def model_at(directory: Path) -> SourceModel:
 
 def base_dir_of(directory: Path) -> Path:
     """The base model folder a model was built on (a base is its own)."""
+    from nkb_model.checkpoint import base_folder
     info = read_info(directory)
-    return directory if info["kind"] == "base" else Path(info["base_dir"])
+    return directory if info["kind"] == "base" else base_folder(directory, info)
 
 
 def publish_model(run: StagedRun, target: Path, write: Callable[[Path], None]) -> None:
@@ -77,8 +78,30 @@ def publish_model(run: StagedRun, target: Path, write: Callable[[Path], None]) -
     Only the leader of a data-parallel run publishes."""
     if not run.is_leader:
         return
-    run.publish_folder(target, write, drop=work_dir(target))
+
+    def write_with_card(directory: Path) -> None:
+        write(directory)
+        from stages.model_card import model_card
+        info = read_info(directory)
+        (directory / "README.md").write_text(model_card(run.wh, info, model_lineage(run.wh, info, run.run)))
+
+    run.publish_folder(target, write_with_card, drop=work_dir(target))
     run.run.checkpoint = str(target)
+
+
+def model_lineage(wh: Warehouse, info: dict, building: RunRecord | None = None) -> list[RunRecord]:
+    """The run that built a model and those that built the models it came from, newest first; `building` is
+    the run writing it, before it is recorded."""
+    runs, run_id = [], info.get("built_by")
+    while run_id and run_id not in {r.run_id for r in runs} and \
+            (run := building if building and building.run_id == run_id else get_run(wh, run_id)) is not None:
+        runs.append(run)
+        source = run.config.get("model") or run.config.get("base_model")
+        try:
+            run_id = read_info(find_model(wh, source)).get("built_by") if source else None
+        except (ValueError, FileNotFoundError):  # a model brought from outside the warehouse
+            run_id = None
+    return runs
 
 
 def work_dir(target: Path) -> Path:

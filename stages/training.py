@@ -214,7 +214,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
     """Mount NKB slots on a base model and train them (or everything, nkb-a) on SSM examples."""
     from corpus.ssm import ssm_examples
     from nkb_model.batches import Seq2SeqBatches
-    from nkb_model.checkpoint import hf_dir, save_model
+    from nkb_model.checkpoint import hf_dir, relative_base, save_model
     from nkb_model.nkb import NKBConfig, load_nkb_weights, mark_only_nkb_trainable, mount_nkb, mounted_layers
     from nkb_model.train import choose_device, train
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
@@ -267,7 +267,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
             run.metric("ssm_loss", loss, dataset=config.corpus, split="train", step=step)
         model.to("cpu")
         total = sum(p.numel() for p in model.parameters())
-        info = {"name": name, "kind": config.variant, "base_dir": str(hf_dir(base.directory)),
+        info = {"name": name, "kind": config.variant, "base_folder": relative_base(hf_dir(base.directory), target),
                 "base_model": config.base_model, "params": total, "params_injected": trainable,
                 "built_by": run.run_id, "final_loss": losses[-1][1], "knowledge": knowledge_digest,
                 "started_from": previous.info["built_by"] if previous else None,

@@ -172,7 +172,7 @@ class StagedRun:
                 con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)", self._metrics)
             self.run.status = "success"
             self.run.finished_at = now()
-            insert_run(con, self.run)
+            insert_run(con, self.run, self.wh.home)
         self._cleanup()
         for folder in self._dropped:
             shutil.rmtree(folder, ignore_errors=True)
@@ -188,7 +188,7 @@ class StagedRun:
         self.run.error = f"{type(error).__name__}: {error}"
         self.run.outputs = {}
         with self.wh.write_connection() as con:
-            insert_run(con, self.run)
+            insert_run(con, self.run, self.wh.home)
 
     def _cleanup(self) -> None:
         for d in self._staging_dirs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,15 +93,21 @@ def _select_runs(wh: Warehouse, tail: str, params: list) -> list[RunRecord]:
         rec = dict(zip(_RUN_COLUMNS, row))
         rec["config"] = json.loads(rec["config"]) if rec["config"] else {}
         rec["outputs"] = json.loads(rec["outputs"]) if rec["outputs"] else {}
+        if rec["checkpoint"]:  # stored relative to the warehouse (`insert_run`), so that a copy finds its own
+            rec["checkpoint"] = str(wh.home / rec["checkpoint"])
         out.append(RunRecord(**rec))
     return out
 
 
-def insert_run(con, run: RunRecord) -> None:
-    """Write a run row on an open write connection; a resumed run replaces the failed attempt it continues."""
+def insert_run(con, run: RunRecord, home: Path) -> None:
+    """Write a run row on an open write connection; a resumed run replaces the failed attempt it continues.
+    A checkpoint inside the warehouse `home` is stored relative to it: a moved or copied warehouse reads its own."""
+    checkpoint = run.checkpoint
+    if checkpoint and Path(checkpoint).is_relative_to(home):
+        checkpoint = str(Path(checkpoint).relative_to(home))
     con.execute(
         f"INSERT OR REPLACE INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(_RUN_COLUMNS))})",
         [run.run_id, run.stage, json.dumps(run.config, sort_keys=True, default=str), run.code_version,
          run.inputs_fingerprint, run.status, run.started_at, run.finished_at, run.host, run.device,
-         run.checkpoint, json.dumps(run.outputs, sort_keys=True), run.error],
+         checkpoint, json.dumps(run.outputs, sort_keys=True), run.error],
     )

@@ -358,3 +358,61 @@ def test_nkb_edit_saves_a_new_version_and_leaves_the_old_one(world, qa_with_nkb,
                  "--answer", question["answers"][0], "--lam", "1e-9", "--name", "kb.qa.weak"]) == 0
     out = capsys.readouterr().out
     assert "not yet the whole wanted answer" in out and "a larger --lam edits harder" in out
+
+
+def stock_answers(folder: Path, questions: list[str], answer_format: str) -> list[str]:
+    """Greedy answers of an exported folder with stock transformers only: the README's script."""
+    import re
+    from transformers import AutoModelForSeq2SeqLM
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    prompt = "question: {} answer: <extra_id_0>" if answer_format == "sentinel" else "question: {}"
+    answers = []
+    for lo in range(0, len(questions), 64):
+        enc = tokenizer([prompt.format(q) for q in questions[lo:lo + 64]], return_tensors="pt", padding=True,
+                        truncation=True, max_length=256)
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=24, do_sample=False)
+        for text in tokenizer.batch_decode(out, skip_special_tokens=False):
+            text = text.replace("<pad>", "").split("</s>")[0].split("<extra_id_0>")[-1].split("<extra_id_1>")[0]
+            answers.append(" ".join(re.sub(r"<extra_id_\d+>", " ", text).split()))
+    return answers
+
+
+@pytest.mark.parametrize("answer_format", ["plain", "sentinel"])
+def test_an_exported_model_answers_with_stock_transformers_as_its_predictions_say(world, tmp_path, answer_format):
+    from stages.export import export_model
+    training.pretrain_base_model(world, TINY)
+    training.inject(world, INJECT)
+    name = f"export-{answer_format}.qa"
+    training.finetune(world, FinetuneConfig(model="base+nkb", name=name, epochs=2, batch_size=16,
+                                            answer_format=answer_format))
+    run = evaluation.evaluate(world, EvaluateConfig(model=name)).run
+    predicted = query(world, f"SELECT p.prediction, q.question FROM predictions p JOIN questions q USING (question_id) "
+                             f"WHERE p.run_id = '{run.run_id}' ORDER BY p.question_id").to_pylist()
+    folder = export_model(world, name, tmp_path / "export")
+    assert stock_answers(folder, [r["question"] for r in predicted], answer_format) == [r["prediction"] for r in predicted]
+    card = (folder / "README.md").read_text()
+    assert "AutoModelForSeq2SeqLM.from_pretrained" in card and "| nq | validation |" in card
+    assert ("answer: <extra_id_0>" in card) == (answer_format == "sentinel")
+    with pytest.raises(ValueError, match="not empty"):
+        export_model(world, name, tmp_path / "export")
+
+
+def test_a_copied_warehouse_finds_loads_and_exports_its_own_models(world, tmp_path):
+    import shutil
+    from nkb_model.checkpoint import hf_dir
+    from stages.export import export_model
+    training.pretrain_base_model(world, TINY)
+    training.inject(world, INJECT)
+    copy = Warehouse(shutil.copytree(world.home, tmp_path / "copy"))
+    folder = find_model(copy, "base+nkb")
+    assert folder.is_relative_to(copy.home) and hf_dir(folder).is_relative_to(copy.home)
+    assert "Neural Knowledge Bank" in (folder / "README.md").read_text()
+    model, _, _ = load_model(folder)
+    original, _, _ = load_model(find_model(world, "base+nkb"))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), original.state_dict().values()))
+    adapter = export_model(copy, "base+nkb", tmp_path / "adapter", adapter=True)
+    assert json.loads((adapter / "nkb" / "base.json").read_text())["sha256"]
+    reloaded, _, _ = load_model(adapter)
+    assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), original.state_dict().values()))

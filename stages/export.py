@@ -1,0 +1,64 @@
+"""`nkb export`: a warehouse model as a folder that needs no project code, and the model card that goes with it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from stages.model_card import model_card
+from stages.models import model_lineage, source_model
+from warehouse import Warehouse
+
+
+def export_model(wh: Warehouse, name: str, target: Path, adapter: bool = False) -> Path:
+    """Write model `name` to `target` (which must not exist or be empty), whole or not at all.
+
+    Default: a stock T5 folder (`AutoModelForSeq2SeqLM.from_pretrained`), the NKB merged into the FFNs.
+    `adapter`: the base T5 folder plus the slots apart (`nkb/`), with the base's name and content hash."""
+    from nkb_model.checkpoint import INFO
+    from nkb_model.export import merge_nkb
+    from nkb_model.nkb import mounted_layers, save_nkb, unmount_nkb
+    target = Path(target)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise ValueError(f"{target} exists and is not empty; give a new folder")
+    source = source_model(wh, name)
+    model, tokenizer, info = source.load()
+    staging = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        if adapter:
+            if not mounted_layers(model):
+                raise ValueError(f"model {name!r} has no NKB slots: export it without --adapter")
+            save_nkb(model, staging / "nkb")
+            unmount_nkb(model)
+            model.save_pretrained(staging)
+            base = {"name": info.get("base_model") or info.get("source") or name,
+                    "sha256": weights_digest(staging)}
+            (staging / "nkb" / "base.json").write_text(json.dumps(base, indent=1))
+            (staging / INFO).write_text(json.dumps({**info, "base_folder": "."}, indent=1))  # the base is here
+        else:
+            exported = merge_nkb(model) if mounted_layers(model) else model
+            exported.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        card = model_card(wh, info, model_lineage(wh, info), exported=not adapter, adapter=adapter)
+        (staging / "README.md").write_text(card)
+        if target.exists():
+            target.rmdir()
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def weights_digest(directory: Path) -> str:
+    """SHA-256 of a Hugging Face folder's weight files, in name order."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,72 @@
+"""A model folder's README.md: what the model is, its base, how to prompt it, how it was built, its scores."""
+
+from __future__ import annotations
+
+from stages.inputs import qa_pair
+from warehouse import RunRecord, Warehouse, list_runs, run_metrics
+
+EXAMPLE_QUESTION = "who wrote the origin of species?"
+
+
+def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool = False, adapter: bool = False) -> str:
+    """The card of a model described by `info` and built by `runs` (`stages.models.model_lineage`)."""
+    name, kind = info["name"], info.get("kind", "base")
+    what = {"base": "a T5 base model", "nkb": "a T5 with Neural Knowledge Bank slots injected (the base frozen)",
+            "nkb-a": "a T5 whose every weight was trained on the knowledge corpus (NKB-a)",
+            "finetuned": f"a closed-book QA model fine-tuned from `{info.get('source')}`",
+            "edited": f"`{info.get('source')}` with knowledge edited in its NKB slots"}.get(kind, kind)
+    lines = [f"# {name}", "", f"{what[0].upper()}{what[1:]}, built by nkb-pipeline.", ""]
+    if info.get("layers"):
+        lines += [f"- NKB slots: {info.get('slots')} in each of {', '.join(info['layers'])}"
+                  + (" (merged into the feed-forward layers as extra neurons: `d_ff` grows by the slot count)"
+                     if exported else ""), ""]
+    if info.get("base_model"):
+        lines += [f"- base: `{info['base_model']}`", ""]
+    lines += ["## Prompt format", ""]
+    if info.get("task"):
+        lines += [f"Fine-tuned on the `{info['task']}` task: input a source text of that task, output its target.", ""]
+    elif kind in ("finetuned", "edited"):
+        text, answer = qa_pair(EXAMPLE_QUESTION, "Charles Darwin", info.get("answer_format", "plain"))
+        lines += [f"Input `{text}`, output `{answer}`"
+                  + (" (the answer between the two sentinels)" if "<extra_id_1>" in answer else "") + "."
+                  + (f" The question is followed by its top {info.get('knowledge_docs')} retrieved documents "
+                     f"({info['knowledge']})." if info.get("knowledge") else ""), ""]
+    else:
+        lines += ["Span corruption, as in pretraining and injection: input `The Origin of Species was written by "
+                  "<extra_id_0>.`, output `<extra_id_0> Charles Darwin <extra_id_1>`.", ""]
+    lines += ["## Loading", "", "```python"]
+    if exported or (kind == "base" and not adapter):
+        lines += ["from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
+                  'model = AutoModelForSeq2SeqLM.from_pretrained("path/to/this/folder")',
+                  'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")']
+    else:
+        lines += ["from nkb_model.checkpoint import load_model  # nkb-pipeline's loader: mounts the slots",
+                  'model, tokenizer, info = load_model("path/to/this/folder")']
+    lines += ["```", ""]
+    if not exported and kind != "base":
+        lines += [f"`nkb export {name} FOLDER` writes it as a folder that stock `transformers` loads, the slots "
+                  "merged into the feed-forward layers.", ""]
+    if runs:
+        lines += ["## How it was built", "", "| run | stage | settings |", "|---|---|---|"]
+        lines += [f"| `{r.run_id}` | {r.stage} | {_settings(r.config)} |" for r in runs] + [""]
+    scores = _scores(wh, name)
+    if scores:
+        lines += ["## Scores (exact match, %)", "", "| dataset | split | EM |", "|---|---|---|"]
+        lines += [f"| {d} | {s} | {v:.1f} |" for (d, s), v in sorted(scores.items())] + [""]
+    return "\n".join(lines)
+
+
+def _settings(config: dict) -> str:
+    keys = ("name", "model", "base_model", "corpus", "steps", "epochs", "batch_size", "lr", "layers", "slots",
+            "datasets", "size")
+    return ", ".join(f"{k}={config[k]}" for k in keys if config.get(k) not in (None, [], ""))
+
+
+def _scores(wh: Warehouse, name: str) -> dict[tuple[str, str], float]:
+    """{(dataset, split): EM} of the newest evaluation of the model on each split."""
+    scores: dict[tuple[str, str], float] = {}
+    for run in list_runs(wh, stage="evaluate"):
+        if run.status == "success" and run.config.get("model_name") == name:
+            for row in run_metrics(wh, run.run_id, "em"):
+                scores.setdefault((row["dataset"], row["split"]), row["value"])
+    return scores
