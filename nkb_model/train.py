@@ -109,7 +109,8 @@ def _all_reduce_grads(params: list[nn.Parameter]) -> None:
 
 
 def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tensor]], config: TrainConfig,
-          device: Device, checkpoint_dir: str | os.PathLike | None = None, desc: str = "train") -> list[tuple[int, float]]:
+          device: Device, checkpoint_dir: str | os.PathLike | None = None, desc: str = "train",
+          progress: Callable[..., tqdm] = tqdm) -> list[tuple[int, float]]:
     """Train the parameters that require grad for `config.steps` steps; returns [(step, loss), ...].
 
     Resumes from `checkpoint_dir` when it holds a checkpoint. The caller sets train/eval modes (so
@@ -131,7 +132,7 @@ def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tens
     rank, world = _world()
     disabled = os.environ.get("NKB_PROGRESS", "1") == "0" or rank > 0
     shown_loss, seen_tokens, seen_seconds = None, 0, 0.0  # what the bar shows: smoothed, not one noisy step
-    with tqdm(total=config.steps, initial=start, desc=desc, unit=" step", disable=disabled, mininterval=1.0) as bar:
+    with progress(total=config.steps, initial=start, desc=desc, unit=" step", disable=disabled) as bar:
         for step in range(start, config.steps):
             started = time.perf_counter()
             batch = batch_for_step(step)

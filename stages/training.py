@@ -18,6 +18,7 @@ from stages.inputs import (PRETRAINING, corpora, corpus_lineage, corpus_texts, g
                            one_corpus, packed_rows, qa_inputs, qa_pair, questions_lineage, read_questions,
                            retrievals_lineage, segments_with_spans, spans_lineage)
 from stages.models import SourceModel, model_at, model_dir, model_present, publish_model, source_model, work_dir
+from stages.progress import progress
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, run_stage
 
 GENERAL_SEQ_LEN = 128  # general-text rows for injection into a base without held-out rows (e.g. t5-base)
@@ -114,7 +115,7 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
             batches = base_model.Interleaved(batches, pretraining_ssm_batches(wh, tokenizer, config, data_meta["seq_len"]),
                                              config.ssm_share)
         name = f"pretrain {config.name}"
-        losses = train(model, batches, config.train_config(config.steps), device, work_dir(target), desc=name) \
+        losses = train(model, batches, config.train_config(config.steps), device, work_dir(target), name, progress) \
             if config.steps else []
         for step, loss in losses:
             run.metric("pretrain_loss", loss, dataset=config.pretrain_corpus, split="train", step=step)
@@ -262,7 +263,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
             from nkb_model.base_model import Interleaved
             batches = Interleaved(ssm, general_batches(wh, tokenizer, base.directory, config), config.general_share)
         losses = train(model, batches, config.train_config(config.steps), device, work_dir(target),
-                       desc=f"inject {name}")
+                       f"inject {name}", progress)
         for step, loss in losses:
             run.metric("ssm_loss", loss, dataset=config.corpus, split="train", step=step)
         model.to("cpu")
@@ -367,7 +368,7 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
                                  knowledge_ids=knowledge_ids)
         steps = config.epochs * batches.per_epoch
         losses = train(model, batches, config.train_config(steps, batches.batch_size), device, work_dir(target),
-                       desc=f"finetune {name}")
+                       f"finetune {name}", progress)
         for step, loss in losses:
             run.metric(f"{config.task}_loss" if config.task else "qa_loss", loss, split=config.split, step=step)
         model.to("cpu")

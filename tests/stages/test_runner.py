@@ -24,3 +24,17 @@ def test_rows_written_counts_table_rows_only():
 def test_a_skipped_run_reports_no_speed():
     row = summarize("ingest", result({"documents": 10}, skipped=True), 0.5)
     assert row["skipped"] and "rows_per_second" not in row
+
+
+def test_progress_in_a_log_is_a_line_per_redraw_not_one_line_of_them_all(monkeypatch, capsys):
+    import sys
+    from stages import progress as bars
+    monkeypatch.setenv("NKB_PROGRESS", "1")
+    monkeypatch.setattr(bars, "LOG_INTERVAL_S", 0)  # redraw on every update
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    with bars.progress(total=500, desc="inject base+nkb", unit=" step") as bar:
+        for _ in range(500):
+            bar.update(1)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) > 10 and "\r" not in "".join(lines) and max(map(len, lines)) < 150
+    assert lines[-1].startswith("inject base+nkb: 100%")
