@@ -237,19 +237,25 @@ def cmd_tables(args) -> int:
 
 def cmd_runs(args) -> int:
     import pyarrow as pa
+
+    from stages.registry import run_subject
     wh = Warehouse(args.home)
     runs = list_runs(wh, stage=args.stage, limit=args.limit)
     if args.stage and not runs:
         known = sorted({r.stage for r in list_runs(wh)})
         raise WarehouseError(f"no runs of stage {args.stage!r}; stages with runs: {', '.join(known) or 'none yet'}")
-    table = pa.table({
-        "run_id": [r.run_id for r in runs], "stage": [r.stage for r in runs], "status": [r.status for r in runs],
-        "started_at": [r.started_at.isoformat(sep=" ", timespec="seconds") if r.started_at else None for r in runs],
-        "seconds": [round(r.seconds, 2) if r.seconds is not None else None for r in runs],
-        "outputs": [json.dumps(r.outputs) if r.outputs else "" for r in runs],
-        "inputs_fingerprint": [r.inputs_fingerprint for r in runs], "code_version": [r.code_version for r in runs],
-        "error": [r.error or "" for r in runs]})
-    _emit(FORMATTERS[args.format](table), None)
+    rows = [{"run_id": r.run_id, "stage": r.stage, "for": run_subject(r.stage, r.config), "status": r.status,
+             "started_at": r.started_at.isoformat(sep=" ", timespec="seconds") if r.started_at else None,
+             "seconds": round(r.seconds, 2) if r.seconds is not None else None, "outputs": r.outputs,
+             "inputs_fingerprint": r.inputs_fingerprint, "code_version": r.code_version, "error": r.error or ""}
+            for r in runs]
+    if args.format == "json":  # nested objects stay objects; the config too
+        _emit(json.dumps([{**row, "config": r.config} for row, r in zip(rows, runs)], indent=1, default=str), None)
+        return 0
+    for row in rows:
+        row["outputs"] = ", ".join(f"{k}={v}" for k, v in row["outputs"].items())
+    columns = list(rows[0]) if rows else ["run_id", "stage", "for", "status"]
+    _emit(FORMATTERS[args.format](pa.table({c: [row[c] for row in rows] for c in columns})), None)
     return 0
 
 

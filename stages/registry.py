@@ -53,3 +53,35 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("surgery", SurgeryConfig, "knowledge:surgery", pool="gpu"),
     Stage("edit", EditConfig, "knowledge:edit", pool="gpu", publishes_model=True),
 ]}
+
+
+def run_subject(stage: str, config: dict) -> str:
+    """What a run was for, from its config: the model it built or read, its data and its length, e.g.
+    "base+nkb.qa from base+nkb, 30 epochs" or "nq.train"."""
+    spec = STAGES.get(stage)
+    built = config.get("model_name")
+    if built is None and spec is not None and hasattr(spec.config, "model_name"):
+        try:
+            known = {k: v for k, v in config.items() if k in spec.config.model_fields}
+            built = spec.config.model_validate(known).model_name()
+        except ValueError:  # a config from an older version of the stage
+            built = config.get("name")
+    source = config.get("model") or config.get("base_model")
+    parts = []
+    if built and source and built != source and spec is not None and spec.publishes_model:
+        parts.append(f"{built} from {source}")
+    elif built or source or config.get("name"):
+        parts.append(built or source or config["name"])
+    split = config.get("split")
+    if config.get("dataset"):
+        parts.append(f"{config['dataset']}.{split}")
+    elif parts and split and not (spec and spec.publishes_model):
+        parts.append(f"on {split}")
+    elif config.get("task") and not parts:
+        parts.append(config["task"] + (f".{split}" if split else ""))
+    elif config.get("corpus") and not parts:
+        parts.append(f"corpus {config['corpus']}" + (f" ({config['source']})" if config.get("source") else ""))
+    for key, unit in (("steps", "steps"), ("epochs", "epochs")):
+        if config.get(key):
+            parts.append(f"{config[key]} {unit}")
+    return ", ".join(parts)

@@ -40,7 +40,10 @@ def test_run_ingest_then_skip(capsys, home, tmp_path):
     code, out, _ = run_cli(capsys, "--home", home, "sql", "SELECT corpus, title FROM documents", "--format", "json")
     assert json.loads(out) == [{"corpus": "wiki", "title": "A"}]
     code, out, _ = run_cli(capsys, "--home", home, "runs")
-    assert out.count("ingest-") == 2 and "success" in out
+    assert out.count("ingest-") == 2 and "success" in out and "corpus wiki" in out
+    code, out, _ = run_cli(capsys, "--home", home, "runs", "--format", "json")
+    runs = json.loads(out)
+    assert runs[0]["outputs"]["documents"] == 1 and runs[0]["config"]["corpus"] == "wiki"  # objects, not strings
     code, out, _ = run_cli(capsys, "--home", home, "tables")
     assert any(line.split()[:3] == ["documents", "parquet", "1"] for line in out.splitlines())
 
