@@ -55,23 +55,28 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
 ]}
 
 
+def model_of(stage: str, config: dict) -> str | None:
+    """The model a run built (a training stage) or read (evaluate), by name, from its config."""
+    spec = STAGES.get(stage)
+    if config.get("model_name") or spec is None or not hasattr(spec.config, "model_name"):
+        return config.get("model_name") or (config.get("name") if spec and spec.publishes_model else None)
+    try:
+        return spec.config.model_validate({k: v for k, v in config.items() if k in spec.config.model_fields}).model_name()
+    except ValueError:  # a config from an older version of the stage
+        return config.get("name")
+
+
 def run_subject(stage: str, config: dict) -> str:
     """What a run was for, from its config: the model it built or read, its data and its length, e.g.
     "base+nkb.qa from base+nkb, 30 epochs" or "nq.train"."""
     spec = STAGES.get(stage)
-    built = config.get("model_name")
-    if built is None and spec is not None and hasattr(spec.config, "model_name"):
-        try:
-            known = {k: v for k, v in config.items() if k in spec.config.model_fields}
-            built = spec.config.model_validate(known).model_name()
-        except ValueError:  # a config from an older version of the stage
-            built = config.get("name")
+    built = model_of(stage, config)
     source = config.get("model") or config.get("base_model")
     parts = []
     if built and source and built != source and spec is not None and spec.publishes_model:
         parts.append(f"{built} from {source}")
-    elif built or source or config.get("name"):
-        parts.append(built or source or config["name"])
+    elif built or source:
+        parts.append(built or source)
     split = config.get("split")
     if config.get("dataset"):
         parts.append(f"{config['dataset']}.{split}")

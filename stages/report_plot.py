@@ -1,4 +1,5 @@
-"""The report as a picture and as Markdown: training loss curves beside EM per model and dataset."""
+"""The report as a picture and as Markdown: training loss curves (pretraining, injection, fine-tuning) beside EM
+per model and dataset."""
 
 from __future__ import annotations
 
@@ -6,45 +7,73 @@ import base64
 import io
 
 from stages.report import report_rows
-from warehouse import Warehouse, query
+from warehouse import Warehouse, list_runs, run_metrics
 
-# Latest successful run per (stage, model) of the training stages, with its loss curve.
-CURVES_SQL = """
-WITH latest AS (
-    SELECT run_id, stage,
-           coalesce(json_extract_string(config, '$.name'),
-                    json_extract_string(config, '$.model') || '.qa',
-                    json_extract_string(config, '$.base_model') || '+' || json_extract_string(config, '$.variant'))
-               AS model
-    FROM runs WHERE status = 'success' AND stage IN ('base-model', 'inject', 'finetune')
-    QUALIFY row_number() OVER (PARTITION BY stage, model ORDER BY finished_at DESC) = 1)
-SELECT l.stage, l.model, m.step, m.value
-FROM metrics AS m JOIN latest AS l USING (run_id)
-WHERE m.step IS NOT NULL AND m.metric LIKE '%loss'
-ORDER BY l.stage, l.model, m.step
-"""
+# The panels of training curves: (title, stage, {metric: what its steps trained on}); a fine-tune's metric is
+# `<task>_loss` (qa_loss for QA), matched by its suffix.
+PANELS = [
+    ("Pretraining", "base-model", {"pretrain_loss": "span corruption", "pretrain_ssm_loss": "salient span masking"}),
+    ("Injection", "inject", {"ssm_loss": "SSM", "general_loss": "general text"}),
+    ("Fine-tuning", "finetune", {"_loss": ""}),
+]
+SMOOTHING = 25  # steps in the moving average: one step's loss is noise
 
 
-def report_png(wh: Warehouse) -> bytes:
-    """Loss curves (left) and validation EM per model and dataset (right), as PNG bytes."""
+def training_curves(wh: Warehouse) -> dict[str, dict[str, tuple[list, list]]]:
+    """{panel: {curve label: (steps, smoothed losses)}} of the newest successful run of each model."""
+    from stages.registry import model_of
+    out: dict[str, dict[str, tuple[list, list]]] = {}
+    for title, stage, metrics in PANELS:
+        newest: dict[str, object] = {}
+        for run in list_runs(wh, stage=stage):  # newest first
+            model = model_of(stage, run.config)
+            if run.status == "success" and model and model not in newest:
+                newest[model] = run
+        curves = out.setdefault(title, {})
+        for model, run in sorted(newest.items()):
+            by_metric: dict[str, list[tuple[int, float]]] = {}
+            for row in run_metrics(wh, run.run_id):
+                if row["step"] is not None and any(row["metric"].endswith(m) for m in metrics):
+                    by_metric.setdefault(row["metric"], []).append((row["step"], row["value"]))
+            for metric, points in sorted(by_metric.items()):
+                what = metrics.get(metric, "")
+                label = f"{model}: {what}" if what and len(by_metric) > 1 else model
+                points.sort()
+                curves[label] = ([p[0] for p in points], smooth([p[1] for p in points], SMOOTHING))
+    return {title: curves for title, curves in out.items() if curves}
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average over up to `window` values."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def report_figure(wh: Warehouse):
+    """A matplotlib figure: a panel of loss curves per training kind, and validation EM per model and dataset."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    curves = query(wh, CURVES_SQL).to_pylist()
+    panels = training_curves(wh)
     rows = [r for r in report_rows(wh) if r["em"] is not None]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
-    series: dict[tuple[str, str], tuple[list, list]] = {}
-    for c in curves:
-        steps, values = series.setdefault((c["stage"], c["model"]), ([], []))
-        steps.append(c["step"])
-        values.append(c["value"])
-    for (stage, model), (steps, values) in series.items():
-        left.plot(steps, values, label=f"{stage}: {model}", linewidth=1)
-    left.set(xlabel="step", ylabel="training loss", title="Loss curves", yscale="log")
-    if series:
-        left.legend(fontsize=7)
+    columns = 2
+    grid_rows = (len(panels) + 1 + columns - 1) // columns
+    fig, axes = plt.subplots(grid_rows, columns, figsize=(13, 4.6 * grid_rows), squeeze=False)
+    axes = list(axes.flat)
+    for ax in axes[len(panels) + 1:]:
+        ax.set_visible(False)
+    for ax, (title, curves) in zip(axes, panels.items()):
+        for label, (steps, values), colour in zip(curves, curves.values(), distinct_colours(len(curves))):
+            ax.plot(steps, values, color=colour, label=label, linewidth=1.2)
+        ax.set(xlabel="step", ylabel=f"training loss (moving average of {SMOOTHING} steps)", title=title,
+               yscale="log")
+        ax.legend(fontsize=7)
+    right = axes[len(panels)]
     models = list(dict.fromkeys(r["model"] for r in rows))
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     width = 0.8 / max(len(datasets), 1)
@@ -57,6 +86,22 @@ def report_png(wh: Warehouse) -> bytes:
     if datasets:
         right.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def distinct_colours(n: int) -> list:
+    """`n` colours, none repeated: tab10 or tab20 while they last, else evenly spaced hues."""
+    import matplotlib.pyplot as plt
+    if n <= 20:
+        palette = plt.get_cmap("tab10" if n <= 10 else "tab20")
+        return [palette(i) for i in range(n)]
+    return [plt.get_cmap("hsv")(i / n) for i in range(n)]
+
+
+def report_png(wh: Warehouse) -> bytes:
+    """`report_figure` as PNG bytes."""
+    import matplotlib.pyplot as plt
+    fig = report_figure(wh)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)

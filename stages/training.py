@@ -118,7 +118,8 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
         losses = train(model, batches, config.train_config(config.steps), device, work_dir(target), name, progress) \
             if config.steps else []
         for step, loss in losses:
-            run.metric("pretrain_loss", loss, dataset=config.pretrain_corpus, split="train", step=step)
+            run.metric(loss_metric(batches, step, "pretrain_loss", "pretrain_ssm_loss"), loss,
+                       dataset=config.pretrain_corpus, split="train", step=step)
         n_params = sum(p.numel() for p in model.parameters())
         info = {"name": config.name, "kind": "base", "size": config.size, "params": n_params,
                 "vocab": len(tokenizer), "built_by": run.run_id, "final_loss": losses[-1][1] if losses else None}
@@ -265,7 +266,8 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         losses = train(model, batches, config.train_config(config.steps), device, work_dir(target),
                        f"inject {name}", progress)
         for step, loss in losses:
-            run.metric("ssm_loss", loss, dataset=config.corpus, split="train", step=step)
+            run.metric(loss_metric(batches, step, "ssm_loss", "general_loss"), loss, dataset=config.corpus,
+                       split="train", step=step)
         model.to("cpu")
         total = sum(p.numel() for p in model.parameters())
         info = {"name": name, "kind": config.variant, "base_folder": relative_base(hf_dir(base.directory), target),
@@ -296,6 +298,12 @@ def previous_injection(wh: Warehouse, name: str, knowledge_digest: str) -> Sourc
         if candidate.info.get("name") == name and candidate.info.get("knowledge") != knowledge_digest:
             return candidate
     return None
+
+
+def loss_metric(batches, step: int, first: str, second: str) -> str:
+    """The metric a step's loss is recorded as: `second` for a step an interleaved schedule drew from its second
+    source (so that curves of different objectives are not drawn as one)."""
+    return second if hasattr(batches, "source") and batches.source(step)[0] else first
 
 
 def general_batches(wh: Warehouse, tokenizer, base_dir: Path, config: InjectConfig):
