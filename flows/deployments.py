@@ -1,8 +1,10 @@
 """prefect.yaml, generated from the stage registry so that deployments never drift from the configs.
 
 `python -m flows.deployments` rewrites prefect.yaml; a test fails when the committed file is out of date.
-Each deployment's parameters are its config model's defaults (fields without a default are left for the
-run to supply) and `enforce_parameter_schema` rejects runs whose parameters do not fit the config model.
+Each stage deployment's parameters are the sample-world demo's settings for that stage (for the model stages,
+those of its base+NKB row), so that Run in the UI reproduces the demo; the stages that read input files start
+from their config's defaults (fields without a default are left for the run to supply).
+`enforce_parameter_schema` rejects runs whose parameters do not fit the config model.
 """
 
 from __future__ import annotations
@@ -40,6 +42,30 @@ def config_defaults(config: type[StageConfig]) -> dict[str, Any]:
             for name, value in defaults.items()}
 
 
+# The row whose settings a stage's deployment offers: pressing Run on `inject` in the UI builds the demo's base+NKB.
+DEMO_ROW = {"inject": "base+nkb", "finetune": "base+nkb.qa", "evaluate": "base+nkb.qa"}
+# Stages that read one of several input files: their form starts from the config's defaults, the file left to fill in.
+FILE_READERS = {"sample-world", "ingest", "questions", "generation-data"}
+
+
+def demo_defaults() -> dict[str, dict[str, Any]]:
+    """{stage: the sample-world experiment's settings for it} (its main row's, for the model stages); a field
+    naming a file of the generated world keeps its config default, since the world's folder depends on the
+    warehouse."""
+    chosen: dict[str, StageConfig] = {}
+    for stage, config in Experiment.load(SAMPLE_WORLD).plan():
+        row = config.model_name() if hasattr(config, "model_name") else getattr(config, "model", None)
+        if stage not in FILE_READERS and (stage not in chosen or (stage in DEMO_ROW and row == DEMO_ROW[stage])):
+            chosen[stage] = config
+    defaults = {}
+    for stage, config in chosen.items():
+        plain = config_defaults(type(config))
+        demo = config.model_dump(mode="json")
+        defaults[stage] = {k: plain[k] if isinstance(v, str) and "{sample_world}" in v else v
+                           for k, v in demo.items() if k in plain}
+    return defaults
+
+
 def flow_attribute(stage: str) -> str:
     """The name of a stage's flow in flows/flows.py (its deployment's entrypoint)."""
     return f"{stage.replace('-', '_')}_flow"
@@ -57,13 +83,14 @@ def deployments() -> list[dict[str, Any]]:
                        "train_models": True, "dispatch": True},
         "schedules": [{"cron": PIPELINE_CRON, "timezone": "UTC", "active": False}],
     }
+    demo = demo_defaults()
     stages = [{
         "name": stage.name,
         "entrypoint": f"flows/flows.py:{flow_attribute(stage.name)}",
         "description": stage.summary,
         "work_pool": {"name": stage.pool},
         "enforce_parameter_schema": True,
-        "parameters": {"config": config_defaults(stage.config), "force": False},
+        "parameters": {"config": demo.get(stage.name) or config_defaults(stage.config), "force": False},
     } for stage in STAGES.values()]
     return [pipeline] + stages
 

@@ -46,6 +46,10 @@ def dask_shard_mapper(address: str):
     return lambda jobs: ner_shards_flow.with_options(task_runner=runner)(jobs) if jobs else []
 
 
+HOME_HELP = "home: The warehouse directory; default `$NKB_HOME`, else `.nkb` in the project directory."
+FORCE_HELP = "force: Rerun even when the inputs are unchanged (a stage is skipped when they are)."
+
+
 def _stage_flow(stage: Stage):
     config_type = stage.config
 
@@ -72,7 +76,14 @@ def _stage_flow(stage: Stage):
         return row
 
     run_stage_flow.__name__ = flow_attribute(stage.name)
-    run_stage_flow.__doc__ = stage.summary
+    # Prefect reads the Args section for the run form's field descriptions.
+    run_stage_flow.__doc__ = f"""{stage.summary}
+
+    Args:
+        config: The stage's settings (`nkb run {stage.name} --help` describes each).
+        {HOME_HELP}
+        {FORCE_HELP}
+    """
     # persist_result: a pipeline that dispatched this flow to a worker reads the summary row back.
     return flow(name=stage.name, description=stage.summary, log_prints=True, persist_result=True)(run_stage_flow)
 
@@ -117,9 +128,16 @@ def pipeline(experiment: Optional[Experiment] = None, experiment_file: Optional[
              dispatch: bool = False) -> list[dict]:
     """Run an experiment's plan: ingest its corpora, load its QA and generation files, index the knowledge corpus,
     retrieve the top documents per question, find their salient spans, and (with `train_models`) build or bring in
-    the base, inject the NKB, fine-tune and evaluate every row, report, analyse and edit the slots. The experiment
-    is given inline (the form) or as an experiment_file (a YAML path, which wins). dispatch: GPU-pool stages run
-    through their deployments (needs a server with a worker on the `gpu` pool, see `nkb server up`)."""
+    the base, inject the NKB, fine-tune and evaluate every row, report, analyse and edit the slots.
+
+    Args:
+        experiment: The experiment: its files, base model, rows and stage settings (default: the sample world).
+        experiment_file: An experiment's YAML file on the worker's machine; when given, it is used instead.
+        home: The warehouse directory; default `$NKB_HOME`, else `.nkb` in the project directory.
+        force: Rerun every stage even when its inputs are unchanged.
+        train_models: Also build the models, fine-tune, evaluate and report; off: the data stages only.
+        dispatch: Run GPU-pool stages through their deployments (needs a worker on the `gpu` pool: `nkb server up`).
+    """
     quiet_user_errors()
     chosen = load_experiment(experiment, experiment_file).with_world(world_dir(Warehouse(home)))
     rows = [run(name, config, home, force, dispatch) for name, config in chosen.plan(train_models)]

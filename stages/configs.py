@@ -154,7 +154,7 @@ class GenerationDataConfig(StageConfig):
     """Read a summarisation or translation split into `gen_examples` (the general-generation check)."""
 
     path: str = Field(description="Summarisation: JSONL of {document, summary} (XSum-style). Translation: JSON or "
-                                  "JSONL of {translation: {<src>: ..., <tgt>: ...}} (WMT-style).")
+                                  "JSONL of `{translation: {SRC: ..., TGT: ...}}` (WMT-style).")
     kind: Literal["summarization", "translation"] = Field(description="What the task is.")
     task: Name = Field(description="Task name, e.g. xsum or wmt16-de-en.")
     split: Name = Field(description="Split name, e.g. train, validation, test.")
@@ -224,7 +224,7 @@ class PretrainingDataConfig(StageConfig):
 
     corpus: Optional[Name] = Field(None, description="Corpus of `documents` to pretrain on; default: the warehouse's only corpus (the sample "
                                                      "world's general text, which states no question fact).")
-    vocab_size: int = Field(4000, ge=100, description="SentencePiece pieces (plus <pad>, </s>, <unk> and 100 sentinels).")
+    vocab_size: int = Field(4000, ge=100, description="SentencePiece pieces (plus `<pad>`, `</s>`, `<unk>` and 100 sentinels).")
     tokenizer_corpora: Optional[list[str]] = Field(None, description="Corpora of `documents` the tokenizer is trained "
                                                                      "on; default: every corpus in the warehouse.")
     held_out_share: float = Field(0.05, ge=0, lt=0.5, description="Share of the packed sequences kept for the "
@@ -269,7 +269,7 @@ class InjectConfig(TrainingConfig):
     base_model: str = Field("base", description="Model name from the base-model stage, or a Hugging Face T5 directory.")
     variant: Literal["nkb", "nkb-a"] = Field("nkb", description="nkb: only the slots train, the base is frozen; "
                                                                 "nkb-a: every parameter trains.")
-    name: Optional[ModelName] = Field(None, description="Name of the result; default <base_model>+<variant>.")
+    name: Optional[ModelName] = Field(None, description="Name of the result; default `BASE_MODEL+VARIANT`.")
     corpus: Optional[Name] = Field(None, description="Corpus whose segments and salient spans to inject; default: the warehouse's only corpus.")
     layers: list[str] = Field(default_factory=lambda: ["decoder.-1"],
                               description="Blocks to mount slots on: encoder.N / decoder.N (N may be negative).")
@@ -301,7 +301,7 @@ class FinetuneConfig(TrainingConfig):
     """Fine-tune a model (all parameters) for closed-book QA on the `questions` train split."""
 
     model: str = Field("base+nkb", description="Model to fine-tune: a name from base-model/inject, or a HF T5 directory.")
-    name: Optional[ModelName] = Field(None, description="Name of the result; default <model>.qa.")
+    name: Optional[ModelName] = Field(None, description="Name of the result; default `MODEL.qa`.")
     datasets: Optional[list[str]] = Field(None, description="Datasets to train on; default: every one with the split.")
     split: Name = Field("train", description="Split to train on.")
     epochs: int = Field(30, ge=1, description="Passes over the training questions.")
@@ -309,7 +309,7 @@ class FinetuneConfig(TrainingConfig):
     freeze_nkb: bool = Field(False, description="Keep the NKB slots fixed while fine-tuning the rest.")
     answer_format: Literal["plain", "sentinel"] = Field(
         "plain", description="plain: question → answer (the paper's); sentinel: the answer asked for like a masked "
-                             "span (… answer: <extra_id_0> → <extra_id_0> answer <extra_id_1>).")
+                             "span (`… answer: <extra_id_0>` → `<extra_id_0> answer <extra_id_1>`).")
     knowledge: Literal["none", "concat", "kformer"] = Field(
         "none", description="none: closed-book; concat: the retrieved documents appended to the question (then "
                             "truncated to max_input_len); kformer: the retrieved documents as Kformer knowledge "
@@ -366,12 +366,12 @@ class ReportConfig(ModelStageConfig):
     kformer: Optional[str] = Field("base.kformer", description="The base fine-tuned with Kformer (a fine-tuned model).")
     concat: Optional[str] = Field("base.concat", description="The base fine-tuned on questions with their retrieved "
                                                              "documents appended (a fine-tuned model).")
-    finetuned_suffix: str = Field(".qa", description="Each row's fine-tuned model is <model><suffix> (Kformer and "
+    finetuned_suffix: str = Field(".qa", description="Each row's fine-tuned model is `MODEL` + this suffix (Kformer and "
                                                      "concat name their fine-tuned model directly).")
     split: Name = Field("validation", description="Split whose EM is reported.")
     generation_tasks: list[str] = Field(default_factory=lambda: ["summaries", "translation"],
                                         description="General-generation tasks whose scores of base, base+NKB and "
-                                                    "base+NKB-a (fine-tuned as <model>.<task>) are reported.")
+                                                    "base+NKB-a (fine-tuned as `MODEL.TASK`) are reported.")
     probes: Optional[str] = Field(None, description="Cloze probe file (JSONL: prompt, answer, split, wording); "
                                                     "without one the probe columns stay empty.")
 
@@ -413,7 +413,7 @@ class EditConfig(ModelStageConfig):
     question: str = Field(min_length=1, description="The question, as asked in QA (without the 'question:' prefix).")
     answer: str = Field(min_length=1, description="The answer the model should give after the edit.")
     name: Optional[ModelName] = Field(None, description="Name of the edited model; default "
-                                                                        "<model>.edit-<digest of the edit>.")
+                                                                        "`MODEL.edit-DIGEST` (a digest of the edit).")
     layer: Optional[str] = Field(None, description="NKB block to edit; default: the last decoder block with an NKB.")
     lam: float = Field(0.07, gt=0, description="Edit strength λ (the paper's best: 0.07).")
 

@@ -29,11 +29,37 @@ def test_prefect_yaml_is_generated_from_the_registry():
     assert (ROOT / "prefect.yaml").read_text() == render(), "run `python -m flows.deployments`"
 
 
-def test_stage_deployments_default_to_their_config_defaults_and_enforce_the_schema():
-    from flows.deployments import config_defaults
+def test_stage_deployments_offer_the_demos_settings_and_enforce_the_schema():
+    from flows.deployments import FILE_READERS, config_defaults
+    from stages.experiment import SAMPLE_WORLD, Experiment
     by_name = {d["name"]: d for d in deployments()}
     for stage in STAGES.values():
         d = by_name[stage.name]
         assert d["enforce_parameter_schema"] is True and d["work_pool"]["name"] == stage.pool
-        assert d["parameters"]["config"] == config_defaults(stage.config)
+        if stage.name in FILE_READERS:  # their files are the run's to give
+            assert d["parameters"]["config"] == config_defaults(stage.config)
+        elif not any(f.is_required() for f in stage.config.model_fields.values()):  # a Run as offered is valid
+            stage.config.model_validate(d["parameters"]["config"])
+    plan = Experiment.load(SAMPLE_WORLD).plan()
+    demo_inject = next(c for s, c in plan if s == "inject" and c.model_name() == "base+nkb")
+    assert by_name["inject"]["parameters"]["config"] == demo_inject.model_dump(mode="json")
+    demo_base = next(c for s, c in plan if s == "base-model")
+    assert by_name["base-model"]["parameters"]["config"] == demo_base.model_dump(mode="json")
+    assert by_name["finetune"]["parameters"]["config"]["answer_format"] == "sentinel"
+    assert "probes" not in by_name["report"]["parameters"]["config"] or \
+        by_name["report"]["parameters"]["config"]["probes"] is None  # a generated file's path depends on the warehouse
     assert by_name["pipeline"]["schedules"][0]["active"] is False
+
+
+def test_every_run_form_field_is_described_in_text_the_ui_renders_as_written():
+    import re
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.flows import STAGE_FLOWS, pipeline
+    for flow in [pipeline, *STAGE_FLOWS.values()]:
+        schema = parameter_schema(flow.fn).model_dump()
+        assert all(p.get("description") for p in schema["properties"].values()), flow.name
+        fields = [p for d in schema.get("definitions", {}).values() for p in d.get("properties", {}).values()]
+        for text in [p.get("description") or "" for p in [*schema["properties"].values(), *fields]]:
+            # The UI renders descriptions as Markdown, where <model> is an HTML tag and vanishes: only in `code`.
+            assert "<" not in re.sub(r"`[^`]*`", "", text), (flow.name, text)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flows import server
-from flows.deployments import config_defaults
+from flows.deployments import config_defaults, demo_defaults
 from stages.registry import STAGES
 from tests.experiments import tiny_experiment
 from warehouse import Warehouse, list_runs, query
@@ -74,13 +74,14 @@ def test_up_refuses_a_second_server_in_the_same_place(running):
         server.up(ROOT, port=free_port(), directory=state.directory, log=lambda *_: None)
 
 
-def test_every_deployment_is_deployed_with_its_config_defaults(client):
+def test_every_deployment_is_deployed_with_the_demos_settings(client):
     deployed = {d.name: d for d in client.read_deployments()}
+    demo = demo_defaults()
     assert set(deployed) == set(STAGES) | {"pipeline"}
     for stage in STAGES.values():
         d = deployed[stage.name]
         assert d.work_pool_name == stage.pool and d.enforce_parameter_schema
-        assert d.parameters["config"] == json.loads(json.dumps(config_defaults(stage.config)))
+        assert d.parameters["config"] == json.loads(json.dumps(demo.get(stage.name) or config_defaults(stage.config)))
     gpu = client.read_work_pool("gpu")
     assert gpu.concurrency_limit == 1 and gpu.type == "process"
 
