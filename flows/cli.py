@@ -195,12 +195,16 @@ def run_experiment(experiment, args) -> int:
         rows = pipeline(experiment=experiment, home=str(home), force=args.force, train_models=args.models)
     seconds = time.perf_counter() - started
     print(f"\nExperiment {experiment.name} finished in {seconds:.0f} s. Stages:")
+    width = max((len(r["for"]) for r in rows), default=0)
     for r in rows:
-        state = "skipped (unchanged)" if r["skipped"] else f"{r['written']} in {r['seconds']:.1f} s"
-        what = r.get("corpus") or r.get("model") or ".".join(str(r[k]) for k in ("dataset", "split") if r.get(k))
-        what = Path(what).name if "/" in str(what) else what
-        print(f"  {r['stage']:<16} {what:<24} {state}")
+        state = "skipped (unchanged)" if r["skipped"] else f"{r['written'] or 'done'} in {r['seconds']:.1f} s"
+        print(f"  {r['stage']:<16} {r['for']:<{width}}  {state}")
     wh = Warehouse(home)
+    models = {r["model"]: r["folder"] for r in rows if r.get("folder")}
+    if models:
+        print("\nModels (each folder has a model card, README.md; `nkb export NAME FOLDER` for stock transformers):")
+        for name, folder in models.items():
+            print(f"  {name:<{max(map(len, models))}}  {folder}")
     print(f"\nWarehouse: {home}\n  Parquet tables: {wh.tables_dir}\n  DuckDB file:    {wh.db_path}"
           f"  (open it with the duckdb CLI too)\n\nTables:")
     filled = [(name, kind, count) for name, kind, count in wh.row_counts() if count]
@@ -215,10 +219,13 @@ def run_experiment(experiment, args) -> int:
                 "SELECT input, target FROM ssm_examples LIMIT 5"):
         print(f'  {h} sql "{sql}"')
     print(f"  {h} runs")
-    if args.models:
-        print(f"  {h} report --plot report.png\n")
-        return cmd_report(argparse.Namespace(home=args.home, format="table", output=None, plot=None))
-    return 0
+    if not args.models:
+        return 0
+    plot = wh.files_dir / "report.png"
+    code = cmd_report(argparse.Namespace(home=args.home, format="table", output=None, plot=str(plot)))
+    plots = [plot, *sorted((wh.files_dir / "analysis").glob("*.png"))[-1:]]
+    print("\nPlots:\n" + "\n".join(f"  {p}" for p in plots if p.exists()))
+    return code
 
 
 def cmd_sql(args) -> int:

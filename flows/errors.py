@@ -24,10 +24,21 @@ class WithoutTraceback(logging.Filter):
         return True
 
 
+class WithoutRoutineStates(logging.Filter):
+    """Drops Prefect's "Beginning subflow run 'x' for flow 'y'" and "Finished in state Completed()": a stage flow
+    logs one line of its own, named after what it ran (`stage_run_name`), so that a pipeline's log reads as a list
+    of stages. Failed and crashed states are kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Beginning subflow run") or message == "Finished in state Completed()")
+
+
 def quiet_user_errors() -> None:
-    """Install the filter on Prefect's flow- and task-run loggers (once per process, after Prefect has set up
+    """Install the filters on Prefect's flow- and task-run loggers (once per process, after Prefect has set up
     its logging, which would drop a filter added before)."""
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logger = logging.getLogger(name)
-        if not any(isinstance(f, WithoutTraceback) for f in logger.filters):
-            logger.addFilter(WithoutTraceback())
+        for kind in (WithoutTraceback, WithoutRoutineStates):
+            if not any(isinstance(f, kind) for f in logger.filters):
+                logger.addFilter(kind())

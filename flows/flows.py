@@ -18,7 +18,7 @@ from flows.errors import quiet_user_errors
 from stages.data import NerShard, ner_shard
 from stages.experiment import Experiment, ExperimentError
 from stages.inputs import world_dir
-from stages.registry import STAGES, Stage
+from stages.registry import STAGES, Stage, run_subject
 from stages.runner import run_stage, summarize
 from warehouse import Warehouse, resolve_home
 
@@ -63,11 +63,10 @@ def _stage_flow(stage: Stage):
         result = run_stage(stage.name, wh, config, force, **options)
         row = summarize(stage.name, result, time.perf_counter() - started)
         if result.skipped:
-            logger.info("Skipped %s: its inputs are unchanged since run %s (finished %s). Set force=true to rerun.",
-                        stage.name, result.run.run_id, result.run.finished_at)
+            logger.info("skipped: inputs unchanged since run %s (force=true reruns it)", result.run.run_id)
         else:
-            logger.info("%s wrote %s in %.1f s (run %s)", stage.name, result.run.outputs, row["seconds"],
-                        result.run.run_id)
+            written = ", ".join(f"{k}={v}" for k, v in result.run.outputs.items()) or "nothing"
+            logger.info("wrote %s in %.1f s (run %s)", written, row["seconds"], result.run.run_id)
         create_table_artifact(key=f"{stage.name}-run", table=[row], description=f"{stage.name}: {stage.summary}")
         if stage.name == "report":
             from stages.report_plot import report_markdown
@@ -85,7 +84,17 @@ def _stage_flow(stage: Stage):
         {FORCE_HELP}
     """
     # persist_result: a pipeline that dispatched this flow to a worker reads the summary row back.
-    return flow(name=stage.name, description=stage.summary, log_prints=True, persist_result=True)(run_stage_flow)
+    return flow(name=stage.name, description=stage.summary, log_prints=True, persist_result=True,
+                flow_run_name=lambda: stage_run_name(stage.name))(run_stage_flow)
+
+
+def stage_run_name(stage: str) -> str:
+    """A stage flow run's name: the stage and what it is for ("finetune base+nkb.qa from base+nkb, 30 epochs"),
+    in place of Prefect's random one, so that logs and the UI's run list say what each run did."""
+    from prefect.runtime import flow_run
+    config = flow_run.parameters.get("config")
+    config = config.model_dump() if hasattr(config, "model_dump") else dict(config or {})
+    return " ".join([stage, run_subject(stage, config)]).strip()
 
 
 STAGE_FLOWS = {name: _stage_flow(stage) for name, stage in STAGES.items()}

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from stages.configs import StageConfig
-from stages.registry import STAGES, Stage
+from stages.registry import STAGES, Stage, model_of, run_subject
 from warehouse import PARQUET_TABLES, StageResult, Warehouse, get_run
 
 
@@ -39,12 +39,15 @@ def summarize(stage: str, result: StageResult, seconds: float) -> dict[str, Any]
     run = result.run
     value = result.value if isinstance(result.value, dict) else {}
     tables = {k: v for k, v in run.outputs.items() if k in PARQUET_TABLES}
-    row: dict[str, Any] = {"stage": stage, "run_id": run.run_id, "skipped": result.skipped,
+    row: dict[str, Any] = {"stage": stage, "for": run_subject(stage, run.config), "run_id": run.run_id,
+                           "skipped": result.skipped,
                            "rows_written": sum(tables.values()),
                            "written": ", ".join(f"{v} {k}" for k, v in tables.items()),
                            "seconds": round(seconds, 3)}
     others = {k: v for k, v in run.outputs.items() if k not in tables} | value  # parameters, files, steps...
     row.update({k: v for k, v in others.items() if k not in row and not isinstance(v, (list, dict))})
+    if STAGES[stage].publishes_model and run.checkpoint:
+        row["model"], row["folder"] = model_of(stage, run.config), run.checkpoint
     if not result.skipped and row["rows_written"] and seconds > 0:
         row["rows_per_second"] = round(row["rows_written"] / seconds, 1)
     return row
