@@ -8,7 +8,7 @@ import time
 from stages.configs import EvaluateConfig
 from stages.inputs import (gen_examples, gen_inputs, gen_lineage, qa_inputs, questions_lineage, read_questions,
                            retrievals_lineage)
-from stages.models import source_model
+from stages.models import model_lineage, source_model
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, run_stage
 
 
@@ -61,6 +61,12 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
                 hits = [c for c, d in zip(correct, ds) if d == dataset]
                 scores[dataset] = 100.0 * sum(hits) / len(hits)
                 run.metric("em", scores[dataset], dataset=dataset, split=config.split)
+        if source.directory.is_relative_to(wh.files_dir):  # this warehouse's model: its card gets the scores
+            from stages.model_card import model_card
+            new_scores = {(task, config.split, metric): score for metric, score in scores.items()} if task else \
+                {(dataset, config.split, "em"): score for dataset, score in scores.items()}
+            card = model_card(wh, info, model_lineage(wh, info), new_scores=new_scores)
+            run.publish_file(source.directory / "README.md", lambda path: path.write_text(card))
         run.write("predictions", f"{name}.{config.split}", {
             "question_id": ids, "dataset": ds, "split": [config.split] * len(ds), "prediction": outputs,
             "exact_match": correct})

@@ -6,10 +6,13 @@ from stages.inputs import qa_pair
 from warehouse import RunRecord, Warehouse, list_runs, run_metrics
 
 EXAMPLE_QUESTION = "who wrote the origin of species?"
+METRICS = {"em": "exact match, %", "rougeL": "ROUGE-L F1, %", "bleu": "SacreBLEU"}
 
 
-def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool = False, adapter: bool = False) -> str:
-    """The card of a model described by `info` and built by `runs` (`stages.models.model_lineage`)."""
+def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool = False, adapter: bool = False,
+               new_scores: dict[tuple[str, str, str], float] | None = None) -> str:
+    """The card of a model described by `info` and built by `runs` (`stages.models.model_lineage`);
+    `new_scores` {(dataset, split, metric): score} are those of an evaluation not yet recorded."""
     name, kind = info["name"], info.get("kind", "base")
     what = {"base": "a T5 base model", "nkb": "a T5 with Neural Knowledge Bank slots injected (the base frozen)",
             "nkb-a": "a T5 whose every weight was trained on the knowledge corpus (NKB-a)",
@@ -49,10 +52,10 @@ def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool 
     if runs:
         lines += ["## How it was built", "", "| run | stage | settings |", "|---|---|---|"]
         lines += [f"| `{r.run_id}` | {r.stage} | {_settings(r.config)} |" for r in runs] + [""]
-    scores = _scores(wh, name)
+    scores = _scores(wh, name) | (new_scores or {})
     if scores:
-        lines += ["## Scores (exact match, %)", "", "| dataset | split | EM |", "|---|---|---|"]
-        lines += [f"| {d} | {s} | {v:.1f} |" for (d, s), v in sorted(scores.items())] + [""]
+        lines += ["## Scores", "", "| dataset | split | metric | score |", "|---|---|---|---|"]
+        lines += [f"| {d} | {s} | {METRICS.get(m, m)} | {v:.1f} |" for (d, s, m), v in sorted(scores.items())] + [""]
     return "\n".join(lines)
 
 
@@ -63,10 +66,11 @@ def _settings(config: dict) -> str:
 
 
 def _scores(wh: Warehouse, name: str) -> dict[tuple[str, str], float]:
-    """{(dataset, split): EM} of the newest evaluation of the model on each split."""
-    scores: dict[tuple[str, str], float] = {}
+    """{(dataset, split, metric): score} of the newest evaluation of the model on each split."""
+    scores: dict[tuple[str, str, str], float] = {}
     for run in list_runs(wh, stage="evaluate"):
         if run.status == "success" and run.config.get("model_name") == name:
-            for row in run_metrics(wh, run.run_id, "em"):
-                scores.setdefault((row["dataset"], row["split"]), row["value"])
+            for row in run_metrics(wh, run.run_id):
+                if row["metric"] in METRICS:
+                    scores.setdefault((row["dataset"], row["split"], row["metric"]), row["value"])
     return scores

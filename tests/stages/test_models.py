@@ -393,7 +393,9 @@ def test_an_exported_model_answers_with_stock_transformers_as_its_predictions_sa
     folder = export_model(world, name, tmp_path / "export")
     assert stock_answers(folder, [r["question"] for r in predicted], answer_format) == [r["prediction"] for r in predicted]
     card = (folder / "README.md").read_text()
-    assert "AutoModelForSeq2SeqLM.from_pretrained" in card and "| nq | validation |" in card
+    assert "AutoModelForSeq2SeqLM.from_pretrained" in card and "| nq | validation | exact match, % |" in card
+    published = (find_model(world, name) / "README.md").read_text()  # evaluate put its scores in the card
+    assert "| nq | validation | exact match, % |" in published and "nkb export" in published
     assert ("answer: <extra_id_0>" in card) == (answer_format == "sentinel")
     with pytest.raises(ValueError, match="not empty"):
         export_model(world, name, tmp_path / "export")
