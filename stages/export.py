@@ -26,6 +26,9 @@ def export_model(wh: Warehouse, name: str, target: Path, adapter: bool = False) 
         raise ValueError(f"{target} exists and is not empty; give a new folder")
     source = source_model(wh, name)
     model, tokenizer, info = source.load()
+    if hasattr(model, "kformer"):
+        raise ValueError(f"model {name!r} is a Kformer model: it reads retrieved documents at run time, which stock "
+                         "transformers cannot do; it has no export")
     staging = target.with_name(f".{target.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

@@ -65,7 +65,7 @@ def _settings(config: dict) -> str:
     return ", ".join(f"{k}={config[k]}" for k in keys if config.get(k) not in (None, [], ""))
 
 
-def _scores(wh: Warehouse, name: str) -> dict[tuple[str, str], float]:
+def _scores(wh: Warehouse, name: str) -> dict[tuple[str, str, str], float]:
     """{(dataset, split, metric): score} of the newest evaluation of the model on each split."""
     scores: dict[tuple[str, str, str], float] = {}
     for run in list_runs(wh, stage="evaluate"):

@@ -169,3 +169,19 @@ def test_ungated_slots_saved_before_gating_existed_still_load_on_a_gated_ffn(tmp
     assert not mounted_layers(fresh)["decoder.1"].gated
     with torch.no_grad():
         assert torch.equal(model(**batch()).logits, fresh(**batch()).logits)
+
+
+def test_a_derived_models_base_is_found_relative_to_it_or_at_an_older_folders_absolute_path(tmp_path):
+    import json
+    from nkb_model.checkpoint import INFO, hf_dir, relative_base
+    base, model = tmp_path / "models" / "base-1", tmp_path / "models" / "base+nkb-2"
+    for folder in (base, model):
+        folder.mkdir(parents=True)
+    (base / "config.json").write_text("{}")
+    assert relative_base(base, model) == "../base-1"
+    (model / INFO).write_text(json.dumps({"name": "base+nkb", "kind": "nkb", "base_folder": "../base-1"}))
+    moved = tmp_path / "elsewhere"
+    (tmp_path / "models").rename(moved)
+    assert hf_dir(moved / "base+nkb-2") == (moved / "base-1").resolve()
+    (moved / "base+nkb-2" / INFO).write_text(json.dumps({"name": "base+nkb", "kind": "nkb", "base_dir": "/old/base"}))
+    assert str(hf_dir(moved / "base+nkb-2")) == "/old/base"
