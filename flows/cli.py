@@ -219,6 +219,9 @@ def run_experiment(experiment, args) -> int:
                 "SELECT input, target FROM ssm_examples LIMIT 5"):
         print(f'  {h} sql "{sql}"')
     print(f"  {h} runs")
+    if models:
+        example = next((m for m in models if m.endswith("+nkb.qa")), list(models)[-1])
+        print(f"  {h} export {example} exported-model    # a folder stock transformers loads")
     if not args.models:
         return 0
     plot = wh.files_dir / "report.png"
