@@ -33,7 +33,7 @@ def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool 
         lines += [f"Input `{text}`, output `{answer}`"
                   + (" (the answer between the two sentinels)" if "<extra_id_1>" in answer else "") + "."
                   + (f" The question is followed by its top {info.get('knowledge_docs')} retrieved documents "
-                     f"({info['knowledge']})." if info.get("knowledge") else ""), ""]
+                     f"({info['knowledge']})." if info.get("knowledge", "none") != "none" else ""), ""]
     else:
         lines += ["Span corruption, as in pretraining and injection: input `The Origin of Species was written by "
                   "<extra_id_0>.`, output `<extra_id_0> Charles Darwin <extra_id_1>`.", ""]
