@@ -8,6 +8,7 @@ resumed run is bit-identical to the uninterrupted one.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -110,13 +111,14 @@ def _all_reduce_grads(params: list[nn.Parameter]) -> None:
 
 def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tensor]], config: TrainConfig,
           device: Device, checkpoint_dir: str | os.PathLike | None = None, desc: str = "train",
-          progress: Callable[..., tqdm] = tqdm) -> list[tuple[int, float]]:
+          progress: Callable[..., tqdm] | None = None) -> list[tuple[int, float]]:
     """Train the parameters that require grad for `config.steps` steps; returns [(step, loss), ...].
 
     Resumes from `checkpoint_dir` when it holds a checkpoint. The caller sets train/eval modes (so
     frozen parts can stay without dropout). Under torchrun (data parallel) every process takes its
     share of each step's batch and the gradients are summed, so a step sees the same batch as on one
-    device; only rank 0 writes checkpoints."""
+    device; only rank 0 writes checkpoints. `progress` makes the progress bar (tqdm's keyword arguments;
+    default: a tqdm redrawn once a second)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ValueError("no parameter requires grad; nothing to train")
@@ -132,6 +134,7 @@ def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tens
     rank, world = _world()
     disabled = os.environ.get("NKB_PROGRESS", "1") == "0" or rank > 0
     shown_loss, seen_tokens, seen_seconds = None, 0, 0.0  # what the bar shows: smoothed, not one noisy step
+    progress = progress or functools.partial(tqdm, mininterval=1.0)  # a redraw a second, not one a step
     with progress(total=config.steps, initial=start, desc=desc, unit=" step", disable=disabled) as bar:
         for step in range(start, config.steps):
             started = time.perf_counter()
