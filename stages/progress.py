@@ -1,5 +1,6 @@
-"""Progress bars for long stage work, on stderr: redrawn in place on a terminal; a line every 30 s when stderr is a
-file or a pipe (a log), instead of one line of thousands of redraws. Off when NKB_PROGRESS=0 (tests)."""
+"""Progress bars for long stage work, on stderr: redrawn in place on a terminal; when stderr is a file or a pipe (a
+log), a line every 30 s of work that lasts longer than that, instead of one line of thousands of redraws. Off when
+NKB_PROGRESS=0 (tests)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ class LogLines:
     """A stream for tqdm that writes each redraw as its own line (tqdm starts every redraw with a carriage return)."""
 
     def __init__(self, stream):
-        self.stream = stream
+        self.stream, self.last = stream, None
 
     def write(self, text: str) -> None:
         text = text.replace("\r", "").strip()
-        if text:
+        if text and text != self.last:  # closing redraws the last state once more
             self.stream.write(text + "\n")
+            self.last = text
 
     def flush(self) -> None:
         self.stream.flush()
@@ -32,8 +34,9 @@ def progress(disable: bool = False, **kwargs) -> tqdm:
     disable = disable or os.environ.get("NKB_PROGRESS", "1") == "0"
     if sys.stderr.isatty():
         return tqdm(disable=disable, mininterval=0.5, **kwargs)
+    # Work shorter than the interval prints nothing: the stage's own line says what it did.
     return tqdm(disable=disable, file=LogLines(sys.stderr), mininterval=LOG_INTERVAL_S, maxinterval=LOG_INTERVAL_S,
-                ascii=True, **kwargs)
+                delay=LOG_INTERVAL_S, ascii=True, **kwargs)
 def counting(items: Iterable[T], bar: tqdm) -> Iterator[T]:
     """`items`, advancing `bar` by one for each."""
     for item in items:

@@ -37,4 +37,8 @@ def test_progress_in_a_log_is_a_line_per_redraw_not_one_line_of_them_all(monkeyp
             bar.update(1)
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) > 10 and "\r" not in "".join(lines) and max(map(len, lines)) < 150
-    assert lines[-1].startswith("inject base+nkb: 100%")
+    assert lines[-1].startswith("inject base+nkb: 100%") and lines[-1] != lines[-2]
+    monkeypatch.setattr(bars, "LOG_INTERVAL_S", 30)
+    with bars.progress(total=5, desc="quick") as bar:  # over before the first interval: no line at all
+        bar.update(5)
+    assert capsys.readouterr().err == ""
