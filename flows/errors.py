@@ -34,7 +34,7 @@ class WithoutRoutineStates(logging.Filter):
         return not (message.startswith("Beginning subflow run") or message == "Finished in state Completed()")
 
 
-def quiet_user_errors() -> None:
+def tidy_run_logs() -> None:
     """Install the filters on Prefect's flow- and task-run loggers (once per process, after Prefect has set up
     its logging, which would drop a filter added before)."""
     for name in ("prefect.flow_runs", "prefect.task_runs"):

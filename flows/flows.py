@@ -14,7 +14,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.deployments import flow_attribute
-from flows.errors import quiet_user_errors
+from flows.errors import tidy_run_logs
 from stages.data import NerShard, ner_shard
 from stages.experiment import Experiment, ExperimentError
 from stages.inputs import world_dir
@@ -54,7 +54,7 @@ def _stage_flow(stage: Stage):
     config_type = stage.config
 
     def run_stage_flow(config: config_type, home: Optional[str] = None, force: bool = False) -> dict:
-        quiet_user_errors()
+        tidy_run_logs()
         logger = get_run_logger()
         started = time.perf_counter()
         wh = Warehouse(home)
@@ -147,7 +147,7 @@ def pipeline(experiment: Optional[Experiment] = None, experiment_file: Optional[
         train_models: Also build the models, fine-tune, evaluate and report; off: the data stages only.
         dispatch: Run GPU-pool stages through their deployments (needs a worker on the `gpu` pool: `nkb server up`).
     """
-    quiet_user_errors()
+    tidy_run_logs()
     chosen = load_experiment(experiment, experiment_file).with_world(world_dir(Warehouse(home)))
     rows = [run(name, config, home, force, dispatch) for name, config in chosen.plan(train_models)]
     create_table_artifact(key="pipeline-run", table=rows, description=f"Stages of experiment {chosen.name}")
