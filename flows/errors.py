@@ -1,5 +1,6 @@
 """Errors a user can act on (bad input, a missing upstream stage, a refused query): the command line prints
-them in one line, and Prefect's run logs show them without a traceback."""
+them in one line, and Prefect's run logs show them without a traceback; those logs also leave out Prefect's
+routine lines, so that a pipeline's log is a list of its stages."""
 
 from __future__ import annotations
 
