@@ -270,7 +270,7 @@ def cmd_runs(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from stages.report import generation_table, refresh_table, report_rows, report_table
+    from stages.report import em_intervals, generation_table, interval_table, refresh_table, report_rows, report_table
     wh = Warehouse(args.home)
     rows = report_rows(wh)
     if not rows:
@@ -282,13 +282,20 @@ def cmd_report(args) -> int:
     fmt = _output_format(args)
     if fmt == "json":
         keys = ("model", "dataset", "split", "em", "params_total", "params_injected")
-        _emit(json.dumps([{k: r[k] for k in keys} for r in rows if r["dataset"] != "average"], indent=1), args.output)
+        intervals = em_intervals(wh, rows)
+        _emit(json.dumps([{k: r[k] for k in keys} | dict(zip(("em_low", "em_high"),
+                                                               intervals.get((r["model"], r["dataset"]), ())))
+                          for r in rows if r["dataset"] != "average"], indent=1), args.output)
         return 0
     if fmt == "table":  # CSV on standard output stays one parseable table
         print(f"Report {rows[0]['run_id']} ({rows[0]['split']}; EM in %; probe: cloze prompts in unseen wordings, "
               "before fine-tuning)")
     _emit(FORMATTERS[fmt](report_table(wh, rows)), args.output)
     if fmt == "table" and not args.output:
+        intervals = interval_table(wh, rows)
+        if intervals is not None:
+            print("\nEM with 95 % bootstrap intervals (each row's validation questions resampled 2,000 times)")
+            print(FORMATTERS[fmt](intervals))
         generation = generation_table(wh)
         if generation is not None:
             print("\nGeneral generation after fine-tuning on each task (ROUGE-L F1 % / SacreBLEU; beam search)")

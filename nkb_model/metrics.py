@@ -39,3 +39,18 @@ def bleu(predictions: list[str], references: list[str]) -> float:
     if len(predictions) != len(references) or not references:
         raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
     return float(sacrebleu.corpus_bleu(predictions, [references]).score)
+
+
+def bootstrap_interval(groups: list[list[bool]], resamples: int = 2000, level: float = 0.95,
+                       seed: int = 0) -> tuple[float, float]:
+    """A percentile bootstrap interval, in %, of the mean of the groups' exact-match rates: one group for a
+    dataset's EM, several for the average over datasets (each dataset resampled on its own, as the average
+    weighs datasets equally). Questions are resampled with replacement `resamples` times."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    means = np.zeros(resamples)
+    for hits in groups:
+        hits = np.asarray(hits, dtype=float)
+        means += hits[rng.integers(0, len(hits), size=(resamples, len(hits)))].mean(axis=1)
+    low, high = np.percentile(100 * means / len(groups), [50 * (1 - level), 50 * (1 + level)])
+    return float(low), float(high)

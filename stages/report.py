@@ -221,6 +221,41 @@ def report_table(wh: Warehouse, rows: list[dict]) -> pa.Table:
     return pa.table(columns)
 
 
+def em_intervals(wh: Warehouse, rows: list[dict]) -> dict[tuple[str, str], tuple[float, float]]:
+    """{(model, dataset or "average"): 95 % bootstrap interval of its EM} from the report's per-question answers
+    (`report_answers`); empty for a report written before they were kept."""
+    from nkb_model.metrics import bootstrap_interval
+    answers = query(wh, f"SELECT model, dataset, exact_match FROM report_answers "
+                        f"WHERE run_id = '{rows[0]['run_id']}'").to_pylist()
+    hits: dict[str, dict[str, list[bool]]] = {}
+    for a in answers:
+        hits.setdefault(a["model"], {}).setdefault(a["dataset"], []).append(bool(a["exact_match"]))
+    out = {}
+    for model, by_dataset in hits.items():
+        for dataset, values in by_dataset.items():
+            out[(model, dataset)] = bootstrap_interval([values])
+        out[(model, "average")] = bootstrap_interval(list(by_dataset.values()))
+    return out
+
+
+def interval_table(wh: Warehouse, rows: list[dict]) -> pa.Table | None:
+    """EM per model and dataset with its 95 % bootstrap interval, as text ("52.8 (36.1-69.4)")."""
+    intervals = em_intervals(wh, rows)
+    if not intervals:
+        return None
+    datasets = sorted({r["dataset"] for r in rows} - {"average"}) + ["average"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    em = {(r["model"], r["dataset"]): r["em"] for r in rows}
+
+    def cell(model, dataset):
+        if em.get((model, dataset)) is None or (model, dataset) not in intervals:
+            return None
+        low, high = intervals[(model, dataset)]
+        return f"{em[(model, dataset)]:.1f} ({low:.1f}-{high:.1f})"
+
+    return pa.table({"model": models} | {f"EM {d}": [cell(m, d) for m in models] for d in datasets})
+
+
 def generation_table(wh: Warehouse) -> pa.Table | None:
     """The general-generation scores, one row per model and a column per task (None without any)."""
     if not wh.partition_files("report_generation"):

@@ -1,6 +1,6 @@
 import pytest
 
-from nkb_model.metrics import exact_match, normalize_answer
+from nkb_model.metrics import bootstrap_interval, exact_match, normalize_answer
 
 
 @pytest.mark.parametrize("prediction,gold,expected", [
@@ -42,3 +42,14 @@ def test_bleu_on_known_cases():
     # equal lengths (no brevity penalty); n-gram precisions 6/7, 4/6, 3/5, 2/4
     score = bleu(["the cat sat on the red mat"], ["the cat sat on the mat today"])
     assert score == pytest.approx(100 * (6 / 7 * 4 / 6 * 3 / 5 * 2 / 4) ** 0.25, rel=1e-6)
+
+
+def test_bootstrap_interval_brackets_the_rate_and_narrows_with_more_questions():
+    low, high = bootstrap_interval([[True] * 30 + [False] * 70])
+    assert low < 30 < high and 18 < low and high < 40          # about 30 ± 1.96 * sqrt(.3 * .7 / 100) * 100
+    wide, narrow = (bootstrap_interval([[True, False] * n]) for n in (10, 500))
+    assert wide[1] - wide[0] > 3 * (narrow[1] - narrow[0])
+    assert bootstrap_interval([[True] * 5]) == (100.0, 100.0)  # no variation, no width
+    average = bootstrap_interval([[True] * 10, [False] * 10])  # two datasets, weighed equally
+    assert average == (50.0, 50.0)
+    assert bootstrap_interval([[True, False] * 20], seed=1) == bootstrap_interval([[True, False] * 20], seed=1)

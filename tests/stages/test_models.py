@@ -203,7 +203,10 @@ def test_report_rows_probe_and_no_forgetting(world, capsys):
     assert unmounted["base+NKB"] == base_loss  # the slots removed, the frozen base is exactly the base
     assert main(["--home", str(world.home), "report", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out[0]) == {"model", "dataset", "split", "em", "params_total", "params_injected"}
+    assert set(out[0]) == {"model", "dataset", "split", "em", "params_total", "params_injected", "em_low", "em_high"}
+    assert all(r["em_low"] <= r["em"] <= r["em_high"] for r in out)  # each EM inside its bootstrap interval
+    assert main(["--home", str(world.home), "report"]) == 0
+    assert "EM with 95 % bootstrap intervals" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("mode", ["kformer", "concat"])
