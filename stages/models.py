@@ -47,7 +47,11 @@ class SourceModel:
 
     @property
     def lineage(self) -> list[str]:
-        return [str(self.directory), self.info.get("built_by", "")]
+        """What stands for the model in a fingerprint: a warehouse model by its folder's name (name and inputs
+        fingerprint) and the run that built it, so that a moved or copied warehouse skips what it has; a folder
+        brought from outside by its path."""
+        built_by = self.info.get("built_by")
+        return [self.directory.name, built_by] if built_by else [str(self.directory), ""]
 
     def load(self, device=None):
         """(model, tokenizer, info); with a `Device`, on it and in eval mode (for reading, not training)."""

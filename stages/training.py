@@ -96,7 +96,7 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
     config = config.model_copy(update={"pretrain_corpus": one_corpus(wh, config.pretrain_corpus, "pretrain_corpus")})
     data = latest_pretraining_data(wh, config.pretrain_corpus)
     data_meta = json.loads((data / PRETRAINING_META).read_text())
-    inputs = [str(data), data_meta["built_by"]]
+    inputs = [data.name, data_meta["built_by"]]  # not its path: a moved or copied warehouse skips the base
     if config.ssm_share:
         inputs += spans_lineage(wh, config.pretrain_corpus, source=PRETRAINING)
     fp = fingerprint("base-model", config.identity(), inputs)

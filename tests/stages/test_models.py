@@ -411,6 +411,7 @@ def test_a_copied_warehouse_finds_loads_and_exports_its_own_models(world, tmp_pa
     training.pretrain_base_model(world, TINY)
     training.inject(world, INJECT)
     copy = Warehouse(shutil.copytree(world.home, tmp_path / "copy"))
+    assert training.pretrain_base_model(copy, TINY).skipped and training.inject(copy, INJECT).skipped
     folder = find_model(copy, "base+nkb")
     assert folder.is_relative_to(copy.home) and hf_dir(folder).is_relative_to(copy.home)
     assert "Neural Knowledge Bank" in (folder / "README.md").read_text()
