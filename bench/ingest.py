@@ -7,8 +7,9 @@ Two sources of dumps:
   loop over the same pages for comparison, and the time the full English Wikipedia would take at that rate.
 
 Each dump is ingested by the real `ingest` stage in a fresh process. Memory must be flat: bounded by one
-Parquet row group of text (8M characters), so the peak RSS stops growing once a dump fills one. Results are recorded as `metrics` rows of the ingest runs in
-the benchmark warehouse (`bench/results/warehouse` unless --home).
+Parquet row group of text (8M characters), so the peak RSS stops growing once a dump fills one. Results are
+recorded as `metrics` rows of the ingest runs in the benchmark warehouse (`bench/results/warehouse` unless
+--home).
 
     python -m bench.ingest [--mb 50] [--home DIR]
     python -m bench.ingest --dump enwiki-...-pages-articles1.xml-p1p41242.bz2 [--repeats 1,20,80]

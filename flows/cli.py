@@ -481,8 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
     ed.set_defaults(func=cmd_edit)
 
     ex = sub.add_parser("export", help="write a model as a folder that stock transformers loads",
-                        description="Write a warehouse model to a new folder that `AutoModelForSeq2SeqLM.from_pretrained` "
-                                    "and `AutoTokenizer.from_pretrained` load with no project code: its NKB slots "
+                        description="Write a warehouse model to a new folder that "
+                                    "`AutoModelForSeq2SeqLM.from_pretrained` and `AutoTokenizer.from_pretrained` "
+                                    "load with no project code: its NKB slots "
                                     "merged into T5's feed-forward layers as extra neurons (same outputs), with a "
                                     "model card (README.md: prompt format, how it was built, scores).")
     ex.add_argument("model", help="the model's name (e.g. base+nkb.qa; `nkb runs` lists them) or folder")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nkb_model.mounting import ffn_block, key_layer, resolve_layers
+from nkb_model.mounting import ffn_block, is_gated, key_layer, resolve_layers
 from nkb_model.nkb import NKBFeedForward, mounted_layers
 
 CATEGORIES = {"PERSON": "Person", "GPE": "Place", "LOC": "Place", "FAC": "Place", "ORG": "Organisation",
@@ -131,7 +131,7 @@ def first_step_weights(model: nn.Module, tokenizer, texts: list[str], layer: str
 
 def _neuron_weights(ffn: nn.Module, x: torch.Tensor) -> torch.Tensor:
     base = ffn.base_layer if isinstance(ffn, NKBFeedForward) else ffn
-    if hasattr(base, "wi_0"):
+    if is_gated(base):
         return base.act(base.wi_0(x)) * base.wi_1(x)
     return base.act(base.wi(x))
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers import T5ForConditionalGeneration
 
-from nkb_model.mounting import block_stack
+from nkb_model.mounting import block_stack, is_gated
 from nkb_model.nkb import mounted_layers
 
 
@@ -49,7 +49,7 @@ def merge_nkb(model: T5ForConditionalGeneration) -> T5ForConditionalGeneration:
 
 def _key_maps(base: nn.Module, nkb) -> dict[str, torch.Tensor | None]:
     """{FFN input map: the slots' rows for it (None: zero rows)}."""
-    if hasattr(base, "wi_0"):
+    if is_gated(base):
         if nkb is not None and not nkb.gated:
             raise ValueError("these slots are ungated on a gated FFN (saved before slots followed the FFN): they "
                              "are not extra FFN neurons and cannot be merged; export them with --adapter")

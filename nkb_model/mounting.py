@@ -48,9 +48,14 @@ def ffn_block(model: nn.Module, name: str) -> nn.Module:
     return block_stack(model, side)[int(index)].layer[-1]
 
 
+def is_gated(ffn: nn.Module) -> bool:
+    """Whether a T5 FFN is gated (`T5DenseGatedActDense`: act(wi_0 x) * wi_1 x) rather than act(wi x)."""
+    return hasattr(ffn, "wi_0")
+
+
 def key_layer(ffn: nn.Module) -> nn.Linear:
     """The FFN's input projection: `wi`, or for a gated FFN the gate `wi_0` (it decides whether a neuron fires)."""
-    return ffn.wi_0 if hasattr(ffn, "wi_0") else ffn.wi
+    return ffn.wi_0 if is_gated(ffn) else ffn.wi
 
 
 class FeedForwardAddition(nn.Module):

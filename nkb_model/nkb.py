@@ -10,8 +10,9 @@ DenseReluDense is `T5DenseActDense` (wi → act → dropout → wo) or `T5DenseG
 
 so that a slot is exactly one more FFN neuron (row of `wi`/`wi_0` and `wi_1`, column of `wo`): merging the
 slots into the FFN (`nkb_model.export`) gives the same function. It sits inside the same residual branch
-(same layer norm, same outer dropout), with no dropout of its own by default. `NKBFeedForward` wraps the original module as `base_layer` and is
-swapped in with `setattr`, so T5's code is untouched and unmounting restores the original object.
+(same layer norm, same outer dropout), with no dropout of its own by default. `NKBFeedForward` wraps the
+original module as `base_layer` and is swapped in with `setattr`, so T5's code is untouched and unmounting
+restores the original object.
 
 T5's rules carry over: keys are initialised like `wi` (std d_model^-0.5), values like `wo`
 (std d_ff^-0.5, here slots^-0.5), and values keep the dtype of `wo`, which T5 keeps in fp32 under
@@ -29,7 +30,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from nkb_model.mounting import (FeedForwardAddition, ffn_block, key_layer, load_weights_exactly, mounted,
+from nkb_model.mounting import (FeedForwardAddition, ffn_block, is_gated, key_layer, load_weights_exactly, mounted,
                                 resolve_layers, restore, save_addition)
 
 NKB_PREFIX = "nkb_"
@@ -56,7 +57,7 @@ class NKBFeedForward(FeedForwardAddition):
     def __init__(self, base_layer: nn.Module, slots: int, dropout: float = 0.0, zero_values: bool = False,
                  gated: bool = False):
         super().__init__(base_layer)
-        if gated and not hasattr(base_layer, "wi_1"):
+        if gated and not is_gated(base_layer):
             raise ValueError("gated NKB slots need a gated FFN (wi_0, wi_1); this one has a single wi")
         self.nkb_keys = self.linear(self.d_model, slots, like=key_layer(base_layer))
         self.nkb_keys_linear = self.linear(self.d_model, slots, like=base_layer.wi_1) if gated else None
@@ -91,7 +92,7 @@ def mount_nkb(model: nn.Module, config: NKBConfig | None = None) -> list[str]:
     config = config or NKBConfig()
     names = resolve_layers(model, config.layers)
     slots = config.slots or model.config.d_ff
-    gated = config.gated if config.gated is not None else hasattr(ffn_block(model, names[0]).DenseReluDense, "wi_1")
+    gated = config.gated if config.gated is not None else is_gated(ffn_block(model, names[0]).DenseReluDense)
     for name in names:
         parent = ffn_block(model, name)
         if isinstance(parent.DenseReluDense, NKBFeedForward):

@@ -224,7 +224,8 @@ class PretrainingDataConfig(StageConfig):
 
     corpus: Optional[Name] = Field(None, description="Corpus of `documents` to pretrain on; default: the warehouse's only corpus (the sample "
                                                      "world's general text, which states no question fact).")
-    vocab_size: int = Field(4000, ge=100, description="SentencePiece pieces (plus `<pad>`, `</s>`, `<unk>` and 100 sentinels).")
+    vocab_size: int = Field(4000, ge=100, description="SentencePiece pieces (plus `<pad>`, `</s>`, `<unk>` and 100 "
+                                                      "sentinels).")
     tokenizer_corpora: Optional[list[str]] = Field(None, description="Corpora of `documents` the tokenizer is trained "
                                                                      "on; default: every corpus in the warehouse.")
     held_out_share: float = Field(0.05, ge=0, lt=0.5, description="Share of the packed sequences kept for the "
@@ -366,8 +367,8 @@ class ReportConfig(ModelStageConfig):
     kformer: Optional[str] = Field("base.kformer", description="The base fine-tuned with Kformer (a fine-tuned model).")
     concat: Optional[str] = Field("base.concat", description="The base fine-tuned on questions with their retrieved "
                                                              "documents appended (a fine-tuned model).")
-    finetuned_suffix: str = Field(".qa", description="Each row's fine-tuned model is `MODEL` + this suffix (Kformer and "
-                                                     "concat name their fine-tuned model directly).")
+    finetuned_suffix: str = Field(".qa", description="Each row's fine-tuned model is `MODEL` + this suffix (Kformer "
+                                                     "and concat name their fine-tuned model directly).")
     split: Name = Field("validation", description="Split whose EM is reported.")
     generation_tasks: list[str] = Field(default_factory=lambda: ["summaries", "translation"],
                                         description="General-generation tasks whose scores of base, base+NKB and "

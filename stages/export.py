@@ -10,7 +10,7 @@ from pathlib import Path
 
 from stages.model_card import model_card
 from stages.models import model_lineage, source_model
-from warehouse import Warehouse
+from warehouse import Warehouse, file_digest
 
 
 def export_model(wh: Warehouse, name: str, target: Path, adapter: bool = False) -> Path:
@@ -58,10 +58,8 @@ def export_model(wh: Warehouse, name: str, target: Path, adapter: bool = False) 
 
 
 def weights_digest(directory: Path) -> str:
-    """SHA-256 of a Hugging Face folder's weight files, in name order."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(directory).glob("*.safetensors")):
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
+    """SHA-256 of a Hugging Face folder's weights: of its one safetensors file, or of its shards' digests."""
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if len(files) == 1:
+        return file_digest(files[0])
+    return hashlib.sha256("".join(f"{f.name}:{file_digest(f)}\n" for f in files).encode()).hexdigest()

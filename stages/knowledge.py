@@ -194,7 +194,8 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
             "layer": layer, "lambda": config.lam, "steps": done["steps"], "source": source.name}]
         new_info = {**{k: v for k, v in source.info.items() if k not in ("built_by", "edits")},
                     "name": name, "kind": "edited", "source": source.name, "source_kind": source.info["kind"],
-                    "base_folder": relative_base(hf_dir(source.directory), target), "built_by": run.run_id, "edits": log}
+                    "base_folder": relative_base(hf_dir(source.directory), target), "built_by": run.run_id,
+                    "edits": log}
         model.to("cpu")
         publish_model(run, target, lambda d: save_model(model, tokenizer, d, new_info, weights_changed=False))
         return {"model": name, "old_answer": done["old_answer"], "new_answer": done["new_answer"],

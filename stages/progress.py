@@ -37,6 +37,8 @@ def progress(disable: bool = False, **kwargs) -> tqdm:
     # Work shorter than the interval prints nothing: the stage's own line says what it did.
     return tqdm(disable=disable, file=LogLines(sys.stderr), mininterval=LOG_INTERVAL_S, maxinterval=LOG_INTERVAL_S,
                 delay=LOG_INTERVAL_S, ascii=True, **kwargs)
+
+
 def counting(items: Iterable[T], bar: tqdm) -> Iterator[T]:
     """`items`, advancing `bar` by one for each."""
     for item in items:

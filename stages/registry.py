@@ -60,8 +60,9 @@ def model_of(stage: str, config: dict) -> str | None:
     spec = STAGES.get(stage)
     if config.get("model_name") or spec is None or not hasattr(spec.config, "model_name"):
         return config.get("model_name") or (config.get("name") if spec and spec.publishes_model else None)
+    known = {k: v for k, v in config.items() if k in spec.config.model_fields}
     try:
-        return spec.config.model_validate({k: v for k, v in config.items() if k in spec.config.model_fields}).model_name()
+        return spec.config.model_validate(known).model_name()
     except ValueError:  # a config from an older version of the stage
         return config.get("name")
 

@@ -281,7 +281,8 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         run.metric("params_injected", trainable)
         return {"model": name, "started_from": info["started_from"], "params_total": total,
                 "params_injected": trainable, "final_loss": round(losses[-1][1], 4),
-                "examples_per_epoch": ssm.per_epoch * config.batch_size, "seconds": time.perf_counter() - started, "device": device.name}
+                "examples_per_epoch": ssm.per_epoch * config.batch_size, "seconds": time.perf_counter() - started,
+                "device": device.name}
 
     return run_stage(wh, "inject", config.model_dump(), fp, body, force=force, device=device.name,
                      still_valid=model_present)

@@ -394,7 +394,8 @@ def test_an_exported_model_answers_with_stock_transformers_as_its_predictions_sa
     predicted = query(world, f"SELECT p.prediction, q.question FROM predictions p JOIN questions q USING (question_id) "
                              f"WHERE p.run_id = '{run.run_id}' ORDER BY p.question_id").to_pylist()
     folder = export_model(world, name, tmp_path / "export")
-    assert stock_answers(folder, [r["question"] for r in predicted], answer_format) == [r["prediction"] for r in predicted]
+    questions, predictions = [r["question"] for r in predicted], [r["prediction"] for r in predicted]
+    assert stock_answers(folder, questions, answer_format) == predictions
     card = (folder / "README.md").read_text()
     assert "AutoModelForSeq2SeqLM.from_pretrained" in card and "| nq | validation | exact match, % |" in card
     published = (find_model(world, name) / "README.md").read_text()  # evaluate put its scores in the card

@@ -22,8 +22,9 @@ def test_curves_are_labelled_by_model_and_task_and_split_by_objective(tmp_path):
     for task in (None, "translation"):
         record(wh, "finetune", FinetuneConfig(model="base+nkb", task=task), {f"{task or 'qa'}_loss": [1, 0.5]})
     fig = report_figure(wh)
-    panels = {ax.get_title(): [t.get_text() for t in ax.get_legend().get_texts()]
-              for ax in fig.axes if ax.get_visible() and ax.get_legend() and ax.get_title() != "EM per model (validation)"}
+    curve_axes = [ax for ax in fig.axes if ax.get_visible() and ax.get_legend()
+                  and ax.get_title() != "EM per model (validation)"]
+    panels = {ax.get_title(): [t.get_text() for t in ax.get_legend().get_texts()] for ax in curve_axes}
     assert panels == {"Pretraining": ["base: span corruption", "base: salient span masking"],
                       "Injection": ["base+nkb: general text", "base+nkb: SSM"],
                       "Fine-tuning": ["base+nkb.qa", "base+nkb.translation"]}
