@@ -157,6 +157,7 @@ class WorldFiles:
     facts: Path
     probes: Path
     generation: dict[str, dict[str, Path]]  # task -> split -> path
+    edits: Path                             # counterfactual edits of validation facts, with paraphrases
 
     @classmethod
     def at(cls, root: Path) -> "WorldFiles":
@@ -166,10 +167,10 @@ class WorldFiles:
         generation = {task: {sp: root / task / f"{sp}.jsonl" for sp in ("train", "validation")}
                       for task in GENERATION_TASKS}
         return cls(root, root / "knowledge.xml.bz2", root / "general.jsonl", questions, root / "facts.jsonl",
-                   root / "probes.jsonl", generation)
+                   root / "probes.jsonl", generation, root / "edits.jsonl")
 
     def all_paths(self) -> list[Path]:
-        return [self.knowledge_dump, self.general_text, self.facts, self.probes] + [
+        return [self.knowledge_dump, self.general_text, self.facts, self.probes, self.edits] + [
             p for splits in [*self.questions.values(), *self.generation.values()] for p in splits.values()]
 
 
@@ -199,7 +200,7 @@ class SampleWorld:
     """The entities and facts of one seeded world; `write` renders them into files."""
 
     def __init__(self, seed: int = 13, people: int = 120, background_people: int = 600, mentions: int = 3,
-                 validation_share: float = 0.2):
+                 validation_share: float = 0.5):
         if people < 5:
             raise ValueError("a sample world needs at least 5 people")
         if not 1 <= mentions <= 3:
@@ -241,15 +242,22 @@ class SampleWorld:
                       work=names.title(), work_year=year + rng.randint(22, 60))
 
     def _facts(self, validation_share: float) -> list[Fact]:
+        """Every person's five facts, dealt to the three datasets in turn (a third each) and split within each
+        dataset by `validation_share` exactly, so that a world of 120 people at 0.5 has 100 validation
+        questions per dataset."""
         rng = self.rng
         facts = []
         for i, p in enumerate(self.people):
             for rel in RELATIONS:
-                dataset = rng.choices(list(DATASETS), weights=(0.4, 0.35, 0.25))[0]
-                split = "validation" if rng.random() < validation_share else "train"
                 question = rng.choice(QUESTION_WORDINGS[rel]).format(P=p.name)
-                facts.append(Fact(f"p{i:05d}.{rel}", p.name, rel, p.fact(rel), dataset, split, question,
+                facts.append(Fact(f"p{i:05d}.{rel}", p.name, rel, p.fact(rel), "", "", question,
                                   distractors=self._distractors(rel, p.fact(rel))))
+        dealt = rng.sample(facts, k=len(facts))
+        for d, dataset in enumerate(DATASETS):
+            mine = dealt[d::len(DATASETS)]
+            n_validation = round(validation_share * len(mine))
+            for k, f in enumerate(mine):
+                f.dataset, f.split = dataset, "validation" if k < n_validation else "train"
         counters: dict[tuple[str, str], int] = {}
         for f in facts:  # local ids follow each reader's rule: line number / record number / exam-qid
             n = counters[(f.dataset, f.split)] = counters.get((f.dataset, f.split), 0) + 1
@@ -324,7 +332,21 @@ class SampleWorld:
                                          "dataset": f.dataset, "split": f.split, "prompt": prompt,
                                          "answer": f.object}, ensure_ascii=False) + "\n")
         self._write_generation(files)
+        self._write_edits(files.edits)
         return files
+
+    def _write_edits(self, path: Path, count: int = 20) -> None:
+        """`count` validation facts changed to a wrong answer of their kind, each with the relation's other
+        question wordings as paraphrases (for `nkb edit --edits`). Drawn with their own generator, so the
+        other files stay as they were."""
+        validation = [f for f in self.facts if f.split == "validation"]
+        chosen = random.Random(f"{self.seed}-edits").sample(validation, k=min(count, len(validation)))
+        with open(path, "w", encoding="utf-8") as fh:
+            for f in chosen:
+                wordings = [w.format(P=f.subject) for w in QUESTION_WORDINGS[f.relation]]
+                fh.write(json.dumps({"question": f.question, "answer": f.distractors[0],
+                                     "paraphrases": [w for w in wordings if w != f.question],
+                                     "fact_id": f.fact_id}, ensure_ascii=False) + "\n")
 
     # -- general-generation tasks (the paper's Table 4 check), from background people only --
 
@@ -521,7 +543,7 @@ def _webq_value(answer: str) -> str:
 
 
 def generate(root: str | Path, seed: int = 13, people: int = 120, background_people: int = 600,
-             mentions: int = 3, validation_share: float = 0.2) -> WorldFiles:
+             mentions: int = 3, validation_share: float = 0.5) -> WorldFiles:
     """Generate a sample world into `root` (see the module docstring for the files)."""
     world = SampleWorld(seed=seed, people=people, background_people=background_people, mentions=mentions,
                         validation_share=validation_share)

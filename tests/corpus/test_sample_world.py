@@ -106,3 +106,27 @@ def test_no_article_states_a_fact_twice(world_dir):
                 if fact["subject"] in sentence and fact["object"] in sentence:
                     stating.append(sentence)
             assert len(stating) <= 1, (fact["fact_id"], d.title, stating)
+
+
+def test_each_dataset_gets_a_third_of_the_facts_split_by_the_validation_share(tmp_path):
+    files = generate(tmp_path, seed=5, people=12, background_people=2, validation_share=0.25)
+    counts: dict[tuple[str, str], int] = {}
+    for f in load_facts(files):
+        counts[(f["dataset"], f["split"])] = counts.get((f["dataset"], f["split"]), 0) + 1
+    # 12 people x 5 facts = 20 per dataset, a quarter of them for validation
+    assert counts == {(d, s): 5 if s == "validation" else 15 for d in DATASETS for s in ("train", "validation")}
+
+
+def test_edits_change_validation_facts_to_a_wrong_answer_of_their_kind(world_dir):
+    from corpus.sample_world import SampleWorld
+    files = WorldFiles.at(world_dir)
+    facts = {f["fact_id"]: f for f in load_facts(files)}
+    distractors = {f.fact_id: f.distractors for f in SampleWorld(seed=7, people=30, background_people=20).facts}
+    edits = [json.loads(line) for line in open(files.edits, encoding="utf-8")]
+    assert len(edits) == 20 and len({e["fact_id"] for e in edits}) == 20
+    for e in edits:
+        fact = facts[e["fact_id"]]
+        assert fact["split"] == "validation" and e["question"] == fact["question"]
+        assert e["answer"] != fact["object"] and e["answer"] in distractors[e["fact_id"]]
+        wordings = [w.format(P=fact["subject"]) for w in QUESTION_WORDINGS[fact["relation"]]]
+        assert e["question"] not in e["paraphrases"] and set(e["paraphrases"]) == set(wordings) - {e["question"]}
