@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from flows.errors import USER_ERRORS
-from stages.configs import is_list
+from stages.configs import DEFAULT_STRENGTH, is_list
 from warehouse import Warehouse, WarehouseError, list_runs, query, resolve_home
 from warehouse.sql import FORMATTERS
 
@@ -181,8 +181,9 @@ def cmd_pipeline(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from stages.experiment import SAMPLE_WORLD, Experiment
-    sets = (args.set or []) + ([f"sample_world.people={args.people}"] if args.people else [])
+    from stages.experiment import ROWS, SAMPLE_WORLD, Experiment
+    sets = ([f"rows={','.join(ROWS)}"] if args.full else []) + (args.set or []) + (
+        [f"sample_world.people={args.people}"] if args.people else [])
     return run_experiment(Experiment.load(SAMPLE_WORLD, sets), args)
 
 
@@ -270,7 +271,8 @@ def cmd_runs(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from stages.report import em_intervals, generation_table, interval_table, refresh_table, report_rows, report_table
+    from stages.report import (edits_summary, em_intervals, generation_table, interval_table, refresh_table,
+                               report_rows, report_table, surgery_table)
     wh = Warehouse(args.home)
     rows = report_rows(wh)
     if not rows:
@@ -300,6 +302,15 @@ def cmd_report(args) -> int:
         if generation is not None:
             print("\nGeneral generation after fine-tuning on each task (ROUGE-L F1 % / SacreBLEU; beam search)")
             print(FORMATTERS[fmt](generation))
+        surgery = surgery_table(wh)
+        if surgery is not None:
+            print("\nKnowledge surgery, one slot edited per wrong first answer token (the paper's Table 8; strength: "
+                  "the edit's length over the value's; success and change rate in %)")
+            print(FORMATTERS[fmt](surgery))
+        edits = edits_summary(wh)
+        if edits:
+            print(f"\nBatch edit {edits['model']}: {edits['edits']} facts changed together; success {edits['success']} %, "
+                  f"generalisation to paraphrases {edits['generalization']} %, locality {edits['locality']} %")
         refresh = refresh_table(wh)
         if refresh is not None:
             print(f"\nThe last refresh: models rebuilt since report {refresh[0]} (EM %, before and after; probe: "
@@ -312,23 +323,28 @@ def cmd_edit(args) -> int:
     from stages.configs import EditConfig
     from stages.runner import run_stage
     try:
-        config = EditConfig(model=args.model, question=args.question, answer=args.answer, name=args.name,
-                            layer=args.layer, lam=args.lam, device=args.device)
+        config = EditConfig(model=args.model, question=args.question, answer=args.answer, edits=args.edits,
+                            name=args.name, layer=args.layer, strength=args.strength, lam=args.lam,
+                            device=args.device)
     except ValidationError as exc:
-        raise SystemExit(f"error: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
+        error = exc.errors()[0]
+        raise SystemExit(f"error: {'.'.join(map(str, error['loc'])) or 'edit'}: {error['msg']}") from None
     result = run_stage("edit", Warehouse(args.home), config)
     v = result.value or {}
     if result.skipped:
         print(f"this edit was already made: model {result.run.checkpoint} (run {result.run.run_id})")
         return 0
-    print(f"edited model: {v['model']} (from {args.model}, which is unchanged)\n"
-          f"  old answer: {v['old_answer']!r}\n  new answer: {v['new_answer']!r}"
-          f"{'  (the whole wanted answer)' if v['whole_answer'] else '  (not yet the whole wanted answer)'}\n"
-          f"  slots edited: {v['slots_edited']}, λ = {args.lam}; the log is in {result.run.checkpoint}/nkb-model.json")
+    how = f"λ = {args.lam:g}" if args.lam else f"strength {config.strength:g}"
+    print(f"edited model: {v['model']} (from {args.model}, which is unchanged); {how}, "
+          f"{v['slots_edited']} slot(s) edited; the log is in {result.run.checkpoint}/nkb-model.json")
+    if args.edits:
+        print(f"  {v['edits']} edits: success {v['success']} %, generalisation (paraphrases) {v['generalization']} %, "
+              f"locality (unedited questions unchanged) {v['locality']} %")
+        return 0
+    print(f"  old answer: {v['old_answer']!r}\n  new answer: {v['new_answer']!r}"
+          f"{'  (the whole wanted answer)' if v['whole_answer'] else '  (not yet the whole wanted answer)'}")
     if not v["whole_answer"]:
-        # The paper's λ fits its T5's scale; small models need more (the sample world's: about 1).
-        print(f"  a larger --lam edits harder (it is {args.lam}; try {max(1.0, 4 * args.lam):g}), at the price of "
-              f"changing more unrelated answers")
+        print("  a larger --strength edits harder, at the price of changing more unrelated answers")
     return 0
 
 
@@ -420,6 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "the generation check.",
                           epilog=experiment_epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--people", type=int, help="people in the sample world (sets sample_world.people)")
+    demo.add_argument("--full", action="store_true", help="every row of the paper's Tables 3 and 4 (adds the "
+                      "Transformer, larger-base, Kformer and concat rows to the default's base, base+NKB and "
+                      "base+NKB-a; what the default built is reused)")
     for p, func in ((pipe, cmd_pipeline), (demo, cmd_demo)):
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help=experiment_help)
         p.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")
@@ -467,14 +486,21 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--plot", metavar="PNG", help="also draw the loss curves and EM per model into this PNG file")
     rep.set_defaults(func=cmd_report)
 
-    ed = sub.add_parser("edit", help="edit one fact in a model's NKB, saved as a new model version",
-                        description="Knowledge surgery on one question: at each step of the wanted answer, the slot "
-                                    "that fires most gets v += λ (e_wanted − e_predicted). The result is a new model "
-                                    "(the old one stays selectable by its name) with an edit log.")
+    ed = sub.add_parser("edit", help="edit facts in a model's NKB, saved as a new model version",
+                        description="Knowledge surgery: at each step of the wanted answer, the slot that fires most "
+                                    "gets v += λ (e_wanted − e_predicted), with λ set by a relative strength (the "
+                                    "edit is STRENGTH times as long as the value) or given as the paper's absolute λ. "
+                                    "The result is a new model (the old one stays selectable by its name) with an "
+                                    "edit log. --edits applies many edits and reports success, generalisation to "
+                                    "paraphrases and locality.")
     ed.add_argument("--model", required=True, help="model with an NKB, e.g. base+nkb.qa")
-    ed.add_argument("--question", required=True, help="the question, as in the QA data")
-    ed.add_argument("--answer", required=True, help="the answer wanted after the edit")
-    ed.add_argument("--lam", type=float, default=0.07, help="edit strength λ (default 0.07, the paper's best)")
+    ed.add_argument("--question", help="the question, as in the QA data")
+    ed.add_argument("--answer", help="the answer wanted after the edit")
+    ed.add_argument("--edits", metavar="FILE.jsonl", help="many edits instead of --question/--answer: a JSON object "
+                    "a line with question, answer and optionally paraphrases (a list of other wordings)")
+    ed.add_argument("--strength", type=float, default=DEFAULT_STRENGTH,
+                    help=f"relative edit strength (default {DEFAULT_STRENGTH:g}; the README has the sweep behind it)")
+    ed.add_argument("--lam", type=float, help="the paper's absolute λ instead of --strength (its best on T5-base: 0.07)")
     ed.add_argument("--name", help="name of the edited model (default <model>.edit-<digest>)")
     ed.add_argument("--layer", help="NKB block to edit (default: the last decoder block with an NKB)")
     ed.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (default auto)")

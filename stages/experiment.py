@@ -28,7 +28,7 @@ from pydantic import Field, ValidationError, model_validator
 from stages.configs import (AnalyzeConfig, BaseModelConfig, DeviceChoice, EvaluateConfig, FinetuneConfig,
                             GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig, Name,
                             PretrainingDataConfig, QuestionsConfig, ReportConfig, RetrieveConfig, Row,
-                            SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig, is_list)
+                            SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig, EditConfig, is_list)
 
 SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-world.yaml"  # what `nkb demo` runs
 ROWS: tuple[Row, ...] = ("transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat")
@@ -39,11 +39,11 @@ OVERRIDABLE: dict[str, type[StageConfig]] = {
     "index": IndexConfig, "retrieve": RetrieveConfig, "salient-spans": SalientSpansConfig,
     "pretraining-data": PretrainingDataConfig, "base-model": BaseModelConfig, "inject": InjectConfig,
     "nkb-a": InjectConfig, "finetune": FinetuneConfig, "generation": FinetuneConfig, "evaluate": EvaluateConfig,
-    "report": ReportConfig, "analyze": AnalyzeConfig, "surgery": SurgeryConfig}
+    "report": ReportConfig, "analyze": AnalyzeConfig, "surgery": SurgeryConfig, "edit": EditConfig}
 # Fields the plan sets itself (which corpus, which model, which row): an override of them would break the rows.
 PLANNED = {"corpus", "source", "name", "model", "base_model", "variant", "task", "knowledge", "pretrain_corpus",
            "general_corpus", "transformer", "base", "nkb", "nkb_a", "large", "kformer", "concat",
-           "generation_tasks", "probes", "facts"}
+           "generation_tasks", "probes", "facts", "edits"}
 
 
 class ExperimentError(ValueError):
@@ -120,6 +120,9 @@ class Experiment(StageConfig):
         "Summarisation and translation files for the general-generation check (the paper's Table 4)."))
     probes: Optional[str] = Field(None, description="Cloze probe file (JSONL: prompt, answer, split, wording).")
     facts: Optional[str] = Field(None, description="JSONL of question_id and relation, for the slots' key coherence.")
+    edits: Optional[str] = Field(None, description=(
+        "JSONL of counterfactual edits (question, answer, paraphrases) applied together to base+NKB's QA model "
+        "(`nkb edit --edits`): success, generalisation and locality."))
     base_model: Optional[str] = Field(None, description=(
         "The base: a Hugging Face T5 directory (relative to the file, or absolute), or a model name already in the "
         "local Hugging Face cache (nothing is downloaded)."))
@@ -220,7 +223,8 @@ class Experiment(StageConfig):
             return [e.model_copy(update={"path": change(e.path)}) for e in entries]
         return self.model_copy(update={"knowledge": files(self.knowledge), "general": files(self.general),
                                        "questions": files(self.questions), "generation": files(self.generation),
-                                       "probes": change(self.probes), "facts": change(self.facts)})
+                                       "probes": change(self.probes), "facts": change(self.facts),
+                                       "edits": change(self.edits)})
 
     # ---- the plan ---------------------------------------------------------------------------------
 
@@ -308,4 +312,7 @@ class Experiment(StageConfig):
         if "base+nkb" in rows:  # what the slots hold, and editing them (the paper's sections 5 and 6)
             steps.append(("analyze", self._stage("analyze", model="base+nkb.qa", facts=self.facts)))
             steps.append(("surgery", self._stage("surgery", model="base+nkb.qa")))
+            if self.edits:
+                steps.append(("edit", self._stage("edit", model="base+nkb.qa", edits=self.edits,
+                                                  name="base+nkb.qa.edited")))
         return steps

@@ -147,6 +147,14 @@ def qa_pair(question: str, answer: str | None, answer_format: str) -> tuple[str,
     return f"question: {question}", answer
 
 
+def answer_frame(tokenizer, answer_format: str) -> tuple[list[int], int]:
+    """The decoder ids a `qa_pair` target has before its answer, and the token that closes the answer."""
+    if answer_format == "sentinel":
+        opening, closing = tokenizer.convert_tokens_to_ids(["<extra_id_0>", "<extra_id_1>"])
+        return [opening], closing
+    return [], tokenizer.eos_token_id
+
+
 def retrieved_documents(wh: Warehouse, question_ids: list[str], docs: int | None) -> list[list[str]]:
     """The texts of each question's retrieved documents in rank order (the top `docs`, or all)."""
     wanted = pc.field("question_id").isin(question_ids)

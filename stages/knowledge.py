@@ -1,5 +1,5 @@
-"""Stages over a trained NKB: `analyze` (slots as key-value memories), `surgery` (the λ sweep of the
-paper's Table 8) and `edit` (change one fact and save the result as a new model version)."""
+"""Stages over a trained NKB: `analyze` (slots as key-value memories), `surgery` (the strength sweep of the
+paper's Table 8) and `edit` (change facts and save the result as a new model version)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from corpus.errors import InputFileError
 from corpus.files import iter_jsonl
 from stages.configs import AnalyzeConfig, EditConfig, SurgeryConfig
-from stages.inputs import qa_pair, read_questions
+from stages.inputs import answer_frame, qa_pair, read_questions
 from stages.models import model_dir, model_present, publish_model, source_model
 from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, run_stage
 
@@ -128,57 +129,86 @@ def _category_plot(shares: dict[str, float], title: str, path: Path) -> None:
 # ---- surgery -------------------------------------------------------------------------------------
 
 def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageResult:
-    """For questions the model gets wrong at the first token: edit the top slot toward the gold first
-    token, for every λ; record success and how many other answers changed; undo each edit."""
+    """For questions the model gets wrong at the first answer token: edit the top slot toward the gold first
+    token, at every strength; record success and how many other answers changed; undo each edit."""
     from nkb_model import surgery as knife
     from nkb_model.train import choose_device
     source = source_model(wh, config.model)
     questions = read_questions(wh, None, config.split)
     fp = fingerprint("surgery", config.identity(), source.lineage + _split_questions_lineage(wh, config.split))
     device = choose_device(config.device)
+    relative = config.lambdas is None
+    grid = config.strengths if relative else config.lambdas
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
         model, tokenizer, info = source.load(device)
         layer = config.layer or knife.default_layer(model)
         gold = [a[0] for a in questions.column("answers").to_pylist()]
-        rows, wrong = knife.sweep(model, tokenizer, _model_texts(questions, info), gold, layer, config.lambdas,
-                                  config.questions, config.others, config.seed)
+        prefix, _ = answer_frame(tokenizer, info.get("answer_format", "plain"))
+        rows, wrong = knife.sweep(model, tokenizer, _model_texts(questions, info), gold, layer, grid,
+                                  config.questions, config.others, config.seed, relative, prefix)
         qids = questions.column("question_id").to_pylist()
         run.write("edits", f"{source.name}.surgery", {
             "model": [source.name] * len(rows), "question_id": [qids[r["question"]] for r in rows],
-            "layer": [layer] * len(rows), **{k: [r[k] for r in rows] for k in
-                                             ("slot", "lambda", "original", "target", "new", "success", "change_rate")}})
+            "layer": [layer] * len(rows),
+            "strength": [r["strength"] if relative else None for r in rows],
+            **{k: [r[k] for r in rows] for k in ("slot", "lambda", "original", "target", "new", "success",
+                                                 "change_rate")}})
         table = []
-        for lam in config.lambdas:
-            mine = [r for r in rows if r["lambda"] == lam]
+        for value in grid:
+            mine = [r for r in rows if r["strength"] == value]
             success = 100.0 * np.mean([r["success"] for r in mine]) if mine else None
             rates = [r["change_rate"] for r in mine if r["change_rate"] is not None]
             change = 100.0 * np.mean(rates) if rates else None
+            key = f"{value:g}" if relative else f"lambda={value:g}"
             if mine:
-                run.metric(f"surgery_success@{lam:g}", success)
+                run.metric(f"surgery_success@{key}", success)
             if rates:
-                run.metric(f"surgery_change_rate@{lam:g}", change)
-            table.append({"lambda": lam, "success": success, "change_rate": change})
+                run.metric(f"surgery_change_rate@{key}", change)
+            table.append({"strength" if relative else "lambda": value, "success": success, "change_rate": change,
+                          **({"mean_lambda": float(np.mean([r["lambda"] for r in mine]))} if relative and mine else {})})
         return {"model": source.name, "layer": layer, "questions_edited": len({r["question"] for r in rows}),
                 "wrong_first_tokens": wrong, "sweep": table, "seconds": time.perf_counter() - started}
 
     return run_stage(wh, "surgery", config.model_dump(), fp, body, force=force, device=device.name)
 
 
-# ---- edit: one fact, saved as a new model version ------------------------------------------------
+# ---- edit: facts changed, saved as a new model version -------------------------------------------
+
+def read_edits(path: str) -> list[dict]:
+    """The edits of a JSONL file: {question, answer, paraphrases} each, checked line by line."""
+    edits = []
+    for line, obj in iter_jsonl(path):
+        for key in ("question", "answer"):
+            if not isinstance(obj.get(key), str) or not obj[key].strip():
+                raise InputFileError(path, f"line {line}", f"`{key}` must be a non-empty string")
+        paraphrases = obj.get("paraphrases", [])
+        if not isinstance(paraphrases, list) or not all(isinstance(p, str) and p.strip() for p in paraphrases):
+            raise InputFileError(path, f"line {line}", "`paraphrases` must be a list of non-empty strings")
+        edits.append({"question": obj["question"], "answer": obj["answer"], "paraphrases": paraphrases})
+    if not edits:
+        raise InputFileError(path, None, "no edits in the file")
+    return edits
+
 
 def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
-    """Edit the top slot at each step of the wanted answer (multi-token answers: one slot per token),
-    then save the NKB as a new model that shares the source's T5 weights, with the edit log."""
+    """Edit the top slot at each step of each wanted answer (multi-token answers: one slot per token), then save
+    the NKB as a new model that shares the source's T5 weights, with the edit log. A batch of edits is measured
+    for success, generalisation (paraphrases) and locality (unedited validation questions)."""
     from nkb_model import surgery as knife
     from nkb_model.checkpoint import hf_dir, relative_base, save_model
     from nkb_model.train import choose_device
     source = source_model(wh, config.model)
-    # The default name is a digest of the edit, so the same edit of the same model is one version.
-    digest = hashlib.sha256(json.dumps([config.question, config.answer, config.layer, config.lam]).encode()).hexdigest()
-    name = config.name or f"{source.name}.edit-{digest[:8]}"
-    fp = fingerprint("edit", config.identity() | {"name": name}, source.lineage)
+    batch = read_edits(config.edits) if config.edits else None
+    requests = batch or [{"question": config.question, "answer": config.answer, "paraphrases": []}]
+    # The default name is a digest of the edits, so the same edits of the same model are one version.
+    identity = [config.layer, config.strength, config.lam, requests]
+    name = config.name or f"{source.name}.edit-{hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:8]}"
+    inputs = source.lineage + ([f"edits:{file_digest(config.edits)}"] if batch else [])
+    if batch:
+        inputs += _split_questions_lineage(wh, config.split)
+    fp = fingerprint("edit", config.identity() | {"name": name}, inputs)
     target = model_dir(wh, name, fp)
     device = choose_device(config.device)
 
@@ -186,21 +216,48 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
         started = time.perf_counter()
         model, tokenizer, info = source.load(device)
         layer = config.layer or knife.default_layer(model)
-        text = qa_pair(config.question, None, info.get("answer_format", "plain"))[0]
-        done = knife.edit_answer(model, tokenizer, text, config.answer, layer, config.lam, device)
-        log = list(source.info.get("edits", [])) + [{
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "question": config.question,
-            "old_answer": done["old_answer"], "new_answer": done["new_answer"], "wanted": config.answer,
-            "layer": layer, "lambda": config.lam, "steps": done["steps"], "source": source.name}]
+        answer_format = info.get("answer_format", "plain")
+        prefix, end = answer_frame(tokenizer, answer_format)
+
+        def text(question: str) -> str:
+            return qa_pair(question, None, answer_format)[0]
+        asked = [knife.Request(text(r["question"]), r["answer"], [text(p) for p in r["paraphrases"]]) for r in requests]
+        strength, relative = (config.lam, False) if config.lam else (config.strength, True)
+        done = knife.edit_many(model, tokenizer, asked, _locality_texts(wh, config, requests, info) if batch else [],
+                               layer, strength, device, relative, prefix, end)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        log = list(source.info.get("edits", [])) + [
+            {"time": stamp, "question": r["question"], "old_answer": d["old_answer"], "new_answer": d["new_answer"],
+             "wanted": r["answer"], "layer": layer, "strength": None if config.lam else config.strength,
+             "lambda": [s["lambda"] for s in d["steps"]], "steps": d["steps"], "source": source.name}
+            for r, d in zip(requests, done["edits"])]
         new_info = {**{k: v for k, v in source.info.items() if k not in ("built_by", "edits")},
                     "name": name, "kind": "edited", "source": source.name, "source_kind": source.info["kind"],
                     "base_folder": relative_base(hf_dir(source.directory), target), "built_by": run.run_id,
                     "edits": log}
         model.to("cpu")
         publish_model(run, target, lambda d: save_model(model, tokenizer, d, new_info, weights_changed=False))
-        return {"model": name, "old_answer": done["old_answer"], "new_answer": done["new_answer"],
-                "whole_answer": done["new_answer"] == config.answer, "slots_edited": len(done["steps"]),
+        rates = {k: None if done[k] is None else round(100 * done[k], 1)
+                 for k in ("success", "generalization", "locality")}
+        run.metric("edit_count", len(requests))
+        for key, value in rates.items():
+            if value is not None:
+                run.metric(f"edit_{key}", value)
+        first = done["edits"][0]
+        return {"model": name, "edits": len(requests), **rates,
+                "slots_edited": sum(len(d["steps"]) for d in done["edits"]),
+                **({} if batch else {"old_answer": first["old_answer"], "new_answer": first["new_answer"],
+                                     "whole_answer": first["success"]}),
                 "seconds": time.perf_counter() - started}
 
     return run_stage(wh, "edit", config.model_dump() | {"name": name}, fp, body, force=force, device=device.name,
                      still_valid=model_present)
+
+
+def _locality_texts(wh: Warehouse, config: EditConfig, requests: list[dict], info: dict) -> list[str]:
+    """Model inputs of up to `config.locality` questions of the split that no edit asks (in any wording)."""
+    questions = read_questions(wh, None, config.split)
+    asked = {q for r in requests for q in [r["question"], *r["paraphrases"]]}
+    keep = [i for i, q in enumerate(questions.column("question").to_pylist()) if q not in asked]
+    chosen = sorted(np.random.default_rng(config.seed).permutation(keep)[:config.locality].tolist())
+    return _model_texts(questions.take(chosen), info)

@@ -280,3 +280,24 @@ def refresh_table(wh: Warehouse) -> tuple[str, pa.Table] | None:
                       "FROM report_refresh ORDER BY model, dataset = 'probe', dataset = 'average', dataset")
     before = table.column("report_before")[0].as_py() if table.num_rows else None
     return before, table.drop_columns(["report_before"])
+
+
+def surgery_table(wh: Warehouse) -> pa.Table | None:
+    """The newest surgery sweep (the paper's Table 8): per strength (or λ), the mean λ applied, success and
+    change rate in %; None before any."""
+    runs = [r for r in list_runs(wh, stage="surgery") if r.status == "success"]
+    if not runs or not wh.partition_files("edits"):
+        return None
+    return query(wh, "SELECT strength, round(avg(\"lambda\"), 3) AS mean_lambda, round(100 * avg(success::INT), 1) "
+                     "AS success, round(100 * avg(change_rate), 1) AS change_rate, count(*) AS edits FROM edits "
+                     f"WHERE run_id = '{runs[0].run_id}' GROUP BY strength ORDER BY strength, mean_lambda")
+
+
+def edits_summary(wh: Warehouse) -> dict | None:
+    """The newest batch edit (`nkb edit --edits`): its model and success, generalization and locality in %."""
+    for run in list_runs(wh, stage="edit"):
+        metrics = {m["metric"]: m["value"] for m in run_metrics(wh, run.run_id)} if run.status == "success" else {}
+        if "edit_locality" in metrics:
+            return {"model": run.config.get("name") or run.run_id, "edits": int(metrics.get("edit_count", 0)),
+                    **{k: metrics.get(f"edit_{k}") for k in ("success", "generalization", "locality")}}
+    return None

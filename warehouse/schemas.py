@@ -134,7 +134,8 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
         pa.field("question_id", pa.string()),
         pa.field("layer", pa.string()),
         pa.field("slot", pa.int32()),
-        pa.field("lambda", pa.float64()),
+        pa.field("strength", pa.float64()),                  # relative strength (None: the paper's absolute λ)
+        pa.field("lambda", pa.float64()),                    # the λ applied: v += λ (e_target − e_original)
         pa.field("original", pa.string()),
         pa.field("target", pa.string()),
         pa.field("new", pa.string()),                        # the first token after the edit

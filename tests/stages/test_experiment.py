@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from stages.configs import BaseModelConfig, InjectConfig
-from stages.experiment import SAMPLE_WORLD, Experiment, ExperimentError, apply_sets
+from stages.experiment import ROWS, SAMPLE_WORLD, Experiment, ExperimentError, apply_sets
 
 EXAMPLE = SAMPLE_WORLD.parent / "example.yaml"
 MINIMAL = {"name": "mine", "knowledge": [{"path": "wiki.jsonl", "corpus": "wiki"}], "base_model": "t5-base",
@@ -28,9 +28,9 @@ def made(plan) -> dict:
 
 
 def test_the_sample_world_plans_every_row_with_its_own_settings():
-    plan = plan_of(Experiment.load(SAMPLE_WORLD))
+    plan = plan_of(Experiment.load(SAMPLE_WORLD, [f"rows={','.join(ROWS)}"]))  # what `nkb demo --full` runs
     stages = [stage for stage, _ in plan]
-    assert stages[:3] == ["sample-world", "ingest", "ingest"] and stages[-3:] == ["report", "analyze", "surgery"]
+    assert stages[:3] == ["sample-world", "ingest", "ingest"] and stages[-4:] == ["report", "analyze", "surgery", "edit"]
     assert stages.count("questions") == 6 and stages.count("generation-data") == 4
     assert stages.count("base-model") == 3 and stages.count("inject") == 2 and stages.count("finetune") == 13
     configs = made(plan)
@@ -48,6 +48,18 @@ def test_the_sample_world_plans_every_row_with_its_own_settings():
                                                                     ["summaries", "translation"])
     assert report.probes == "/world/probes.jsonl" and configs["base+nkb.qa"].device == "auto"
     assert dict(plan)["pretraining-data"].tokenizer_corpora == ["general", "sampleworld"]  # as the file says
+    edit = dict(plan)["edit"]
+    assert (edit.model, edit.edits, edit.name) == ("base+nkb.qa", "/world/edits.jsonl", "base+nkb.qa.edited")
+
+
+def test_the_default_demo_plans_the_method_rows_and_every_check_of_them():
+    plan = plan_of(Experiment.load(SAMPLE_WORLD))
+    rows = {config.name for stage, config in plan if stage in ("base-model", "inject")}
+    assert rows == {"base", "base+nkb", "base+nkb-a"}
+    report = dict(plan)["report"]
+    assert (report.transformer, report.large, report.kformer, report.concat) == (None, None, None, None)
+    assert report.probes and report.generation_tasks == ["summaries", "translation"]
+    assert [stage for stage, _ in plan][-3:] == ["analyze", "surgery", "edit"]
 
 
 def test_rows_and_device_narrow_the_plan():

@@ -332,8 +332,17 @@ def test_surgery_changes_answers_and_records_success_and_change_rates(world, qa_
     strong = [e for e in edits if e["lambda"] == 100.0]
     assert all(e["success"] == (e["new"] == e["target"]) for e in edits) and any(e["success"] for e in strong)
     metrics = {m["metric"]: m["value"] for m in run_metrics(world, result.run.run_id)}
-    assert metrics["surgery_success@100"] == pytest.approx(100 * sum(e["success"] for e in strong) / len(strong))
-    assert "surgery_change_rate@0.07" in metrics
+    assert metrics["surgery_success@lambda=100"] == pytest.approx(100 * sum(e["success"] for e in strong) / len(strong))
+    assert "surgery_change_rate@lambda=0.07" in metrics and all(e["strength"] is None for e in edits)
+    # Relative strengths (the default): the λ applied is recorded with each, and the report shows the sweep.
+    relative = knowledge.surgery(world, SurgeryConfig(model=qa_with_nkb, strengths=[1e-6, 50.0], questions=6))
+    rows = query(world, f"SELECT * FROM edits WHERE run_id = '{relative.run.run_id}'").to_pylist()
+    assert {e["strength"] for e in rows} == {1e-6, 50.0} and all(e["lambda"] > 0 for e in rows)
+    assert not any(e["success"] for e in rows if e["strength"] == 1e-6)
+    assert any(e["success"] for e in rows if e["strength"] == 50.0)
+    from stages.report import surgery_table
+    table = surgery_table(world).to_pylist()
+    assert [r["strength"] for r in table] == [1e-6, 50.0] and table[0]["success"] == 0
     after = load_model(find_model(world, qa_with_nkb))[0].state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # the stage undid every edit
 
@@ -360,7 +369,34 @@ def test_nkb_edit_saves_a_new_version_and_leaves_the_old_one(world, qa_with_nkb,
     assert main(["--home", str(world.home), "edit", "--model", qa_with_nkb, "--question", question["question"],
                  "--answer", question["answers"][0], "--lam", "1e-9", "--name", "kb.qa.weak"]) == 0
     out = capsys.readouterr().out
-    assert "not yet the whole wanted answer" in out and "a larger --lam edits harder" in out
+    assert "not yet the whole wanted answer" in out and "a larger --strength edits harder" in out
+
+
+def test_nkb_edit_applies_a_file_of_edits_and_reports_generalisation_and_locality(world, qa_with_nkb, capsys,
+                                                                                   tmp_path):
+    from flows.cli import main
+    from stages.report import edits_summary
+    asked = query(world, "SELECT question, answers FROM questions WHERE split = 'validation' LIMIT 3").to_pylist()
+    path = tmp_path / "edits.jsonl"
+    path.write_text("".join(json.dumps({"question": q["question"], "answer": "Nowhere",
+                                        "paraphrases": [q["question"].upper()]}) + "\n" for q in asked[:2]))
+    assert main(["--home", str(world.home), "edit", "--model", qa_with_nkb, "--edits", str(path),
+                 "--name", "kb.qa.batch"]) == 0
+    out = capsys.readouterr().out
+    assert "2 edits: success" in out and "generalisation (paraphrases)" in out and "locality" in out
+    summary = edits_summary(world)
+    assert summary["model"] == "kb.qa.batch" and summary["edits"] == 2
+    assert all(0 <= summary[k] <= 100 for k in ("success", "generalization", "locality"))
+    info = json.loads((find_model(world, "kb.qa.batch") / "nkb-model.json").read_text())
+    assert [e["question"] for e in info["edits"]] == [q["question"] for q in asked[:2]]
+    assert all(e["strength"] == 2.0 and e["wanted"] == "Nowhere" for e in info["edits"])
+    # A bad line is named; question/answer and a file together are refused.
+    path.write_text(json.dumps({"question": "who?", "answer": "x"}) + "\n" + json.dumps({"question": "who?"}) + "\n")
+    assert main(["--home", str(world.home), "edit", "--model", qa_with_nkb, "--edits", str(path)]) != 0
+    assert "edits.jsonl, line 2: `answer` must be a non-empty string" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="not both"):
+        main(["--home", str(world.home), "edit", "--model", qa_with_nkb, "--edits", str(path), "--question", "q",
+              "--answer", "a"])
 
 
 def stock_answers(folder: Path, questions: list[str], answer_format: str) -> list[str]:
