@@ -181,8 +181,8 @@ def cmd_pipeline(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from stages.experiment import ROWS, SAMPLE_WORLD, Experiment
-    sets = ([f"rows={','.join(ROWS)}"] if args.full else []) + (args.set or []) + (
+    from stages.experiment import FULL_DEMO, SAMPLE_WORLD, Experiment
+    sets = (FULL_DEMO if args.full else []) + (args.set or []) + (
         [f"sample_world.people={args.people}"] if args.people else [])
     return run_experiment(Experiment.load(SAMPLE_WORLD, sets), args)
 
@@ -305,7 +305,8 @@ def cmd_report(args) -> int:
         surgery = surgery_table(wh)
         if surgery is not None:
             print("\nKnowledge surgery, one slot edited per wrong first answer token (the paper's Table 8; strength: "
-                  "the edit's length over the value's; success and change rate in %)")
+                  "the edit's length over the residual stream's at that step; mean_lambda: the paper's λ applied; "
+                  "success and change rate in %)")
             print(FORMATTERS[fmt](surgery))
         edits = edits_summary(wh)
         if edits:
@@ -324,7 +325,7 @@ def cmd_edit(args) -> int:
     from stages.runner import run_stage
     try:
         config = EditConfig(model=args.model, question=args.question, answer=args.answer, edits=args.edits,
-                            name=args.name, layer=args.layer, strength=args.strength, lam=args.lam,
+                            name=args.name, layer=args.layer, slot=args.slot, strength=args.strength, lam=args.lam,
                             device=args.device)
     except ValidationError as exc:
         error = exc.errors()[0]
@@ -438,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--people", type=int, help="people in the sample world (sets sample_world.people)")
     demo.add_argument("--full", action="store_true", help="every row of the paper's Tables 3 and 4 (adds the "
                       "Transformer, larger-base, Kformer and concat rows to the default's base, base+NKB and "
-                      "base+NKB-a; what the default built is reused)")
+                      "base+NKB-a, and NKB-a to the generation check; what the default built is reused)")
     for p, func in ((pipe, cmd_pipeline), (demo, cmd_demo)):
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help=experiment_help)
         p.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")
@@ -487,9 +488,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=cmd_report)
 
     ed = sub.add_parser("edit", help="edit facts in a model's NKB, saved as a new model version",
-                        description="Knowledge surgery: at each step of the wanted answer, the slot that fires most "
-                                    "gets v += λ (e_wanted − e_predicted), with λ set by a relative strength (the "
-                                    "edit is STRENGTH times as long as the value) or given as the paper's absolute λ. "
+                        description="Knowledge surgery: at each step of the wanted answer, the slot most particular "
+                                    "to the question (--slot) gets v += λ (e_wanted − e_predicted), with λ set by a "
+                                    "relative strength (the edit adds a vector STRENGTH times as long as the model's "
+                                    "residual stream at that step) or given as the paper's absolute λ. "
                                     "The result is a new model (the old one stays selectable by its name) with an "
                                     "edit log. --edits applies many edits and reports success, generalisation to "
                                     "paraphrases and locality.")
@@ -503,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
     ed.add_argument("--lam", type=float, help="the paper's absolute λ instead of --strength (its best on T5-base: 0.07)")
     ed.add_argument("--name", help="name of the edited model (default <model>.edit-<digest>)")
     ed.add_argument("--layer", help="NKB block to edit (default: the last decoder block with an NKB)")
+    ed.add_argument("--slot", choices=["specific", "top"], default="specific",
+                    help="specific (default): the slot that fires most above its usual activation on the training "
+                         "questions; top: the slot that fires most (the paper's)")
     ed.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (default auto)")
     ed.set_defaults(func=cmd_edit)
 

@@ -290,6 +290,10 @@ class InjectConfig(TrainingConfig):
         "corpus is facts alone, and slots trained on it alone also fire on other text."))
     general_corpus: Optional[Name] = Field(None, description="Corpus of general text for general_share (required "
                                                              "then); the base's held-out rows are left out.")
+    slot_scale: Optional[float] = Field(1.0, gt=0, description=(
+        "No slot's key, gate or value longer than this many times the FFN's longest neuron's (after every step); "
+        "null: unbounded. Unbounded at a high rate, slots grow thousands of times louder than the FFN and take "
+        "over the model on any text they fire on a little, which general generation pays for."))
     general_batch_size: int = Field(16, ge=1, description="Packed general-text sequences per general step.")
     start: Literal["fresh", "previous"] = Field("fresh", description=(
         "fresh: new slots (zero values); previous: the slots of this name's newest injection from other knowledge "
@@ -394,21 +398,33 @@ class AnalyzeConfig(ModelStageConfig):
                                                    "(none without it).")
 
 
-# Relative surgery strengths: from no effect to always flipping the first answer token, on the sample world's tiny
-# models as on larger ones (the strength is relative to the value's own norm). The README has the measured sweep.
-STRENGTHS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-DEFAULT_STRENGTH = 2.0
+# Relative edit strengths (an edit s times as long as the residual stream at the step edited): from no effect to
+# always flipping the first answer token, on the sample world's tiny models as on larger ones. The README has the
+# measured sweep behind the default.
+STRENGTHS = (0.125, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0)
+DEFAULT_STRENGTH = 0.75
 
 
-class SurgeryConfig(ModelStageConfig):
-    """Knowledge surgery (the paper's section 6): edit the top slot's value to change one answer; sweep the strength."""
+class SlotEditConfig(ModelStageConfig):
+    """What surgery and edit share: which block's slots are edited, and how a slot is chosen."""
 
-    model: str = Field("base+nkb.qa", description="Fine-tuned model with an NKB (a name, or a model directory).")
     layer: Optional[str] = Field(None, description="NKB block whose slots are edited; default: the last decoder "
                                                    "block with an NKB.")
+    slot: Literal["specific", "top"] = Field("specific", description=(
+        "specific: the slot that fires most above its usual activation (its RMS over the reference questions), the "
+        "one most particular to the question; top: the slot that fires most (the paper's)."))
+    reference: Name = Field("train", description="Split whose questions give each slot's usual activation "
+                                                 "(slot=specific).")
+
+
+class SurgeryConfig(SlotEditConfig):
+    """Knowledge surgery (the paper's section 6): edit one slot's value to change one answer; sweep the strength."""
+
+    model: str = Field("base+nkb.qa", description="Fine-tuned model with an NKB (a name, or a model directory).")
     strengths: list[float] = Field(default_factory=lambda: list(STRENGTHS), description=(
-        "Relative edit strengths s: the slot's value v gets λ (e_target − e_original) with λ = s ‖v‖ / "
-        "‖e_target − e_original‖, an edit s times as long as the value itself, whatever the model's scale."))
+        "Relative edit strengths s: the slot's value v gets λ (e_target − e_original), with λ set so that the edit "
+        "adds to the residual stream a vector s times as long as the stream at that step, whatever the model's "
+        "scale."))
     lambdas: Optional[list[float]] = Field(None, description=(
         "The paper's absolute λ instead of strengths (its grid: 0.01, 0.03, 0.05, 0.07, 0.09 on T5-base)."))
     questions: int = Field(50, ge=1, description="Validation questions to edit (those whose first predicted answer "
@@ -418,7 +434,7 @@ class SurgeryConfig(ModelStageConfig):
     seed: int = Field(0, description="Seed for choosing the questions.")
 
 
-class EditConfig(ModelStageConfig):
+class EditConfig(SlotEditConfig):
     """Edit facts of a model's NKB and save the result as a new model version with an edit log: one question and
     answer, or a JSONL file of many (then measured for success, generalisation and locality)."""
 
@@ -431,7 +447,6 @@ class EditConfig(ModelStageConfig):
         "optionally `paraphrases` (other wordings of the question, which should change with it)."))
     name: Optional[ModelName] = Field(None, description="Name of the edited model; default "
                                                         "`MODEL.edit-DIGEST` (a digest of the edits).")
-    layer: Optional[str] = Field(None, description="NKB block to edit; default: the last decoder block with an NKB.")
     strength: float = Field(DEFAULT_STRENGTH, gt=0, description="Relative edit strength (see surgery's strengths).")
     lam: Optional[float] = Field(None, gt=0, description="The paper's absolute λ instead of strength (its best on "
                                                          "T5-base: 0.07).")

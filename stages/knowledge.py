@@ -13,7 +13,7 @@ import numpy as np
 
 from corpus.errors import InputFileError
 from corpus.files import iter_jsonl
-from stages.configs import AnalyzeConfig, EditConfig, SurgeryConfig
+from stages.configs import AnalyzeConfig, EditConfig, SlotEditConfig, SurgeryConfig
 from stages.inputs import answer_frame, qa_pair, read_questions
 from stages.models import model_dir, model_present, publish_model, source_model
 from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, run_stage
@@ -128,31 +128,49 @@ def _category_plot(shares: dict[str, float], title: str, path: Path) -> None:
 
 # ---- surgery -------------------------------------------------------------------------------------
 
+def _site(wh: Warehouse, config: SlotEditConfig, model, tokenizer, info: dict):
+    """Where a surgery or an edit goes: the configured block (default the last decoder NKB), the decoder ids before
+    the model's answers, and for slot=specific each slot's usual activation on the reference questions."""
+    from nkb_model import surgery as knife
+    layer = config.layer or knife.default_layer(model)
+    prefix, end = answer_frame(tokenizer, info.get("answer_format", "plain"))
+    typical = None
+    if config.slot == "specific":
+        reference = read_questions(wh, None, config.reference)
+        answers = [a[0] for a in reference.column("answers").to_pylist()]
+        typical = knife.slot_profile(model, tokenizer, _model_texts(reference, info), answers, layer, prefix, end)
+    return knife.Site(layer, tuple(prefix), typical)
+
+
+def _site_lineage(wh: Warehouse, config: SlotEditConfig) -> list[str]:
+    return _split_questions_lineage(wh, config.reference) if config.slot == "specific" else []
+
+
 def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageResult:
-    """For questions the model gets wrong at the first answer token: edit the top slot toward the gold first
-    token, at every strength; record success and how many other answers changed; undo each edit."""
+    """For questions the model gets wrong at the first answer token: edit a slot toward the gold first token, at
+    every strength; record success and how many other answers changed; undo each edit."""
     from nkb_model import surgery as knife
     from nkb_model.train import choose_device
     source = source_model(wh, config.model)
     questions = read_questions(wh, None, config.split)
-    fp = fingerprint("surgery", config.identity(), source.lineage + _split_questions_lineage(wh, config.split))
+    fp = fingerprint("surgery", config.identity(), source.lineage + _split_questions_lineage(wh, config.split)
+                     + _site_lineage(wh, config))
     device = choose_device(config.device)
-    relative = config.lambdas is None
-    grid = config.strengths if relative else config.lambdas
+    absolute = config.lambdas is not None
+    grid = config.lambdas if absolute else config.strengths
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
         model, tokenizer, info = source.load(device)
-        layer = config.layer or knife.default_layer(model)
+        site = _site(wh, config, model, tokenizer, info)
         gold = [a[0] for a in questions.column("answers").to_pylist()]
-        prefix, _ = answer_frame(tokenizer, info.get("answer_format", "plain"))
-        rows, wrong = knife.sweep(model, tokenizer, _model_texts(questions, info), gold, layer, grid,
-                                  config.questions, config.others, config.seed, relative, prefix)
+        rows, wrong = knife.sweep(model, tokenizer, _model_texts(questions, info), gold, site, grid,
+                                  config.questions, config.others, config.seed, absolute)
         qids = questions.column("question_id").to_pylist()
         run.write("edits", f"{source.name}.surgery", {
             "model": [source.name] * len(rows), "question_id": [qids[r["question"]] for r in rows],
-            "layer": [layer] * len(rows),
-            "strength": [r["strength"] if relative else None for r in rows],
+            "layer": [site.layer] * len(rows),
+            "strength": [None if absolute else r["strength"] for r in rows],
             **{k: [r[k] for r in rows] for k in ("slot", "lambda", "original", "target", "new", "success",
                                                  "change_rate")}})
         table = []
@@ -161,15 +179,18 @@ def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageR
             success = 100.0 * np.mean([r["success"] for r in mine]) if mine else None
             rates = [r["change_rate"] for r in mine if r["change_rate"] is not None]
             change = 100.0 * np.mean(rates) if rates else None
-            key = f"{value:g}" if relative else f"lambda={value:g}"
+            key = f"lambda={value:g}" if absolute else f"{value:g}"
             if mine:
                 run.metric(f"surgery_success@{key}", success)
             if rates:
                 run.metric(f"surgery_change_rate@{key}", change)
-            table.append({"strength" if relative else "lambda": value, "success": success, "change_rate": change,
-                          **({"mean_lambda": float(np.mean([r["lambda"] for r in mine]))} if relative and mine else {})})
-        return {"model": source.name, "layer": layer, "questions_edited": len({r["question"] for r in rows}),
-                "wrong_first_tokens": wrong, "sweep": table, "seconds": time.perf_counter() - started}
+            applied = [r["lambda"] for r in mine if r["lambda"] is not None]  # None: no slot held the step
+            mean = {"mean_lambda": float(np.mean(applied))} if applied and not absolute else {}
+            table.append({"lambda" if absolute else "strength": value, "success": success, "change_rate": change,
+                          "edited": len(applied), **mean})
+        return {"model": source.name, "layer": site.layer, "slot": config.slot,
+                "questions_edited": len({r["question"] for r in rows}), "wrong_first_tokens": wrong, "sweep": table,
+                "seconds": time.perf_counter() - started}
 
     return run_stage(wh, "surgery", config.model_dump(), fp, body, force=force, device=device.name)
 
@@ -203,9 +224,9 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
     batch = read_edits(config.edits) if config.edits else None
     requests = batch or [{"question": config.question, "answer": config.answer, "paraphrases": []}]
     # The default name is a digest of the edits, so the same edits of the same model are one version.
-    identity = [config.layer, config.strength, config.lam, requests]
+    identity = [config.layer, config.slot, config.strength, config.lam, requests]
     name = config.name or f"{source.name}.edit-{hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:8]}"
-    inputs = source.lineage + ([f"edits:{file_digest(config.edits)}"] if batch else [])
+    inputs = source.lineage + ([f"edits:{file_digest(config.edits)}"] if batch else []) + _site_lineage(wh, config)
     if batch:
         inputs += _split_questions_lineage(wh, config.split)
     fp = fingerprint("edit", config.identity() | {"name": name}, inputs)
@@ -215,20 +236,21 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
         model, tokenizer, info = source.load(device)
-        layer = config.layer or knife.default_layer(model)
+        site = _site(wh, config, model, tokenizer, info)
         answer_format = info.get("answer_format", "plain")
-        prefix, end = answer_frame(tokenizer, answer_format)
+        _, end = answer_frame(tokenizer, answer_format)
 
         def text(question: str) -> str:
             return qa_pair(question, None, answer_format)[0]
         asked = [knife.Request(text(r["question"]), r["answer"], [text(p) for p in r["paraphrases"]]) for r in requests]
-        strength, relative = (config.lam, False) if config.lam else (config.strength, True)
+        strength, absolute = (config.lam, True) if config.lam else (config.strength, False)
         done = knife.edit_many(model, tokenizer, asked, _locality_texts(wh, config, requests, info) if batch else [],
-                               layer, strength, device, relative, prefix, end)
+                               site, strength, device, absolute, end)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         log = list(source.info.get("edits", [])) + [
             {"time": stamp, "question": r["question"], "old_answer": d["old_answer"], "new_answer": d["new_answer"],
-             "wanted": r["answer"], "layer": layer, "strength": None if config.lam else config.strength,
+             "wanted": r["answer"], "layer": site.layer, "slot_choice": config.slot,
+             "strength": None if config.lam else config.strength,
              "lambda": [s["lambda"] for s in d["steps"]], "steps": d["steps"], "source": source.name}
             for r, d in zip(requests, done["edits"])]
         new_info = {**{k: v for k, v in source.info.items() if k not in ("built_by", "edits")},
@@ -245,7 +267,7 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
                 run.metric(f"edit_{key}", value)
         first = done["edits"][0]
         return {"model": name, "edits": len(requests), **rates,
-                "slots_edited": sum(len(d["steps"]) for d in done["edits"]),
+                "slots_edited": sum(s["slot"] is not None for d in done["edits"] for s in d["steps"]),
                 **({} if batch else {"old_answer": first["old_answer"], "new_answer": first["new_answer"],
                                      "whole_answer": first["success"]}),
                 "seconds": time.perf_counter() - started}

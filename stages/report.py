@@ -283,14 +283,17 @@ def refresh_table(wh: Warehouse) -> tuple[str, pa.Table] | None:
 
 
 def surgery_table(wh: Warehouse) -> pa.Table | None:
-    """The newest surgery sweep (the paper's Table 8): per strength (or λ), the mean λ applied, success and
-    change rate in %; None before any."""
+    """The newest surgery sweep (the paper's Table 8): per strength (or the paper's λ), the mean λ applied, success
+    and change rate in %; None before any."""
     runs = [r for r in list_runs(wh, stage="surgery") if r.status == "success"]
     if not runs or not wh.partition_files("edits"):
         return None
+    # `questions`: edits asked for; `edited`: those with a slot firing above its usual to edit (the others fail).
     return query(wh, "SELECT strength, round(avg(\"lambda\"), 3) AS mean_lambda, round(100 * avg(success::INT), 1) "
-                     "AS success, round(100 * avg(change_rate), 1) AS change_rate, count(*) AS edits FROM edits "
-                     f"WHERE run_id = '{runs[0].run_id}' GROUP BY strength ORDER BY strength, mean_lambda")
+                     "AS success, round(100 * avg(change_rate), 1) AS change_rate, count(*) AS questions, "
+                     "count(slot) AS edited FROM edits "
+                     f"WHERE run_id = '{runs[0].run_id}' "
+                     "GROUP BY strength, CASE WHEN strength IS NULL THEN \"lambda\" END ORDER BY strength, mean_lambda")
 
 
 def edits_summary(wh: Warehouse) -> dict | None:
