@@ -15,7 +15,8 @@ original module as `base_layer` and is swapped in with `setattr`, so T5's code i
 restores the original object.
 
 T5's rules carry over: keys are initialised like `wi` (std d_model^-0.5), values like `wo`
-(std d_ff^-0.5, here slots^-0.5), and values keep the dtype of `wo`, which T5 keeps in fp32 under
+(std d_ff^-0.5, here slots^-0.5), injection keeps every slot within the FFN's own scale
+(`bound_to_ffn_scale`), and values keep the dtype of `wo`, which T5 keeps in fp32 under
 bf16 (`_keep_in_fp32_modules`), casting the activations to it first. With zero values the model's
 outputs are bit-identical to the base model's.
 """
@@ -76,6 +77,19 @@ class NKBFeedForward(FeedForwardAddition):
         gated (as T5 v1.1 weighs its neurons)."""
         weights = self.act(self.nkb_keys(x))
         return weights * self.nkb_keys_linear(x) if self.gated else weights
+
+    @torch.no_grad()
+    def bound_to_ffn_scale(self, ratio: float = 1.0) -> None:
+        """Shrink every slot whose key, gate or value is longer than `ratio` times the FFN's longest neuron's back to
+        that length (direction kept). Unbounded, injection grows slots far beyond the FFN's neurons, and a slot
+        that writes thousands of times what a neuron writes takes over the model wherever it fires a little."""
+        def bound(weight: torch.Tensor, reference: torch.Tensor, dim: int) -> None:
+            limit = ratio * reference.norm(dim=dim).max()
+            weight.mul_((limit / weight.norm(dim=dim, keepdim=True).clamp_min(1e-12)).clamp(max=1))
+        bound(self.nkb_keys.weight, key_layer(self.base_layer).weight, 1)        # rows: one key per slot
+        if self.gated:
+            bound(self.nkb_keys_linear.weight, self.base_layer.wi_1.weight, 1)
+        bound(self.nkb_values.weight, self.base_layer.wo.weight, 0)              # columns: one value per slot
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:     # x: (batch, seq, d_model), already layer-normed
         out = self.base_layer(x)                              # (batch, seq, d_model)

@@ -111,14 +111,16 @@ def _all_reduce_grads(params: list[nn.Parameter]) -> None:
 
 def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tensor]], config: TrainConfig,
           device: Device, checkpoint_dir: str | os.PathLike | None = None, desc: str = "train",
-          progress: Callable[..., tqdm] | None = None) -> list[tuple[int, float]]:
+          progress: Callable[..., tqdm] | None = None,
+          after_step: Callable[[], None] | None = None) -> list[tuple[int, float]]:
     """Train the parameters that require grad for `config.steps` steps; returns [(step, loss), ...].
 
     Resumes from `checkpoint_dir` when it holds a checkpoint. The caller sets train/eval modes (so
     frozen parts can stay without dropout). Under torchrun (data parallel) every process takes its
     share of each step's batch and the gradients are summed, so a step sees the same batch as on one
     device; only rank 0 writes checkpoints. `progress` makes the progress bar (tqdm's keyword arguments;
-    default: a tqdm redrawn once a second)."""
+    default: a tqdm redrawn once a second). `after_step()` runs after each optimizer step (e.g. to keep weights
+    within bounds)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ValueError("no parameter requires grad; nothing to train")
@@ -159,6 +161,8 @@ def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tens
                 total, tokens = summed[0].item(), int(summed[1].item())
             torch.nn.utils.clip_grad_norm_(params, config.clip)
             optimizer.step()
+            if after_step:
+                after_step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             if not math.isfinite(total):

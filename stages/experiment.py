@@ -33,6 +33,8 @@ from stages.configs import (AnalyzeConfig, BaseModelConfig, DeviceChoice, Evalua
 SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-world.yaml"  # what `nkb demo` runs
 ROWS: tuple[Row, ...] = ("transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat")
 BUILT_ROWS = {"transformer", "large"}  # rows that only a base built here has
+# What `nkb demo --full` sets over the sample world's file: every row of the paper's Tables 3 and 4.
+FULL_DEMO = [f"rows={','.join(ROWS)}", "generation_rows=base,base+nkb,base+nkb-a"]
 NEXT_SIZE = {"tiny": "mini", "mini": "small", "small": "large"}
 # What each key of `stages:` changes: a stage's config (nkb-a and generation are inject and finetune runs too).
 OVERRIDABLE: dict[str, type[StageConfig]] = {
@@ -133,6 +135,8 @@ class Experiment(StageConfig):
     rows: Optional[list[Row]] = Field(None, description=(
         "Report rows to train and evaluate; default every row that applies (transformer and large need a base "
         "built here)."))
+    generation_rows: Optional[list[Literal["base", "base+nkb", "base+nkb-a"]]] = Field(None, description=(
+        "Rows fine-tuned on each generation task (of those in rows); default base, base+nkb and base+nkb-a."))
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
         f"Settings of the stages: {', '.join(OVERRIDABLE)} (nkb-a: the base+NKB-a injection, over inject's; "
         "generation: fine-tuning on the generation tasks, over finetune's)."))
@@ -294,7 +298,7 @@ class Experiment(StageConfig):
         tasks = list(dict.fromkeys(g.task for g in self.generation))
         generation = {**self.stages.get("finetune", {}), **self.stages.get("generation", {}), "answer_format": "plain"}
         for name in ("base", "base+nkb", "base+nkb-a"):
-            if name in rows:
+            if name in rows and name in (self.generation_rows or [name]):
                 for task in tasks:
                     made = {"model": name, "name": f"{name}.{task}", "task": task}
                     steps.append(("finetune", FinetuneConfig(**{**self._stage("finetune").model_dump(), **generation,

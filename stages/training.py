@@ -263,8 +263,13 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         if config.general_share:
             from nkb_model.base_model import Interleaved
             batches = Interleaved(ssm, general_batches(wh, tokenizer, base.directory, config), config.general_share)
+        slots = list(mounted_layers(model).values())
+
+        def bound_slots() -> None:
+            for layer in slots:
+                layer.bound_to_ffn_scale(config.slot_scale)
         losses = train(model, batches, config.train_config(config.steps), device, work_dir(target),
-                       f"inject {name}", progress)
+                       f"inject {name}", progress, after_step=bound_slots if config.slot_scale else None)
         for step, loss in losses:
             run.metric(loss_metric(batches, step, "ssm_loss", "general_loss"), loss, dataset=config.corpus,
                        split="train", step=step)

@@ -54,6 +54,32 @@ def test_nonzero_values_change_outputs_and_wrap_the_original(ffn):
     assert model.decoder.block[-1].layer[-1].DenseReluDense is original
 
 
+@pytest.mark.parametrize("ffn", VARIANTS)
+def test_bounding_shrinks_only_slots_longer_than_the_ffns_longest_neuron(ffn):
+    model = tiny_t5(ffn)
+    mount_nkb(model, NKBConfig(layers=["decoder.-1"]))
+    layer = mounted_layers(model)["decoder.1"]
+    maps = [(layer.nkb_keys.weight, layer.base_layer.wi_0 if layer.gated else layer.base_layer.wi, 1),
+            (layer.nkb_values.weight, layer.base_layer.wo, 0)]
+    if layer.gated:
+        maps.append((layer.nkb_keys_linear.weight, layer.base_layer.wi_1, 1))
+    with torch.no_grad():
+        for weight, _, dim in maps:  # slot 0 ten times too long, slot 1 tiny
+            (weight[0] if dim == 1 else weight[:, 0]).mul_(10 * 50)
+            (weight[1] if dim == 1 else weight[:, 1]).mul_(1e-3)
+    before = [weight.clone() for weight, _, _ in maps]
+    layer.bound_to_ffn_scale(2.0)
+    for (weight, reference, dim), old in zip(maps, before):
+        weight, limit = weight.detach(), 2.0 * reference.weight.detach().norm(dim=dim).max()
+        norms, old_norms = weight.norm(dim=dim), old.norm(dim=dim)
+        assert (norms <= limit * (1 + 1e-6)).all() and norms[0].item() == pytest.approx(limit.item(), rel=1e-5)
+        kept = old_norms <= limit
+        assert torch.equal(weight.index_select(1 - dim, kept.nonzero()[:, 0]),
+                           old.index_select(1 - dim, kept.nonzero()[:, 0]))  # slots within the bound untouched
+        first = (weight[0], old[0]) if dim == 1 else (weight[:, 0], old[:, 0])
+        assert torch.nn.functional.cosine_similarity(*first, dim=0) > 0.9999  # direction kept
+
+
 def test_init_follows_t5_scales():
     torch.manual_seed(0)
     config = T5Config(vocab_size=64, d_model=256, d_ff=1024, num_layers=1, num_heads=4, d_kv=64)

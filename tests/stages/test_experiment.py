@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from stages.configs import BaseModelConfig, InjectConfig
-from stages.experiment import ROWS, SAMPLE_WORLD, Experiment, ExperimentError, apply_sets
+from stages.experiment import FULL_DEMO, SAMPLE_WORLD, Experiment, ExperimentError, apply_sets
 
 EXAMPLE = SAMPLE_WORLD.parent / "example.yaml"
 MINIMAL = {"name": "mine", "knowledge": [{"path": "wiki.jsonl", "corpus": "wiki"}], "base_model": "t5-base",
@@ -28,14 +28,15 @@ def made(plan) -> dict:
 
 
 def test_the_sample_world_plans_every_row_with_its_own_settings():
-    plan = plan_of(Experiment.load(SAMPLE_WORLD, [f"rows={','.join(ROWS)}"]))  # what `nkb demo --full` runs
+    plan = plan_of(Experiment.load(SAMPLE_WORLD, FULL_DEMO))  # what `nkb demo --full` runs
     stages = [stage for stage, _ in plan]
     assert stages[:3] == ["sample-world", "ingest", "ingest"] and stages[-4:] == ["report", "analyze", "surgery", "edit"]
     assert stages.count("questions") == 6 and stages.count("generation-data") == 4
     assert stages.count("base-model") == 3 and stages.count("inject") == 2 and stages.count("finetune") == 13
     configs = made(plan)
     nkb, nkb_a = configs["base+nkb"], configs["base+nkb-a"]
-    assert isinstance(nkb, InjectConfig) and (nkb.steps, nkb.lr, nkb.general_corpus) == (4000, 0.03, "general")
+    assert isinstance(nkb, InjectConfig) and (nkb.steps, nkb.lr, nkb.general_corpus) == (2000, 0.003, "general")
+    assert nkb.slot_scale == 1.0
     # nkb-a: inject's settings, then its own over them
     assert (nkb_a.variant, nkb_a.steps, nkb_a.lr, nkb_a.layers) == ("nkb-a", 500, 0.001, nkb.layers)
     assert configs["large"].size == "mini" and configs["transformer"].steps == 0 and configs["base"].steps == 2400
@@ -60,6 +61,9 @@ def test_the_default_demo_plans_the_method_rows_and_every_check_of_them():
     assert (report.transformer, report.large, report.kformer, report.concat) == (None, None, None, None)
     assert report.probes and report.generation_tasks == ["summaries", "translation"]
     assert [stage for stage, _ in plan][-3:] == ["analyze", "surgery", "edit"]
+    tuned = {config.name for stage, config in plan if stage == "finetune"}
+    assert tuned == {"base.qa", "base+nkb.qa", "base+nkb-a.qa", "base.summaries", "base.translation",
+                     "base+nkb.summaries", "base+nkb.translation"}  # NKB-a's generation check is in --full
 
 
 def test_rows_and_device_narrow_the_plan():

@@ -11,9 +11,10 @@ from transformers import AutoTokenizer, T5ForConditionalGeneration
 
 from corpus.sample_world import WorldFiles
 from nkb_model.checkpoint import load_model
+from nkb_model.nkb import mounted_layers
 from stages import data, evaluation, knowledge, report, training
-from stages.configs import (BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig, InjectConfig,
-                            PretrainingDataConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig)
+from stages.configs import (DEFAULT_STRENGTH, BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig,
+                            InjectConfig, PretrainingDataConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig)
 from stages.inputs import qa_inputs, read_questions, retrieved_documents, world_dir
 from stages.models import find_model
 from warehouse import Warehouse, list_runs, query, run_metrics
@@ -114,6 +115,13 @@ def test_nkb_injection_changes_only_the_slots(world):
     assert info["layers"] == ["decoder.1"] and info["slots"] == base.config.d_ff
     assert len(run_metrics(world, result.run.run_id, "ssm_loss")) == 8
     assert training.inject(world, INJECT).skipped
+    # Every slot stays within slot_scale of the FFN's: no key, gate or value longer than that times its longest neuron's.
+    layer = mounted_layers(injected)["decoder.1"]
+    ffn = layer.base_layer
+    for weight, reference, dim in ((layer.nkb_keys, ffn.wi_0, 1), (layer.nkb_keys_linear, ffn.wi_1, 1),
+                                   (layer.nkb_values, ffn.wo, 0)):
+        limit = INJECT.slot_scale * reference.weight.norm(dim=dim).max()
+        assert (weight.weight.norm(dim=dim) <= limit * (1 + 1e-5)).all()
 
 
 def test_injection_mixing_in_general_text_never_shows_the_slots_held_out_text(world):
@@ -325,7 +333,7 @@ def test_surgery_changes_answers_and_records_success_and_change_rates(world, qa_
     from stages.configs import SurgeryConfig
     before = load_model(find_model(world, qa_with_nkb))[0].state_dict()
     # λ = 100 is far beyond the paper's range: on a barely trained tiny model it must flip the first token.
-    result = knowledge.surgery(world, SurgeryConfig(model=qa_with_nkb, lambdas=[0.07, 100.0], questions=6))
+    result = knowledge.surgery(world, SurgeryConfig(model=qa_with_nkb, lambdas=[0.07, 100.0], slot="top", questions=6))
     edits = query(world, "SELECT * FROM edits").to_pylist()
     assert len(edits) == 2 * result.value["questions_edited"] > 0
     assert all(e["original"] != e["target"] and 0 <= e["change_rate"] <= 1 for e in edits)
@@ -334,13 +342,14 @@ def test_surgery_changes_answers_and_records_success_and_change_rates(world, qa_
     metrics = {m["metric"]: m["value"] for m in run_metrics(world, result.run.run_id)}
     assert metrics["surgery_success@lambda=100"] == pytest.approx(100 * sum(e["success"] for e in strong) / len(strong))
     assert "surgery_change_rate@lambda=0.07" in metrics and all(e["strength"] is None for e in edits)
+    from stages.report import surgery_table
+    assert [r["mean_lambda"] for r in surgery_table(world).to_pylist()] == [0.07, 100.0]  # a row per λ
     # Relative strengths (the default): the λ applied is recorded with each, and the report shows the sweep.
     relative = knowledge.surgery(world, SurgeryConfig(model=qa_with_nkb, strengths=[1e-6, 50.0], questions=6))
     rows = query(world, f"SELECT * FROM edits WHERE run_id = '{relative.run.run_id}'").to_pylist()
-    assert {e["strength"] for e in rows} == {1e-6, 50.0} and all(e["lambda"] > 0 for e in rows)
+    assert {e["strength"] for e in rows} == {1e-6, 50.0} and all(e["lambda"] != 0 for e in rows)
     assert not any(e["success"] for e in rows if e["strength"] == 1e-6)
     assert any(e["success"] for e in rows if e["strength"] == 50.0)
-    from stages.report import surgery_table
     table = surgery_table(world).to_pylist()
     assert [r["strength"] for r in table] == [1e-6, 50.0] and table[0]["success"] == 0
     after = load_model(find_model(world, qa_with_nkb))[0].state_dict()
@@ -389,7 +398,8 @@ def test_nkb_edit_applies_a_file_of_edits_and_reports_generalisation_and_localit
     assert all(0 <= summary[k] <= 100 for k in ("success", "generalization", "locality"))
     info = json.loads((find_model(world, "kb.qa.batch") / "nkb-model.json").read_text())
     assert [e["question"] for e in info["edits"]] == [q["question"] for q in asked[:2]]
-    assert all(e["strength"] == 2.0 and e["wanted"] == "Nowhere" for e in info["edits"])
+    assert all(e["strength"] == DEFAULT_STRENGTH and e["wanted"] == "Nowhere" for e in info["edits"])
+    assert all(e["slot_choice"] == "specific" for e in info["edits"])
     # A bad line is named; question/answer and a file together are refused.
     path.write_text(json.dumps({"question": "who?", "answer": "x"}) + "\n" + json.dumps({"question": "who?"}) + "\n")
     assert main(["--home", str(world.home), "edit", "--model", qa_with_nkb, "--edits", str(path)]) != 0
