@@ -402,7 +402,7 @@ class AnalyzeConfig(ModelStageConfig):
 # always flipping the first answer token, on the sample world's tiny models as on larger ones. The README has the
 # measured sweep behind the default.
 STRENGTHS = (0.125, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0)
-DEFAULT_STRENGTH = 0.75
+DEFAULT_STRENGTH = 0.5
 
 
 class SlotEditConfig(ModelStageConfig):

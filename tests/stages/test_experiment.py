@@ -35,14 +35,14 @@ def test_the_sample_world_plans_every_row_with_its_own_settings():
     assert stages.count("base-model") == 3 and stages.count("inject") == 2 and stages.count("finetune") == 13
     configs = made(plan)
     nkb, nkb_a = configs["base+nkb"], configs["base+nkb-a"]
-    assert isinstance(nkb, InjectConfig) and (nkb.steps, nkb.lr, nkb.general_corpus) == (2000, 0.003, "general")
+    assert isinstance(nkb, InjectConfig) and (nkb.steps, nkb.lr, nkb.general_corpus) == (1800, 0.003, "general")
     assert nkb.slot_scale == 1.0
     # nkb-a: inject's settings, then its own over them
-    assert (nkb_a.variant, nkb_a.steps, nkb_a.lr, nkb_a.layers) == ("nkb-a", 500, 0.001, nkb.layers)
-    assert configs["large"].size == "mini" and configs["transformer"].steps == 0 and configs["base"].steps == 2400
+    assert (nkb_a.variant, nkb_a.steps, nkb_a.lr, nkb_a.layers) == ("nkb-a", 300, 0.001, nkb.layers)
+    assert configs["large"].size == "mini" and configs["transformer"].steps == 0 and configs["base"].steps == 2000
     # generation fine-tuning: finetune's settings, generation's over them, plain answers, one run per task
     summaries = configs["base+nkb.summaries"]
-    assert (summaries.epochs, summaries.answer_format, summaries.task) == (20, "plain", "summaries")
+    assert (summaries.epochs, summaries.answer_format, summaries.task) == (15, "plain", "summaries")
     assert configs["base+nkb.qa"].epochs == 30 and configs["base+nkb.qa"].answer_format == "sentinel"
     report = dict(plan)["report"]
     assert (report.nkb, report.kformer, report.generation_tasks) == ("base+nkb", "base.kformer",
