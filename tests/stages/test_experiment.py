@@ -38,7 +38,7 @@ def test_the_sample_world_plans_every_row_with_its_own_settings():
     assert isinstance(nkb, InjectConfig) and (nkb.steps, nkb.lr, nkb.general_corpus) == (1800, 0.003, "general")
     assert nkb.slot_scale == 1.0
     # nkb-a: inject's settings, then its own over them
-    assert (nkb_a.variant, nkb_a.steps, nkb_a.lr, nkb_a.layers) == ("nkb-a", 300, 0.001, nkb.layers)
+    assert (nkb_a.variant, nkb_a.steps, nkb_a.lr, nkb_a.layers) == ("nkb-a", 500, 0.001, nkb.layers)
     assert configs["large"].size == "mini" and configs["transformer"].steps == 0 and configs["base"].steps == 2000
     # generation fine-tuning: finetune's settings, generation's over them, plain answers, one run per task
     summaries = configs["base+nkb.summaries"]
