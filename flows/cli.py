@@ -310,7 +310,8 @@ def cmd_report(args) -> int:
             print(FORMATTERS[fmt](surgery))
         edits = edits_summary(wh)
         if edits:
-            print(f"\nBatch edit {edits['model']}: {edits['edits']} facts changed together; success {edits['success']} %, "
+            print(f"\nBatch edit {edits['model']}: {edits['edits']} facts changed together; "
+                  f"success {edits['success']} %, "
                   f"generalisation to paraphrases {edits['generalization']} %, locality {edits['locality']} %")
         refresh = refresh_table(wh)
         if refresh is not None:
@@ -502,7 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "a line with question, answer and optionally paraphrases (a list of other wordings)")
     ed.add_argument("--strength", type=float, default=DEFAULT_STRENGTH,
                     help=f"relative edit strength (default {DEFAULT_STRENGTH:g}; the README has the sweep behind it)")
-    ed.add_argument("--lam", type=float, help="the paper's absolute λ instead of --strength (its best on T5-base: 0.07)")
+    ed.add_argument("--lam", type=float,
+                    help="the paper's absolute λ instead of --strength (its best on T5-base: 0.07)")
     ed.add_argument("--name", help="name of the edited model (default <model>.edit-<digest>)")
     ed.add_argument("--layer", help="NKB block to edit (default: the last decoder block with an NKB)")
     ed.add_argument("--slot", choices=["specific", "top"], default="specific",

@@ -214,8 +214,8 @@ def read_edits(path: str) -> list[dict]:
 
 
 def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
-    """Edit the top slot at each step of each wanted answer (multi-token answers: one slot per token), then save
-    the NKB as a new model that shares the source's T5 weights, with the edit log. A batch of edits is measured
+    """Edit a slot (the site's choice) at each step of each wanted answer (multi-token answers: one slot per
+    token), then save the NKB as a new model that shares the source's T5 weights, with the edit log. A batch of edits is measured
     for success, generalisation (paraphrases) and locality (unedited validation questions)."""
     from nkb_model import surgery as knife
     from nkb_model.checkpoint import hf_dir, relative_base, save_model
@@ -262,12 +262,13 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
         rates = {k: None if done[k] is None else round(100 * done[k], 1)
                  for k in ("success", "generalization", "locality")}
         run.metric("edit_count", len(requests))
+        run.run.outputs["slots_edited"] = sum(s["slot"] is not None for d in done["edits"] for s in d["steps"])
         for key, value in rates.items():
             if value is not None:
                 run.metric(f"edit_{key}", value)
         first = done["edits"][0]
         return {"model": name, "edits": len(requests), **rates,
-                "slots_edited": sum(s["slot"] is not None for d in done["edits"] for s in d["steps"]),
+                "slots_edited": run.run.outputs["slots_edited"],
                 **({} if batch else {"old_answer": first["old_answer"], "new_answer": first["new_answer"],
                                      "whole_answer": first["success"]}),
                 "seconds": time.perf_counter() - started}

@@ -10,6 +10,7 @@ from prefect.testing.utilities import prefect_test_harness
 from corpus import ner
 from flows.flows import STAGE_FLOWS, pipeline
 from stages.configs import IngestConfig, SalientSpansConfig
+from stages.experiment import FULL_DEMO
 from tests.experiments import tiny_experiment
 from warehouse import Warehouse, list_runs, query
 
@@ -147,12 +148,12 @@ def test_an_experiment_of_the_users_own_files_and_hugging_face_t5_then_a_knowled
 
 def test_pipeline_trains_every_row_and_reports(tmp_path):
     home = str(tmp_path / "wh")
-    rows = pipeline(tiny_experiment(), home=home)
+    rows = pipeline(tiny_experiment(*FULL_DEMO), home=home)  # every row of the paper's tables
     stages = [r["stage"] for r in rows]
     models = stages[stages.index("pretraining-data"):]
     assert models[:3] == ["pretraining-data", "salient-spans", "base-model"]  # the pretraining text's spans first
     # QA for 5 rows, Kformer and concat, and 2 generation tasks for base, base+NKB and base+NKB-a
-    assert stages.count("finetune") == 5 + 2 + 6 and stages[-3:] == ["report", "analyze", "surgery"]
+    assert stages.count("finetune") == 5 + 2 + 6 and stages[-4:] == ["report", "analyze", "surgery", "edit"]
     qa_formats = query(Warehouse(home), "SELECT config::JSON->>'answer_format' AS f FROM runs WHERE stage = 'finetune' "
                                         "AND config::JSON->>'task' IS NULL").column("f").to_pylist()
     assert qa_formats == ["plain"] * 7  # every QA row, Kformer and concat included, in the models' one format
@@ -160,7 +161,7 @@ def test_pipeline_trains_every_row_and_reports(tmp_path):
     assert sorted(report) == sorted(["Transformer", "base", "base+NKB", "base+NKB-a", "large", "Kformer", "concat"])
     generation = query(Warehouse(home), "SELECT model, task FROM report_generation").to_pylist()
     assert len(generation) == 6 and {g["model"] for g in generation} == {"base", "base+NKB", "base+NKB-a"}
-    assert all(r["skipped"] for r in pipeline(tiny_experiment(), home=home))
+    assert all(r["skipped"] for r in pipeline(tiny_experiment(*FULL_DEMO), home=home))
 
 
 def test_salient_spans_on_a_local_dask_cluster_equal_the_in_process_run(tmp_path):

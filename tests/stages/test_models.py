@@ -115,7 +115,8 @@ def test_nkb_injection_changes_only_the_slots(world):
     assert info["layers"] == ["decoder.1"] and info["slots"] == base.config.d_ff
     assert len(run_metrics(world, result.run.run_id, "ssm_loss")) == 8
     assert training.inject(world, INJECT).skipped
-    # Every slot stays within slot_scale of the FFN's: no key, gate or value longer than that times its longest neuron's.
+    # Every slot stays within slot_scale of the FFN's: no key, gate or value longer than that times its longest
+    # neuron's.
     layer = mounted_layers(injected)["decoder.1"]
     ffn = layer.base_layer
     for weight, reference, dim in ((layer.nkb_keys, ffn.wi_0, 1), (layer.nkb_keys_linear, ffn.wi_1, 1),
