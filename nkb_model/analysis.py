@@ -1,12 +1,12 @@
-"""Reading NKB slots (and any T5 FFN) as key-value memories (editing them is `nkb_model.surgery`).
+"""Reading NKB slots (and any supported FFN) as key-value memories (editing them is `nkb_model.surgery`).
 
 A FFN (or the NKB) computes `Σ_i act(x·k_i) v_i`: key i decides how strongly slot i fires, value i is
 what it adds to the residual stream (Geva et al.; the NKB paper's sections 5 and 6).
 
-Values are read through the model's own output path: the decoder's final layer norm (T5's RMS norm,
-with its learned scale), then, since our T5s tie the output embedding to the input one, the
-`d_model ** -0.5` rescaling T5 applies before the tied `lm_head`, then softmax. Both are applied
-because that is what happens to anything added to the last decoder block's residual stream; the
+Values are read through the model's own output path: the final norm (T5's decoder RMS norm, GPT-2's `ln_f`,
+Llama's `norm`, with their learned scales), then, on a T5 that ties the output embedding to the input one,
+the `d_model ** -0.5` rescaling T5 applies before the tied `lm_head`, then softmax. Both are applied
+because that is what happens to anything added to the last block's residual stream; the
 norm changes which tokens come first (its scale is per dimension), the rescaling only sharpens or
 flattens the probabilities. For slots in earlier blocks this is the "logit lens" reading.
 """
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nkb_model.mounting import ffn_block, is_gated, key_layer, resolve_layers
+from nkb_model.mounting import (ffn_maps, final_norm, get_ffn, is_gated, key_layer, linear_layer, resolve_layers, rows,
+                                value_layer)
 from nkb_model.nkb import NKBFeedForward, mounted_layers
 
 CATEGORIES = {"PERSON": "Person", "GPE": "Place", "LOC": "Place", "FAC": "Place", "ORG": "Organisation",
@@ -41,22 +42,21 @@ def memories(model: nn.Module, layer: str, kind: str = "nkb") -> Memory:
     """The slots of the NKB mounted on `layer`, or (kind="ffn") the neurons of its original FFN (for a
     gated FFN the key is the gate's row: the gate decides whether the neuron fires)."""
     (name,) = resolve_layers(model, [layer])
-    ffn = ffn_block(model, name).DenseReluDense
+    ffn = get_ffn(model, name)
     if kind == "nkb":
         if not isinstance(ffn, NKBFeedForward):
             raise ValueError(f"no NKB is mounted on {name}; mounted: {', '.join(mounted_layers(model)) or 'none'}")
         return Memory(name, kind, ffn.nkb_keys.weight.detach(), ffn.nkb_values.weight.detach().T)
     base = ffn.base_layer if isinstance(ffn, NKBFeedForward) else ffn
-    return Memory(name, kind, key_layer(base).weight.detach(), base.wo.weight.detach().T)
+    return Memory(name, kind, rows(key_layer(base)).detach(), rows(value_layer(base)).detach().T)
 
 
 def output_logits(model: nn.Module, vectors: torch.Tensor) -> torch.Tensor:
     """Vocabulary logits for vectors added to the decoder's residual stream (see the module docstring)."""
-    decoder = model.get_decoder()
     lm_head = model.get_output_embeddings()
     with torch.no_grad():
-        hidden = decoder.final_layer_norm(vectors.to(lm_head.weight.dtype))
-        if model.config.tie_word_embeddings:
+        hidden = final_norm(model)(vectors.to(lm_head.weight.dtype))
+        if model.config.model_type == "t5" and model.config.tie_word_embeddings:
             hidden = hidden * model.config.d_model ** -0.5
         return lm_head(hidden).float()
 
@@ -100,7 +100,7 @@ def first_step_weights(model: nn.Module, tokenizer, texts: list[str], layer: str
     Decoder layers: at the first decoding position. Encoder layers (no decoding step there): the
     strongest activation over the input's tokens."""
     memory = memories(model, layer, kind)
-    ffn = ffn_block(model, memory.layer).DenseReluDense
+    ffn = get_ffn(model, memory.layer)
     captured: list[torch.Tensor] = []
 
     def hook(_module, inputs, _output):
@@ -131,9 +131,8 @@ def first_step_weights(model: nn.Module, tokenizer, texts: list[str], layer: str
 
 def _neuron_weights(ffn: nn.Module, x: torch.Tensor) -> torch.Tensor:
     base = ffn.base_layer if isinstance(ffn, NKBFeedForward) else ffn
-    if is_gated(base):
-        return base.act(base.wi_0(x)) * base.wi_1(x)
-    return base.act(base.wi(x))
+    weights = getattr(base, ffn_maps(base).act)(key_layer(base)(x))
+    return weights * linear_layer(base)(x) if is_gated(base) else weights
 
 
 def coherence(top_questions: list[list[int]], relation_of: list[str]) -> float:

@@ -3,11 +3,11 @@
     <dir>/nkb-model.json   {"name", "kind": base | nkb | nkb-a | finetuned | edited, "base_folder", ...}
     <dir>/README.md        the model card
     <dir>/ (HF files)      a base model: an ordinary Hugging Face directory
-    <dir>/weights/         T5 weights, when this model changed them (nkb-a, fine-tuned)
+    <dir>/weights/         the model's own weights, when this model changed them (nkb-a, fine-tuned)
     <dir>/nkb/             NKB slots and their config (save_nkb), when the model has an NKB
     <dir>/kformer/         Kformer's embedding copy and projections (save_kformer), when it has Kformer
 
-A model whose T5 weights are those of its base (NKB injection with the base frozen) stores only its slots;
+A model that keeps its base's weights (NKB injection with the base frozen) stores only its slots;
 `base_folder` is the folder of those weights relative to the model's own folder (`../base-0123abcd`), so a
 warehouse moved or copied whole still finds them. Folders written before held an absolute `base_dir`.
 """
@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from transformers import AutoTokenizer, T5ForConditionalGeneration
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from nkb_model.kformer import load_kformer, save_kformer, unmount_kformer
@@ -32,7 +32,7 @@ INFO = "nkb-model.json"
 
 
 def read_info(directory: str | Path) -> dict:
-    """The model's info; a plain Hugging Face T5 directory (e.g. a downloaded t5-base) counts as a base."""
+    """The model's info; a plain Hugging Face directory (e.g. a downloaded t5-base or Llama) counts as a base."""
     directory = Path(directory)
     if (directory / INFO).exists():
         return json.loads((directory / INFO).read_text())
@@ -42,7 +42,7 @@ def read_info(directory: str | Path) -> dict:
 
 
 def hf_dir(directory: str | Path) -> Path:
-    """Where the T5 weights of a model directory are."""
+    """Where the model's own weights of a model directory are."""
     directory = Path(directory)
     info = read_info(directory)
     if info["kind"] == "base":
@@ -53,7 +53,7 @@ def hf_dir(directory: str | Path) -> Path:
 
 
 def base_folder(directory: str | Path, info: dict) -> Path:
-    """The folder of the T5 weights a derived model was built on."""
+    """The folder of the model's own weights a derived model was built on."""
     if "base_folder" in info:
         return (Path(directory) / info["base_folder"]).resolve()
     return Path(info["base_dir"])
@@ -69,7 +69,7 @@ def load_model(directory: str | Path, with_nkb: bool = True):
     directory = Path(directory)
     info = read_info(directory)
     weights = hf_dir(directory)
-    model = T5ForConditionalGeneration.from_pretrained(weights)
+    model = model_class(weights).from_pretrained(weights)
     tokenizer = AutoTokenizer.from_pretrained(weights)
     if with_nkb and (directory / "nkb").exists():
         load_nkb(model, directory / "nkb")
@@ -78,15 +78,21 @@ def load_model(directory: str | Path, with_nkb: bool = True):
     return model, tokenizer, info
 
 
+def model_class(directory: str | Path):
+    """The Auto class for a Hugging Face directory or hub name: encoder-decoder (T5) or causal LM (GPT-2, Llama)."""
+    config = AutoConfig.from_pretrained(directory)
+    return AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+
+
 def save_model(model, tokenizer, directory: str | Path, info: dict, weights_changed: bool) -> Path:
-    """Write a derived model: its NKB (if mounted), its T5 weights if they differ from the base's, and info."""
+    """Write a derived model: its NKB (if mounted), its own weights if they differ from the base's, and info."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if mounted_layers(model):
         save_nkb(model, directory / "nkb")
     if hasattr(model, "kformer"):
         save_kformer(model, directory / "kformer")
-    if weights_changed:  # T5's own files hold T5's weights only
+    if weights_changed:  # the Hugging Face files hold the model's own weights only
         had_nkb, had_kformer = bool(mounted_layers(model)), hasattr(model, "kformer")
         if had_nkb:
             unmount_nkb(model)

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from nkb_model.mounting import (FeedForwardAddition, ffn_block, key_layer, load_weights_exactly, mounted,
-                                resolve_layers, restore, save_addition)
+from nkb_model.mounting import (FeedForwardAddition, get_ffn, key_layer, load_weights_exactly, mounted, resolve_layers,
+                                restore, save_addition, set_ffn)
 from nkb_model.nkb import NKBFeedForward
 
 WEIGHTS_FILE = "kformer.safetensors"
@@ -130,6 +130,8 @@ def mount_kformer(model: nn.Module, config: KformerConfig | None = None) -> list
         raise ValueError("this model has NKB slots; Kformer is mounted on a model without them")
     if hasattr(model, "kformer"):
         raise ValueError("this model already has Kformer mounted")
+    if not model.config.is_encoder_decoder:
+        raise ValueError(f"Kformer is mounted on a T5's encoder; a {type(model).__name__} has none")
     n_blocks = {"encoder": len(model.encoder.block), "decoder": len(model.decoder.block)}
     # "the top 3 layers" of a shallower model are all of its layers
     specs = [s for s in config.layers if not (s.split(".")[-1].startswith("-")
@@ -140,8 +142,7 @@ def mount_kformer(model: nn.Module, config: KformerConfig | None = None) -> list
     knowledge = Knowledge(model.get_input_embeddings(), model.config.pad_token_id, config)
     model.kformer = knowledge
     for name in names:
-        parent = ffn_block(model, name)
-        parent.DenseReluDense = KformerFeedForward(parent.DenseReluDense, knowledge, config.zero_values)
+        set_ffn(model, name, KformerFeedForward(get_ffn(model, name), knowledge, config.zero_values))
     model.kformer_config = KformerConfig(**{**asdict(config), "layers": names})
     model._kformer_hooks = (model.register_forward_pre_hook(_pre_hook, with_kwargs=True),
                             model.register_forward_hook(_post_hook, with_kwargs=True))

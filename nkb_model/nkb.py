@@ -1,24 +1,24 @@
-"""The Neural Knowledge Bank, mounted on a Hugging Face T5 — not a fork of it.
+"""The Neural Knowledge Bank, mounted on a Hugging Face model's feed-forward layers — not a fork of it.
 
-T5's feed-forward block is `T5LayerFF`: layer_norm → DenseReluDense → dropout → residual add, where
-DenseReluDense is `T5DenseActDense` (wi → act → dropout → wo) or `T5DenseGatedActDense`
-(act(wi_0 x) * wi_1 x → dropout → wo). Read as a key-value memory (Geva et al.), `wi` holds keys and
-`wo` values. The NKB adds `slots` more key-value pairs beside them, with the FFN's own architecture:
+Read as a key-value memory (Geva et al.), an FFN's input map holds keys and its output map values. The NKB
+adds `slots` more key-value pairs beside them, with the FFN's own architecture (`nkb_model.mounting` lists
+the families and their maps):
 
-    FFN'(x) = FFN(x) + nkb_values(act(nkb_keys(x)))                           on T5DenseActDense
-    FFN'(x) = FFN(x) + nkb_values(act(nkb_keys(x)) * nkb_keys_linear(x))      on T5DenseGatedActDense
+    FFN'(x) = FFN(x) + nkb_values(act(nkb_keys(x)))                        ungated: T5 (wi, wo), GPT-2 (c_fc, c_proj)
+    FFN'(x) = FFN(x) + nkb_values(act(nkb_keys(x)) * nkb_keys_linear(x))   gated: T5 v1.1 (wi_0, wi_1, wo), Llama-
+                                                                           style (gate_proj, up_proj, down_proj)
 
-so that a slot is exactly one more FFN neuron (row of `wi`/`wi_0` and `wi_1`, column of `wo`): merging the
-slots into the FFN (`nkb_model.export`) gives the same function. It sits inside the same residual branch
-(same layer norm, same outer dropout), with no dropout of its own by default. `NKBFeedForward` wraps the
-original module as `base_layer` and is swapped in with `setattr`, so T5's code is untouched and unmounting
-restores the original object.
+so that a slot is exactly one more FFN neuron (a row of each input map, with its bias where the FFN's map has
+one, and a column of the output map): merging the slots into the FFN (`nkb_model.export`) gives the same
+function. It sits inside the same residual branch (on T5 the same layer norm and outer dropout; on GPT-2 after
+the MLP's own output dropout), with no dropout of its own by default. `NKBFeedForward` wraps the original module
+as `base_layer` and is swapped in with `setattr`, so the model's code is untouched and unmounting restores the
+original object.
 
-T5's rules carry over: keys are initialised like `wi` (std d_model^-0.5), values like `wo`
-(std d_ff^-0.5, here slots^-0.5), injection keeps every slot within the FFN's own scale
-(`bound_to_ffn_scale`), and values keep the dtype of `wo`, which T5 keeps in fp32 under
-bf16 (`_keep_in_fp32_modules`), casting the activations to it first. With zero values the model's
-outputs are bit-identical to the base model's.
+T5's rules carry over to every family: keys are initialised with std d_model^-0.5, values with std slots^-0.5
+(T5's wo: d_ff^-0.5), injection keeps every slot within the FFN's own scale (`bound_to_ffn_scale`), and values
+keep the dtype of the output map, which T5 keeps in fp32 under bf16 (`_keep_in_fp32_modules`), casting the
+activations to it first. With zero values the model's outputs are bit-identical to the base model's.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from nkb_model.mounting import (FeedForwardAddition, ffn_block, is_gated, key_layer, load_weights_exactly, mounted,
-                                resolve_layers, restore, save_addition)
+from nkb_model.mounting import (FeedForwardAddition, get_ffn, is_gated, key_layer, linear_layer, load_weights_exactly,
+                                mounted, resolve_layers, restore, rows, save_addition, set_ffn, value_layer)
 
 NKB_PREFIX = "nkb_"
 WEIGHTS_FILE = "nkb.safetensors"
@@ -41,8 +41,9 @@ CONFIG_FILE = "nkb_config.json"
 
 @dataclass
 class NKBConfig:
-    layers: list[str] = field(default_factory=lambda: ["decoder.-1"])  # "encoder.N" / "decoder.N", N may be negative
-    slots: int | None = None          # default: the FFN width d_ff
+    layers: list[str] = field(default_factory=lambda: ["decoder.-1"])  # "encoder.N" / "decoder.N" / "layers.N" /
+                                      # "h.N" (mounting's table), N may be negative; decoder.N on any model
+    slots: int | None = None          # default: the FFN width (d_ff, intermediate_size, n_inner)
     dropout: float = 0.0              # dropout on the slot weights (the paper uses none)
     zero_values: bool = False         # start as an exact no-op (outputs bit-identical to the base)
     gated: bool | None = None         # gated like the FFN; default: as the FFN is. Slots saved before this
@@ -53,20 +54,24 @@ class NKBConfig:
 
 
 class NKBFeedForward(FeedForwardAddition):
-    """T5's DenseReluDense plus NKB slots: `base_layer(x) + nkb_values(slot_weights(x))`."""
+    """An FFN plus NKB slots: `base_layer(x) + nkb_values(slot_weights(x))`."""
 
     def __init__(self, base_layer: nn.Module, slots: int, dropout: float = 0.0, zero_values: bool = False,
                  gated: bool = False):
         super().__init__(base_layer)
         if gated and not is_gated(base_layer):
-            raise ValueError("gated NKB slots need a gated FFN (wi_0, wi_1); this one has a single wi")
-        self.nkb_keys = self.linear(self.d_model, slots, like=key_layer(base_layer))
-        self.nkb_keys_linear = self.linear(self.d_model, slots, like=base_layer.wi_1) if gated else None
+            raise ValueError(f"gated NKB slots need a gated FFN; this {type(base_layer).__name__} has one input map")
+        key, linear = key_layer(base_layer), linear_layer(base_layer)
+        self.nkb_keys = self.linear(self.d_model, slots, like=key, bias=getattr(key, "bias", None) is not None)
+        self.nkb_keys_linear = self.linear(self.d_model, slots, like=linear, bias=linear.bias is not None) \
+            if gated else None
         self.nkb_dropout = nn.Dropout(dropout)
-        self.nkb_values = self.linear(slots, self.d_model, like=base_layer.wo)
+        self.nkb_values = self.linear(slots, self.d_model, like=value_layer(base_layer))
         self.init_key_values(self.nkb_keys, self.nkb_values, slots ** -0.5, zero_values)
         if gated:  # like T5's wi_1: std d_model^-0.5
             nn.init.normal_(self.nkb_keys_linear.weight, 0.0, self.d_model ** -0.5)
+            if self.nkb_keys_linear.bias is not None:
+                nn.init.zeros_(self.nkb_keys_linear.bias)
 
     @property
     def gated(self) -> bool:
@@ -86,10 +91,10 @@ class NKBFeedForward(FeedForwardAddition):
         def bound(weight: torch.Tensor, reference: torch.Tensor, dim: int) -> None:
             limit = ratio * reference.norm(dim=dim).max()
             weight.mul_((limit / weight.norm(dim=dim, keepdim=True).clamp_min(1e-12)).clamp(max=1))
-        bound(self.nkb_keys.weight, key_layer(self.base_layer).weight, 1)        # rows: one key per slot
+        bound(self.nkb_keys.weight, rows(key_layer(self.base_layer)), 1)         # rows: one key per slot
         if self.gated:
-            bound(self.nkb_keys_linear.weight, self.base_layer.wi_1.weight, 1)
-        bound(self.nkb_values.weight, self.base_layer.wo.weight, 0)              # columns: one value per slot
+            bound(self.nkb_keys_linear.weight, rows(linear_layer(self.base_layer)), 1)
+        bound(self.nkb_values.weight, rows(value_layer(self.base_layer)), 0)     # columns: one value per slot
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:     # x: (batch, seq, d_model), already layer-normed
         out = self.base_layer(x)                              # (batch, seq, d_model)
@@ -105,13 +110,14 @@ def mount_nkb(model: nn.Module, config: NKBConfig | None = None) -> list[str]:
     """Mount NKB slots on the given layers' FFNs (in place); returns the canonical layer names."""
     config = config or NKBConfig()
     names = resolve_layers(model, config.layers)
-    slots = config.slots or model.config.d_ff
-    gated = config.gated if config.gated is not None else is_gated(ffn_block(model, names[0]).DenseReluDense)
     for name in names:
-        parent = ffn_block(model, name)
-        if isinstance(parent.DenseReluDense, NKBFeedForward):
+        if isinstance(get_ffn(model, name), NKBFeedForward):
             raise ValueError(f"{name} already has an NKB mounted")
-        parent.DenseReluDense = NKBFeedForward(parent.DenseReluDense, slots, config.dropout, config.zero_values, gated)
+    first = get_ffn(model, names[0])
+    slots = config.slots or rows(key_layer(first)).shape[0]
+    gated = config.gated if config.gated is not None else is_gated(first)
+    for name in names:
+        set_ffn(model, name, NKBFeedForward(get_ffn(model, name), slots, config.dropout, config.zero_values, gated))
     model.nkb_config = NKBConfig(layers=names, slots=slots, dropout=config.dropout, zero_values=config.zero_values,
                                  gated=gated)
     return names

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from nkb_model.generation import generate
-from nkb_model.mounting import ffn_block
+from nkb_model.mounting import block
 from nkb_model.nkb import mounted_layers
 from nkb_model.train import Device
 
@@ -116,7 +116,8 @@ def read_step(model: nn.Module, tokenizer, texts: list[str], prefix, layer: str 
     if layer is not None:
         ffn = mounted_layers(model)[layer]
         handles = [ffn.register_forward_hook(lambda m, i, o: captured.__setitem__("weights", m.slot_weights(i[0]))),
-                   ffn_block(model, layer).register_forward_hook(lambda m, i, o: captured.__setitem__("out", o))]
+                   block(model, layer).register_forward_hook(
+                       lambda m, i, o: captured.__setitem__("out", o[0] if isinstance(o, tuple) else o))]
     try:
         enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=256).to(device)
         logits = model(**enc, decoder_input_ids=_decoder_ids(model, prefix, len(texts), device)).logits[:, -1]

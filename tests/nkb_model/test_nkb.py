@@ -95,8 +95,8 @@ def test_layer_specs():
     assert resolve_layers(model, ["decoder.-1", "decoder.block.1", "encoder.0"]) == ["decoder.1", "encoder.0"]
     with pytest.raises(ValueError, match="has 2 blocks"):
         resolve_layers(model, ["encoder.5"])
-    with pytest.raises(ValueError, match="bad layer spec"):
-        resolve_layers(model, ["middle.1"])
+    with pytest.raises(ValueError, match="bad layer spec 'decoder'; use e.g. 'encoder.-1' or 'decoder.-1'"):
+        resolve_layers(model, ["decoder"])
     mount_nkb(model)
     with pytest.raises(ValueError, match="already has an NKB"):
         mount_nkb(model)
