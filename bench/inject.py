@@ -1,9 +1,10 @@
 """Injection benchmark: step time and tokens/s of NKB (slots only, base frozen) vs NKB-a (everything),
-at the same batch, on CPU; and, when a CUDA GPU is present, the same for a randomly initialised
-T5-base-sized model in bf16 with model FLOPs utilisation (MFU). Without a GPU that part says it is
-skipped. Prints JSON and records `metrics` rows in `bench/results/inject`.
+at the same batch, on CPU, for the T5 base and for decoder-only bases of the same size (Llama, GPT-2: the
+prompt and the target read as one sequence, the loss on the target); and, when a CUDA GPU is present, the same
+for a randomly initialised T5-base-sized model in bf16 with model FLOPs utilisation (MFU). Without a GPU that
+part says it is skipped. Prints JSON and records `metrics` rows in `bench/results/inject`.
 
-    python -m bench.inject [--steps 5]
+    python -m bench.inject [--steps 5] [--size small]
 
 MFU counts model FLOPs from the model's structure (`step_flops`): each linear layer's matmuls on the
 tokens it actually sees (the encoder's, and the decoder's cross-attention keys and values, on the input;
@@ -19,12 +20,13 @@ import argparse
 import json
 import sys
 import time
+from typing import Callable
 
 import torch
 from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 
-from nkb_model.base_model import FEED_FORWARD, SIZES
+from nkb_model.base_model import FEED_FORWARD, SIZES, causal_config
 from nkb_model.nkb import NKBConfig, mark_only_nkb_trainable, mount_nkb
 from nkb_model.train import Device, TrainConfig, choose_device, make_optimizer
 
@@ -37,9 +39,20 @@ T5_BASE = dict(d_model=768, d_ff=3072, num_layers=12, num_decoder_layers=12, num
 
 
 def model_for(arch: dict, variant: str, device: Device) -> T5ForConditionalGeneration:
+    """A random T5 of `arch` (T5Config fields) with slots on its last decoder block, set up to train as `variant`."""
     torch.manual_seed(0)
-    config = T5Config(dropout_rate=0.0, decoder_start_token_id=0, **arch)
-    model = T5ForConditionalGeneration(config)
+    return prepared(T5ForConditionalGeneration(T5Config(dropout_rate=0.0, decoder_start_token_id=0, **arch)), variant,
+                    device)
+
+
+def causal_model_for(family: str, size: str, vocab_size: int, variant: str, device: Device) -> nn.Module:
+    """A random decoder-only base of our `size` (Llama or GPT-2), with slots on its last block."""
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    return prepared(AutoModelForCausalLM.from_config(causal_config(family, size, vocab_size, 1, 0)), variant, device)
+
+
+def prepared(model: nn.Module, variant: str, device: Device) -> nn.Module:
     mount_nkb(model, NKBConfig())
     if variant == "nkb":
         mark_only_nkb_trainable(model)
@@ -54,6 +67,9 @@ def time_steps(model, device: Device, batch: int, input_len: int, target_len: in
     vocab = model.config.vocab_size
     x = torch.randint(3, vocab, (batch, input_len), device=device.device)
     y = torch.randint(3, vocab, (batch, target_len), device=device.device)
+    inputs = {"input_ids": x, "labels": y}
+    if not model.config.is_encoder_decoder:  # one sequence, the loss on the target's tokens
+        inputs = {"input_ids": torch.cat([x, y], 1), "labels": torch.cat([torch.full_like(x, -100), y], 1)}
     optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad],
                                TrainConfig(steps=steps, batch_size=batch))
     times = []
@@ -62,7 +78,7 @@ def time_steps(model, device: Device, batch: int, input_len: int, target_len: in
             torch.cuda.synchronize()
         t = time.perf_counter()
         with device.autocast():
-            loss = model(input_ids=x, labels=y).loss
+            loss = model(**inputs).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -106,16 +122,20 @@ def step_flops(model: T5ForConditionalGeneration, variant: str, batch: int, inpu
     return forward + batch * target_len * (2 * model.lm_head.weight.numel() + 2 * sum(trainable.values()) + 2 * values)
 
 
-def compare(arch: dict, device: Device, batch: int, input_len: int, target_len: int, steps: int) -> dict:
+def compare(build: Callable[[str], nn.Module], device: Device, batch: int, input_len: int, target_len: int,
+            steps: int) -> dict:
+    """Both variants' (`build(variant)`) step time and throughput; FLOPs (for MFU) are counted for T5s only."""
     out = {}
     for variant in ("nkb", "nkb-a"):
-        model = model_for(arch, variant, device)
+        model = build(variant)
         seconds = time_steps(model, device, batch, input_len, target_len, steps)
-        tokens, flops = batch * (input_len + target_len), step_flops(model, variant, batch, input_len, target_len)
+        tokens = batch * (input_len + target_len)
         out[variant] = {"step_s": round(seconds, 4), "tokens_per_s": round(tokens / seconds, 1),
                         "params": sum(p.numel() for p in model.parameters()),
-                        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
-                        "flops_per_step": flops, "flops_per_s": round(flops / seconds)}
+                        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+        if model.config.is_encoder_decoder:
+            flops = step_flops(model, variant, batch, input_len, target_len)
+            out[variant] |= {"flops_per_step": flops, "flops_per_s": round(flops / seconds)}
         del model
     out["nkb_over_nkb_a_step_time"] = round(out["nkb"]["step_s"] / out["nkb-a"]["step_s"], 3)
     return out
@@ -132,12 +152,16 @@ def main(argv=None) -> int:
     cpu = choose_device("cpu")
     arch = dict(SIZES[args.size], feed_forward_proj=FEED_FORWARD, vocab_size=4100)
     result["cpu"] = {"model": args.size, "batch": "64 x (64 in + 8 out)",
-                     **compare(arch, cpu, batch=64, input_len=64, target_len=8, steps=args.steps)}
+                     **compare(lambda v: model_for(arch, v, cpu), cpu, 64, 64, 8, args.steps)}
+    for family in ("llama", "gpt2"):  # decoder-only bases of the same size: 72-token sequences, loss on the last 8
+        result[f"cpu_{family}"] = {
+            "model": f"{args.size} {family}", "batch": "64 x (64 prompt + 8 target)",
+            **compare(lambda v: causal_model_for(family, args.size, 4100, v, cpu), cpu, 64, 64, 8, args.steps)}
     if torch.cuda.is_available():
         gpu = choose_device("cuda")
         name = torch.cuda.get_device_name(0)
         peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
-        gpu_result = compare(T5_BASE, gpu, batch=64, input_len=512, target_len=16, steps=args.steps)
+        gpu_result = compare(lambda v: model_for(T5_BASE, v, gpu), gpu, 64, 512, 16, args.steps)
         for variant in ("nkb", "nkb-a"):
             r = gpu_result[variant]
             r["mfu"] = round(r["flops_per_s"] / peak, 4) if peak else None
@@ -148,10 +172,10 @@ def main(argv=None) -> int:
     print(json.dumps(result, indent=1))
 
     from warehouse import Warehouse, run_stage
-    flat = {f"{where}.{variant}.{k}": v for where in ("cpu", "gpu") if isinstance(result[where], dict)
+    places = [w for w in ("cpu", "cpu_llama", "cpu_gpt2", "gpu") if isinstance(result[w], dict)]
+    flat = {f"{where}.{variant}.{k}": v for where in places
             for variant in ("nkb", "nkb-a") for k, v in result[where][variant].items() if isinstance(v, (int, float))}
-    flat.update({f"{w}.nkb_over_nkb_a_step_time": result[w]["nkb_over_nkb_a_step_time"]
-                 for w in ("cpu", "gpu") if isinstance(result[w], dict)})
+    flat.update({f"{w}.nkb_over_nkb_a_step_time": result[w]["nkb_over_nkb_a_step_time"] for w in places})
 
     def body(run):
         for metric, value in flat.items():

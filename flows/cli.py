@@ -181,9 +181,9 @@ def cmd_pipeline(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from stages.experiment import FULL_DEMO, SAMPLE_WORLD, Experiment
-    sets = (FULL_DEMO if args.full else []) + (args.set or []) + (
-        [f"sample_world.people={args.people}"] if args.people else [])
+    from stages.experiment import FULL_DEMO, SAMPLE_WORLD, Experiment, decoder_only_demo
+    sets = (FULL_DEMO if args.full else []) + (decoder_only_demo(args.arch) if args.arch != "t5" else []) + (
+        args.set or []) + ([f"sample_world.people={args.people}"] if args.people else [])
     return run_experiment(Experiment.load(SAMPLE_WORLD, sets), args)
 
 
@@ -422,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     experiment_help = ("set an experiment key (repeatable): stages.STAGE.KEY=value for a stage's setting (listed "
                        "by `nkb run STAGE --help`), pretrain.KEY, large.KEY, sample_world.KEY, or a top-level key "
                        "such as rows=base,base+nkb; values are YAML")
-    models_help = ("also build or bring in the base, inject, fine-tune, evaluate and report (about 35 minutes for "
+    models_help = ("also build or bring in the base, inject, fine-tune, evaluate and report (about 12 minutes for "
                    "the sample world on 2 CPU cores); --no-models stops after the data stages")
     pipe = sub.add_parser("pipeline", help="run an experiment file end to end",
                           description="Run an experiment: the stages its YAML file plans (ingest its corpora and QA "
@@ -441,6 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--full", action="store_true", help="every row of the paper's Tables 3 and 4 (adds the "
                       "Transformer, larger-base, Kformer and concat rows to the default's base, base+NKB and "
                       "base+NKB-a, and NKB-a to the generation check; what the default built is reused)")
+    demo.add_argument("--arch", choices=["t5", "llama", "gpt2"], default="t5", help=(
+        "the base: a T5 (default), or a decoder-only Llama or GPT-2 of the same size and budget, with slots on its "
+        "last three blocks (no Kformer or concat rows: they are T5 baselines)"))
     for p, func in ((pipe, cmd_pipeline), (demo, cmd_demo)):
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help=experiment_help)
         p.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")

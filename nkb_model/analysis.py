@@ -21,6 +21,7 @@ from torch import nn
 
 from nkb_model.mounting import (ffn_maps, final_norm, get_ffn, is_gated, key_layer, linear_layer, resolve_layers, rows,
                                 value_layer)
+from nkb_model.generation import teacher_forced
 from nkb_model.nkb import NKBFeedForward, mounted_layers
 
 CATEGORIES = {"PERSON": "Person", "GPE": "Place", "LOC": "Place", "FAC": "Place", "ORG": "Organisation",
@@ -97,8 +98,8 @@ def first_step_weights(model: nn.Module, tokenizer, texts: list[str], layer: str
                        batch_size: int = 64) -> torch.Tensor:
     """How strongly each slot of `layer` fires when the first answer token is generated: (texts, slots).
 
-    Decoder layers: at the first decoding position. Encoder layers (no decoding step there): the
-    strongest activation over the input's tokens."""
+    Decoder layers (every layer of a decoder-only model): at the step that writes the first answer token. T5's
+    encoder layers (no decoding step there): the strongest activation over the input's tokens."""
     memory = memories(model, layer, kind)
     ffn = get_ffn(model, memory.layer)
     captured: list[torch.Tensor] = []
@@ -108,21 +109,20 @@ def first_step_weights(model: nn.Module, tokenizer, texts: list[str], layer: str
         captured.append((ffn.slot_weights(x) if kind == "nkb" else _neuron_weights(ffn, x)).detach())
 
     handle = ffn.register_forward_hook(hook)
-    device = next(model.parameters()).device
+    decoder_side = not model.config.is_encoder_decoder or memory.layer.startswith("decoder")
     rows = []
     try:
         for lo in range(0, len(texts), batch_size):
-            enc = tokenizer(texts[lo:lo + batch_size], return_tensors="pt", padding=True, truncation=True,
-                            max_length=256).to(device)
-            start = torch.full((enc["input_ids"].shape[0], 1), model.config.decoder_start_token_id, device=device)
+            batch = texts[lo:lo + batch_size]
+            inputs, offsets = teacher_forced(model, tokenizer, batch, [[] for _ in batch])
             captured.clear()
             with torch.no_grad():
-                model(**enc, decoder_input_ids=start)
+                model(**inputs)
             weights = captured[-1]
-            if memory.layer.startswith("decoder"):
-                rows.append(weights[:, 0].float().cpu())
+            if decoder_side:
+                rows.append(weights[torch.arange(len(batch)), torch.tensor(offsets)].float().cpu())
             else:
-                mask = enc["attention_mask"].unsqueeze(-1).bool()
+                mask = inputs["attention_mask"].unsqueeze(-1).bool()
                 rows.append(weights.masked_fill(~mask, float("-inf")).amax(1).float().cpu())
     finally:
         handle.remove()

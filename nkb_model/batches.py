@@ -1,7 +1,9 @@
-"""Seq2seq training batches as a pure function of the step, from (input, target) text pairs.
+"""Training batches as a pure function of the step, from (input, target) text pairs.
 
 `examples_for_epoch(epoch)` supplies the pairs of an epoch (SSM redraws its masks each epoch; QA
-pairs stay the same); each epoch visits them in a seeded random order, in full batches."""
+pairs stay the same); each epoch visits them in a seeded random order, in full batches. An encoder-decoder
+reads the input and is trained on the target; a decoder-only model (`causal`) reads both as one sequence,
+trained on the target (`nkb_model.causal`)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ import numpy as np
 import torch
 
 
-class Seq2SeqBatches:
+class PairBatches:
     def __init__(self, examples_for_epoch: Callable[[int], tuple[list[str], list[str]]], tokenizer, batch_size: int,
                  seed: int = 0, max_input_len: int = 512, max_target_len: int = 64,
-                 knowledge_ids: torch.Tensor | None = None):
-        self.examples_for_epoch, self.tokenizer = examples_for_epoch, tokenizer
+                 knowledge_ids: torch.Tensor | None = None, causal: bool = False, target_eos: bool = True):
+        self.examples_for_epoch, self.tokenizer, self.causal = examples_for_epoch, tokenizer, causal
+        self.target_eos = target_eos  # causal: whether targets end with EOS (answers) or not (masked spans)
         self.knowledge_ids = knowledge_ids  # (examples, N, tokens): Kformer's documents of each (fixed) example
         self.batch_size, self.seed = batch_size, seed
         self.max_input_len, self.max_target_len = max_input_len, max_target_len
@@ -31,8 +34,13 @@ class Seq2SeqBatches:
             inputs, targets = self.examples_for_epoch(epoch)
             if self._pairs != (inputs, targets):  # QA pairs repeat every epoch: tokenise them once
                 self._pairs = (inputs, targets)
-                self._ids = (self.tokenizer(inputs, truncation=True, max_length=self.max_input_len)["input_ids"],
-                             self.tokenizer(targets, truncation=True, max_length=self.max_target_len)["input_ids"])
+                if self.causal:
+                    from nkb_model.causal import encode_pairs
+                    self._ids = tuple(zip(*encode_pairs(self.tokenizer, inputs, targets, self.max_input_len,
+                                                        self.max_target_len, self.target_eos)))
+                else:
+                    self._ids = (self.tokenizer(inputs, truncation=True, max_length=self.max_input_len)["input_ids"],
+                                 self.tokenizer(targets, truncation=True, max_length=self.max_target_len)["input_ids"])
             self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(len(inputs))
         return (*self._ids, self._order)
 
@@ -40,7 +48,12 @@ class Seq2SeqBatches:
         epoch, index = divmod(step, self.per_epoch)
         enc_in, enc_out, order = self._encode(epoch)
         rows = order[index * self.batch_size:(index + 1) * self.batch_size]
-        batch = pad_pairs([(enc_in[r], enc_out[r]) for r in rows], self.tokenizer.pad_token_id)
+        pairs = [(enc_in[r], enc_out[r]) for r in rows]
+        if self.causal:
+            from nkb_model.causal import pad_causal
+            batch = pad_causal(pairs, self.tokenizer.pad_token_id)
+        else:
+            batch = pad_pairs(pairs, self.tokenizer.pad_token_id)
         if self.knowledge_ids is not None:
             batch["knowledge_ids"] = self.knowledge_ids[torch.as_tensor(rows)]
         return batch

@@ -70,12 +70,20 @@ def load_model(directory: str | Path, with_nkb: bool = True):
     info = read_info(directory)
     weights = hf_dir(directory)
     model = model_class(weights).from_pretrained(weights)
-    tokenizer = AutoTokenizer.from_pretrained(weights)
+    tokenizer = load_tokenizer(weights)
     if with_nkb and (directory / "nkb").exists():
         load_nkb(model, directory / "nkb")
     if (directory / "kformer").exists():
         load_kformer(model, directory / "kformer")
     return model, tokenizer, info
+
+
+def load_tokenizer(directory: str | Path):
+    """A model's tokenizer, with a pad token: GPT-2's has none, and batches pad (with EOS, which the loss skips)."""
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def model_class(directory: str | Path):

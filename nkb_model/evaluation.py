@@ -13,16 +13,28 @@ from nkb_model.train import Device
 
 def probe(model, tokenizer, prompts: list[str], answers: list[str], device: Device, batch_size: int = 64,
           max_new_tokens: int = 16) -> tuple[list[str], list[bool]]:
-    """LAMA-style cloze probe: what the model fills `<extra_id_0>` of each prompt with, and whether that is the answer."""
-    fills = generate(model, tokenizer, prompts, device, batch_size, max_new_tokens=max_new_tokens)
+    """LAMA-style cloze probe: what the model fills `<extra_id_0>` of each prompt with, and whether that is the answer.
+    A decoder-only model continues the text before the blank; its first words, as many as the answer's, are the fill."""
+    if model.config.is_encoder_decoder:
+        fills = generate(model, tokenizer, prompts, device, batch_size, max_new_tokens=max_new_tokens)
+    else:
+        from nkb_model.causal import cloze_prefix, probe_fill
+        written = generate(model, tokenizer, [cloze_prefix(p) for p in prompts], device, batch_size,
+                           max_new_tokens=max_new_tokens)
+        fills = [probe_fill(w, a) for w, a in zip(written, answers)]
     return fills, [exact_match(f, [a]) for f, a in zip(fills, answers)]
 
 
 @torch.no_grad()
 def heldout_loss(model, tokenizer, rows: np.ndarray, device: Device, batch_size: int = 32, seed: int = 1234) -> float:
-    """Mean span-corruption loss on held-out text rows, with a fixed noise draw (comparable across models)."""
+    """Mean span-corruption loss on held-out text rows, with a fixed noise draw (comparable across models); a
+    decoder-only model's next-token loss on them."""
     model.eval()
-    batches = SpanCorruptionBatches(rows, tokenizer, min(batch_size, len(rows)), seed)
+    if model.config.is_encoder_decoder:
+        batches = SpanCorruptionBatches(rows, tokenizer, min(batch_size, len(rows)), seed)
+    else:
+        from nkb_model.causal import NextTokenBatches
+        batches = NextTokenBatches(rows, min(batch_size, len(rows)), seed)
     losses, weights = [], []
     for step in range(batches.per_epoch):
         batch = {k: v.to(device.device) for k, v in batches(step).items()}

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from nkb_model.generation import generate
+from nkb_model.generation import answer_ids, generate, teacher_forced
 from nkb_model.mounting import block
 from nkb_model.nkb import mounted_layers
 from nkb_model.train import Device
@@ -102,15 +102,10 @@ def edit_lambda(model: nn.Module, firing: Firing, target_token: int, original_to
     return float(strength * firing.residual / (firing.weight * delta))
 
 
-def _decoder_ids(model: nn.Module, prefix, rows: int, device) -> torch.Tensor:
-    return torch.tensor([[model.config.decoder_start_token_id] + list(prefix)] * rows, device=device)
-
-
 @torch.no_grad()
 def read_step(model: nn.Module, tokenizer, texts: list[str], prefix, layer: str | None = None):
     """Logits at the step after `prefix` for each text and, with `layer`, that block's slot activations and
     output there: (logits (texts, vocab), weights (texts, slots) or None, outputs (texts, d_model) or None)."""
-    device = next(model.parameters()).device
     captured: dict[str, torch.Tensor] = {}
     handles = []
     if layer is not None:
@@ -119,14 +114,15 @@ def read_step(model: nn.Module, tokenizer, texts: list[str], prefix, layer: str 
                    block(model, layer).register_forward_hook(
                        lambda m, i, o: captured.__setitem__("out", o[0] if isinstance(o, tuple) else o))]
     try:
-        enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=256).to(device)
-        logits = model(**enc, decoder_input_ids=_decoder_ids(model, prefix, len(texts), device)).logits[:, -1]
+        inputs, offsets = teacher_forced(model, tokenizer, texts, [list(prefix)] * len(texts))
+        at = (torch.arange(len(texts)), torch.tensor(offsets) + len(prefix))  # each row's step after `prefix`
+        logits = model(**inputs).logits[at]
     finally:
         for handle in handles:
             handle.remove()
     if layer is None:
         return logits, None, None
-    return logits, captured["weights"][:, -1].float(), captured["out"][:, -1].float()
+    return logits, captured["weights"][at].float(), captured["out"][at].float()
 
 
 def first_token(model: nn.Module, tokenizer, texts: list[str], prefix=()) -> list[int]:
@@ -145,26 +141,23 @@ def slot_profile(model: nn.Module, tokenizer, texts: list[str], answers: list[st
     """Each slot's RMS activation over every step of the reference answers (teacher-forced, `texts` → `answers`,
     e.g. the training split's questions): how strongly it usually fires, so that `Site.typical` can pick the slot
     particular to one question."""
-    device = next(model.parameters()).device
     ffn = mounted_layers(model)[layer]
-    start, pad = model.config.decoder_start_token_id, model.config.pad_token_id
     total, count = None, 0
     for lo in range(0, len(texts), batch_size):
+        batch = texts[lo:lo + batch_size]
         targets = [list(prefix) + ids + ([end] if end is not None else [])
-                   for ids in tokenizer(answers[lo:lo + batch_size], add_special_tokens=False)["input_ids"]]
-        width = max(len(t) for t in targets)
-        decoder = torch.tensor([[start] + t[:-1] + [pad] * (width - len(t)) for t in targets], device=device)
-        steps = torch.tensor([[len(prefix) <= i < len(t) for i in range(width)] for t in targets], device=device)
+                   for ids in answer_ids(model, tokenizer, batch, answers[lo:lo + batch_size])]
+        inputs, offsets = teacher_forced(model, tokenizer, batch, [t[:-1] for t in targets])
+        rows = torch.tensor([r for r, t in enumerate(targets) for _ in range(len(prefix), len(t))])
+        steps = torch.tensor([offsets[r] + k for r, t in enumerate(targets) for k in range(len(prefix), len(t))])
         captured = []
         handle = ffn.register_forward_hook(lambda m, i, o: captured.append(m.slot_weights(i[0])))
         try:
-            enc = tokenizer(texts[lo:lo + batch_size], return_tensors="pt", padding=True, truncation=True,
-                            max_length=256).to(device)
-            model(**enc, decoder_input_ids=decoder)
+            model(**inputs)
         finally:
             handle.remove()
-        squares = captured[-1].float()[steps].pow(2).sum(0)
-        total, count = squares if total is None else total + squares, count + int(steps.sum())
+        squares = captured[-1].float()[rows, steps].pow(2).sum(0)
+        total, count = squares if total is None else total + squares, count + len(steps)
     return (total / count).sqrt()
 
 
@@ -200,7 +193,7 @@ def sweep(model: nn.Module, tokenizer, texts: list[str], gold_answers: list[str]
     absolute λ), and the edit is undone. Returns a row per (question, strength) — {question (index into texts),
     slot, strength, lambda (the λ applied), original, target, new (tokens), success, change_rate: the share of
     `others` other inputs whose first token changed (None without others)} — and how many were wrong."""
-    gold = [tokenizer(a, add_special_tokens=False)["input_ids"][0] for a in gold_answers]
+    gold = [ids[0] for ids in answer_ids(model, tokenizer, texts, gold_answers)]
     predicted = first_token(model, tokenizer, texts, site.prefix)
     wrong = [i for i in range(len(texts)) if predicted[i] != gold[i]]
     rng = np.random.default_rng(seed)
@@ -235,7 +228,7 @@ def edit_answer(model: nn.Module, tokenizer, text: str, answer: str, site: Site,
     Returns {old_answer, new_answer, steps: [{step, slot, lambda, original, target}]}; a step no slot holds
     (`fired`) has slot and lambda None and is left as it was."""
     old_answer = generate(model, tokenizer, [text], device, max_new_tokens=32)[0]
-    wanted = tokenizer(answer, add_special_tokens=False)["input_ids"] + ([end] if end is not None else [])
+    wanted = answer_ids(model, tokenizer, [text], [answer])[0] + ([end] if end is not None else [])
     steps = []
     for t, token in enumerate(wanted):
         seen = list(site.prefix) + wanted[:t]

@@ -239,18 +239,21 @@ class PretrainingDataConfig(StageConfig):
 
 
 class BaseModelConfig(TrainingConfig):
-    """Pretrain a small T5 with span corruption (and salient span masking) on a corpus's pretraining data, or
-    bring in a Hugging Face T5 (`source`)."""
-    later_settings = frozenset({"source"})
+    """Pretrain a small T5 with span corruption (or a decoder-only model with next-token prediction), and salient
+    span masking, on a corpus's pretraining data, or bring in a Hugging Face model (`source`)."""
+    later_settings = frozenset({"source", "arch"})
 
     name: Name = Field("base", description="Name of the model in reports, e.g. base or large.")
+    arch: Literal["t5", "llama", "gpt2"] = Field("t5", description=(
+        "The base built here: t5 (encoder-decoder, gated GELU), llama (decoder-only, gated SiLU MLP) or gpt2 "
+        "(decoder-only, GELU MLP), each with size's widths; a brought model (source) has its own."))
     size: ModelSize = Field("small", description="tiny (~2M parameters), mini (~3M), small (~11M), large (~30M).")
     pretrain_corpus: Optional[Name] = Field(None, description="Corpus whose newest pretraining data (pretraining-data "
                                                               "stage) to pretrain on; default: the warehouse's only corpus. With source: the general "
                                                               "text whose rows the no-forgetting check holds out.")
-    source: Optional[str] = Field(None, description="A Hugging Face T5 directory or hub name to bring in as this "
-                                                    "base instead of pretraining one (steps and the pretraining "
-                                                    "settings are then unused).")
+    source: Optional[str] = Field(None, description="A Hugging Face T5 or causal-LM (GPT-2, Llama-style) directory "
+                                                    "or hub name to bring in as this base instead of pretraining one "
+                                                    "(steps and the pretraining settings are then unused).")
     steps: int = Field(1500, ge=0, description="Optimizer steps; 0 keeps the random initialisation (the "
                                               "report's Transformer row).")
     optimizer: Optimizer = "adamw"
@@ -314,9 +317,11 @@ class FinetuneConfig(TrainingConfig):
     epochs: int = Field(30, ge=1, description="Passes over the training questions.")
     max_input_len: int = Field(256, ge=8, description="Input tokens (the paper: 256).")
     freeze_nkb: bool = Field(False, description="Keep the NKB slots fixed while fine-tuning the rest.")
-    answer_format: Literal["plain", "sentinel"] = Field(
+    answer_format: Literal["plain", "sentinel", "prompt"] = Field(
         "plain", description="plain: question → answer (the paper's); sentinel: the answer asked for like a masked "
-                             "span (`… answer: <extra_id_0>` → `<extra_id_0> answer <extra_id_1>`).")
+                             "span (`… answer: <extra_id_0>` → `<extra_id_0> answer <extra_id_1>`); prompt: "
+                             "`Question: … Answer:` continued by the answer, which is what plain and sentinel both "
+                             "mean on a decoder-only model.")
     knowledge: Literal["none", "concat", "kformer"] = Field(
         "none", description="none: closed-book; concat: the retrieved documents appended to the question (then "
                             "truncated to max_input_len); kformer: the retrieved documents as Kformer knowledge "

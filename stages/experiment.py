@@ -33,8 +33,16 @@ from stages.configs import (AnalyzeConfig, BaseModelConfig, DeviceChoice, Evalua
 SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-world.yaml"  # what `nkb demo` runs
 ROWS: tuple[Row, ...] = ("transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat")
 BUILT_ROWS = {"transformer", "large"}  # rows that only a base built here has
-# What `nkb demo --full` sets over the sample world's file: every row of the paper's Tables 3 and 4.
-FULL_DEMO = [f"rows={','.join(ROWS)}", "generation_rows=base,base+nkb,base+nkb-a"]
+# What `nkb demo --full` sets over the sample world's file: every row of the paper's Tables 3 and 4 that applies
+# (rows emptied: the default, every row the base allows).
+FULL_DEMO = ["rows=", "generation_rows=base,base+nkb,base+nkb-a"]
+
+
+def decoder_only_demo(arch: str) -> list[str]:
+    """What `nkb demo --arch llama|gpt2` sets over the sample world's file: a decoder-only base of the T5 base's size
+    and budget (`nkb_model.base_model.causal_config`), with slots on its last three of four blocks, as the T5 base
+    has them on three of its four (the last encoder block and both decoder blocks)."""
+    return [f"pretrain.arch={arch}", "stages.inject.layers=decoder.-3,decoder.-2,decoder.-1"]
 NEXT_SIZE = {"tiny": "mini", "mini": "small", "small": "large"}
 # What each key of `stages:` changes: a stage's config (nkb-a and generation are inject and finetune runs too).
 OVERRIDABLE: dict[str, type[StageConfig]] = {
@@ -149,6 +157,9 @@ class Experiment(StageConfig):
         if self.base_model and self.rows and BUILT_ROWS & set(self.rows):
             raise ValueError(f"rows {sorted(BUILT_ROWS & set(self.rows))} need a base built here (pretrain), "
                              "not base_model")
+        if self.decoder_only and self.rows and {"kformer", "concat"} & set(self.rows):
+            raise ValueError(f"rows {sorted({'kformer', 'concat'} & set(self.rows))} are T5 baselines; "
+                             f"pretrain.arch is {self.pretrain['arch']}")
         splits = {q.split for q in self.questions}
         if not {"train", "validation"} <= splits:
             raise ValueError(f"questions need a 'train' and a 'validation' split (found {sorted(splits)})")
@@ -176,6 +187,11 @@ class Experiment(StageConfig):
             if not known or key in PLANNED:
                 raise ValueError(f"pretrain/large: no setting {key!r} of base-model or pretraining-data")
         return self
+
+    @property
+    def decoder_only(self) -> bool:
+        """Whether the base built here is decoder-only (pretrain.arch llama or gpt2): no Kformer or concat rows."""
+        return (self.pretrain or {}).get("arch", "t5") != "t5"
 
     # ---- files ----------------------------------------------------------------------------------
 
@@ -262,7 +278,8 @@ class Experiment(StageConfig):
             raise ExperimentError(f"stages.{stage}.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
     def _model_steps(self, knowledge: str, general: Optional[str]) -> list[tuple[str, StageConfig]]:
-        rows = self.rows or [r for r in ROWS if not (self.base_model and r in BUILT_ROWS)]
+        rows = self.rows or [r for r in ROWS if not (self.base_model and r in BUILT_ROWS)
+                             and not (self.decoder_only and r in ("kformer", "concat"))]
         steps: list[tuple[str, StageConfig]] = []
         if self.pretrain is not None:
             corpus = general or knowledge

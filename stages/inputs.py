@@ -141,7 +141,10 @@ def gen_inputs(table: pa.Table) -> list[str]:
 def qa_pair(question: str, answer: str | None, answer_format: str) -> tuple[str, str | None]:
     """Model input and target for a question. `plain` is the paper's (`question: …` → answer); `sentinel`
     asks for the answer the way salient span masking asks for a span (`… answer: <extra_id_0>` →
-    `<extra_id_0> answer <extra_id_1>`), so fine-tuning starts from the path the NKB was trained on."""
+    `<extra_id_0> answer <extra_id_1>`), so fine-tuning starts from the path the NKB was trained on; `prompt`
+    is a decoder-only model's (`Question: … Answer:` continued by the answer)."""
+    if answer_format == "prompt":
+        return f"Question: {question} Answer:", answer
     if answer_format == "sentinel":
         return f"question: {question} answer: <extra_id_0>", None if answer is None else f"<extra_id_0> {answer} <extra_id_1>"
     return f"question: {question}", answer

@@ -86,8 +86,9 @@ def latest_pretraining_data(wh: Warehouse, corpus: str) -> Path:
 # ---- base model ----------------------------------------------------------------------------------
 
 def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = False) -> StageResult:
-    """Span-corruption (and salient span masking) pretraining; saves a Hugging Face directory under `files/models/`.
-    With `source`, a Hugging Face T5 is brought in as this base instead (`import_base_model`)."""
+    """Span-corruption (a decoder-only arch: next-token) and salient span masking pretraining; saves a Hugging Face
+    directory under `files/models/`. With `source`, a Hugging Face model is brought in as this base instead
+    (`import_base_model`)."""
     from nkb_model import base_model
     from nkb_model.checkpoint import INFO
     from nkb_model.train import choose_device, train
@@ -108,12 +109,18 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
         started = time.perf_counter()
         tokenizer = AutoTokenizer.from_pretrained(data)
         train_rows, held_out = np.load(data / "train_rows.npy"), np.load(data / "held_out.npy")
-        model = base_model.new_t5(tokenizer, config.size, config.dropout, config.seed).to(device.device)
-        model.train()
-        batches = base_model.SpanCorruptionBatches(train_rows, tokenizer, config.batch_size, config.seed)
+        causal = config.arch != "t5"
+        if causal:
+            from nkb_model.causal import NextTokenBatches
+            model = base_model.new_causal(tokenizer, config.arch, config.size, config.dropout, config.seed)
+            batches = NextTokenBatches(train_rows, config.batch_size, config.seed)
+        else:
+            model = base_model.new_t5(tokenizer, config.size, config.dropout, config.seed)
+            batches = base_model.SpanCorruptionBatches(train_rows, tokenizer, config.batch_size, config.seed)
+        model.to(device.device).train()
         if config.ssm_share and config.steps:
-            batches = base_model.Interleaved(batches, pretraining_ssm_batches(wh, tokenizer, config, data_meta["seq_len"]),
-                                             config.ssm_share)
+            ssm = pretraining_ssm_batches(wh, tokenizer, config, data_meta["seq_len"], causal)
+            batches = base_model.Interleaved(batches, ssm, config.ssm_share)
         name = f"pretrain {config.name}"
         losses = train(model, batches, config.train_config(config.steps), device, work_dir(target), name, progress) \
             if config.steps else []
@@ -121,7 +128,7 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
             run.metric(loss_metric(batches, step, "pretrain_loss", "pretrain_ssm_loss"), loss,
                        dataset=config.pretrain_corpus, split="train", step=step)
         n_params = sum(p.numel() for p in model.parameters())
-        info = {"name": config.name, "kind": "base", "size": config.size, "params": n_params,
+        info = {"name": config.name, "kind": "base", "arch": config.arch, "size": config.size, "params": n_params,
                 "vocab": len(tokenizer), "built_by": run.run_id, "final_loss": losses[-1][1] if losses else None}
 
         def write(directory: Path) -> None:
@@ -141,8 +148,8 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
 
 
 def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = False) -> StageResult:
-    """A Hugging Face T5 (a local directory, or a hub name on a machine that has it) published as this base, with
-    held-out rows of the general corpus (`pretrain_corpus`, when given) for the no-forgetting check."""
+    """A Hugging Face T5 or causal LM (a local directory, or a hub name on a machine that has it) published as this
+    base, with held-out rows of the general corpus (`pretrain_corpus`, when given) for the no-forgetting check."""
     from nkb_model.checkpoint import INFO
     from warehouse import file_digest
     source = Path(config.source)
@@ -157,21 +164,24 @@ def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fals
     target = model_dir(wh, config.name, fp)
 
     def body(run: StagedRun) -> dict:
-        from transformers import AutoTokenizer, T5ForConditionalGeneration
+        from nkb_model.checkpoint import load_tokenizer, model_class
+        from nkb_model.mounting import block_names, ffn_maps, get_ffn, layout
         started = time.perf_counter()
         try:
-            model = T5ForConditionalGeneration.from_pretrained(config.source)
-            tokenizer = AutoTokenizer.from_pretrained(config.source)
+            model = model_class(config.source).from_pretrained(config.source)
+            tokenizer = load_tokenizer(config.source)
         except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot load base model {config.source!r} as a Hugging Face T5: "
+            raise ValueError(f"cannot load base model {config.source!r} as a Hugging Face T5 or causal LM: "
                              f"{str(exc).splitlines()[0]}") from None
+        ffn_maps(get_ffn(model, block_names(model)[0]))  # an unsupported family or FFN fails here, by its class
         held_out = None
         if config.pretrain_corpus:
             rows = packed_rows(wh, tokenizer, config.pretrain_corpus, GENERAL_SEQ_LEN)
             order = np.random.default_rng(config.seed).permutation(len(rows))
             held_out = rows[order[:max(1, int(len(rows) * 0.05))]]
         n_params = sum(p.numel() for p in model.parameters())
-        info = {"name": config.name, "kind": "base", "source": config.source, "params": n_params,
+        info = {"name": config.name, "kind": "base", "arch": layout(model).family, "source": config.source,
+                "params": n_params,
                 "vocab": len(tokenizer), "built_by": run.run_id}
 
         def write(directory: Path) -> None:
@@ -190,24 +200,25 @@ def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fals
     return run_stage(wh, "base-model", config.model_dump(), fp, body, force=force, still_valid=model_present)
 
 
-def pretraining_ssm_batches(wh: Warehouse, tokenizer, config: BaseModelConfig, max_input_len: int):
+def pretraining_ssm_batches(wh: Warehouse, tokenizer, config: BaseModelConfig, max_input_len: int,
+                            causal: bool = False):
     """SSM batches over the pretraining rows' sentences (salient-spans with source=pretraining found their
     entities and dates), one masked per sentence and redrawn every epoch, like the injection corpus's."""
     from corpus.ssm import ssm_examples
-    from nkb_model.batches import Seq2SeqBatches
+    from nkb_model.batches import PairBatches
     segments, spans = segments_with_spans(wh, config.pretrain_corpus, source=PRETRAINING)
 
-    @functools.lru_cache(maxsize=1)  # epoch 0 is asked for by the check below and twice by Seq2SeqBatches
+    @functools.lru_cache(maxsize=1)  # epoch 0 is asked for by the check below and twice by PairBatches
     def examples(epoch: int) -> tuple[list[str], list[str]]:
-        ex = ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=True)
+        ex = ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=True, causal=causal)
         return ex.column("input").to_pylist(), ex.column("target").to_pylist()
 
     available = len(examples(0)[0])
     if not available:
         raise ValueError(f"ssm_share={config.ssm_share}, but spaCy found no salient span in the "
                          f"{config.pretrain_corpus!r} pretraining text")
-    return Seq2SeqBatches(examples, tokenizer, min(config.ssm_batch_size, available), config.seed,
-                          max_input_len=max_input_len)
+    return PairBatches(examples, tokenizer, min(config.ssm_batch_size, available), config.seed,
+                       max_input_len=max_input_len, causal=causal, target_eos=False)
 
 
 # ---- injection -----------------------------------------------------------------------------------
@@ -215,7 +226,7 @@ def pretraining_ssm_batches(wh: Warehouse, tokenizer, config: BaseModelConfig, m
 def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageResult:
     """Mount NKB slots on a base model and train them (or everything, nkb-a) on SSM examples."""
     from corpus.ssm import ssm_examples
-    from nkb_model.batches import Seq2SeqBatches
+    from nkb_model.batches import PairBatches
     from nkb_model.checkpoint import hf_dir, relative_base, save_model
     from nkb_model.nkb import NKBConfig, load_nkb_weights, mark_only_nkb_trainable, mount_nkb, mounted_layers
     from nkb_model.train import choose_device, train
@@ -236,14 +247,17 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
 
     def body(run: StagedRun) -> dict:
         import torch
+        from nkb_model.causal import is_causal
         started = time.perf_counter()
         segments, spans = segments_with_spans(wh, config.corpus)
+        model, tokenizer, _ = base.load()
+        causal = is_causal(model)
 
         def examples(epoch: int) -> tuple[list[str], list[str]]:
-            ex = ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=config.skip_repeated_spans)
+            ex = ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=config.skip_repeated_spans,
+                              causal=causal)
             return ex.column("input").to_pylist(), ex.column("target").to_pylist()
 
-        model, tokenizer, _ = base.load()
         torch.manual_seed(config.seed)
         mount_nkb(model, NKBConfig(layers=config.layers, slots=config.slots))
         if previous:
@@ -259,10 +273,12 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
                 p.requires_grad = True
             trainable = sum(p.numel() for p in model.parameters())
             model.train()
-        ssm = batches = Seq2SeqBatches(examples, tokenizer, config.batch_size, config.seed, config.max_input_len)
+        ssm = batches = PairBatches(examples, tokenizer, config.batch_size, config.seed, config.max_input_len,
+                                    causal=causal, target_eos=False)
         if config.general_share:
             from nkb_model.base_model import Interleaved
-            batches = Interleaved(ssm, general_batches(wh, tokenizer, base.directory, config), config.general_share)
+            batches = Interleaved(ssm, general_batches(wh, tokenizer, base.directory, config, causal),
+                                  config.general_share)
         slots = list(mounted_layers(model).values())
 
         def bound_slots() -> None:
@@ -312,10 +328,12 @@ def loss_metric(batches, step: int, first: str, second: str) -> str:
     return second if hasattr(batches, "source") and batches.source(step)[0] else first
 
 
-def general_batches(wh: Warehouse, tokenizer, base_dir: Path, config: InjectConfig):
-    """Span-corruption batches of the general corpus packed as the base's pretraining packed it, without the
-    base's held-out rows: the no-forgetting check's text stays unseen by the slots."""
+def general_batches(wh: Warehouse, tokenizer, base_dir: Path, config: InjectConfig, causal: bool = False):
+    """Span-corruption (a decoder-only base: next-token) batches of the general corpus packed as the base's
+    pretraining packed it, without the base's held-out rows: the no-forgetting check's text stays unseen by the
+    slots."""
     from nkb_model.base_model import SpanCorruptionBatches
+    from nkb_model.causal import NextTokenBatches
     held_path = base_dir / "held_out.npy"
     held = np.load(held_path) if held_path.exists() else np.zeros((0, GENERAL_SEQ_LEN), dtype=np.int64)
     rows = packed_rows(wh, tokenizer, config.general_corpus, held.shape[1])
@@ -324,14 +342,16 @@ def general_batches(wh: Warehouse, tokenizer, base_dir: Path, config: InjectConf
     if not len(rows):
         raise ValueError(f"general_share={config.general_share}, but corpus {config.general_corpus!r} has no text "
                          f"beyond the base's held-out rows")
-    return SpanCorruptionBatches(rows, tokenizer, min(config.general_batch_size, len(rows)), config.seed)
+    size = min(config.general_batch_size, len(rows))
+    return NextTokenBatches(rows, size, config.seed) if causal else \
+        SpanCorruptionBatches(rows, tokenizer, size, config.seed)
 
 
 # ---- fine-tuning ---------------------------------------------------------------------------------
 
 def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> StageResult:
     """All parameters (optionally not the NKB) trained on `question: …` → first answer, or on a generation task."""
-    from nkb_model.batches import Seq2SeqBatches
+    from nkb_model.batches import PairBatches
     from nkb_model.checkpoint import save_model
     from nkb_model.nkb import mounted_layers
     from nkb_model.train import choose_device, train
@@ -354,15 +374,18 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
 
     def body(run: StagedRun) -> dict:
         import torch
+        from nkb_model.causal import is_causal
         started = time.perf_counter()
+        model, tokenizer, source_info = source.load()
+        causal = is_causal(model)
+        answer_format = causal_answer_format(config, model) if causal else config.answer_format
         knowledge = {"knowledge": config.knowledge, "knowledge_docs": config.knowledge_docs,
                      "kformer_doc_tokens": config.kformer_doc_tokens, "kformer_rank": config.kformer_rank,
-                     "answer_format": config.answer_format, "max_input_len": config.max_input_len, "task": config.task}
-        model, tokenizer, source_info = source.load()
+                     "answer_format": answer_format, "max_input_len": config.max_input_len, "task": config.task}
         if config.task:
             texts, knowledge_ids, answers = gen_inputs(questions), None, questions.column("target").to_pylist()
         else:
-            answers = [qa_pair(q, a[0], config.answer_format)[1] for q, a in
+            answers = [qa_pair(q, a[0], answer_format)[1] for q, a in
                        zip(questions.column("question").to_pylist(), questions.column("answers").to_pylist())]
             texts, knowledge_ids = qa_inputs(wh, questions, tokenizer, knowledge)
         if config.knowledge == "kformer":
@@ -377,9 +400,9 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
         if config.freeze_nkb:  # fixed slots also keep their weights' dropout off
             for layer in mounted_layers(model).values():
                 layer.nkb_dropout.eval()
-        batches = Seq2SeqBatches(lambda epoch: (texts, answers), tokenizer, min(config.batch_size, len(texts)),
-                                 config.seed, config.max_input_len, max_target_len=128 if config.task else 64,
-                                 knowledge_ids=knowledge_ids)
+        batches = PairBatches(lambda epoch: (texts, answers), tokenizer, min(config.batch_size, len(texts)),
+                              config.seed, config.max_input_len, max_target_len=128 if config.task else 64,
+                              knowledge_ids=knowledge_ids, causal=causal)
         steps = config.epochs * batches.per_epoch
         losses = train(model, batches, config.train_config(steps, batches.batch_size), device, work_dir(target),
                        f"finetune {name}", progress)
@@ -397,3 +420,13 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
 
     return run_stage(wh, "finetune", config.model_dump(), fp, body, force=force, device=device.name,
                      still_valid=model_present)
+
+
+def causal_answer_format(config: FinetuneConfig, model) -> str:
+    """A decoder-only model's answer format: `prompt`, whichever is asked for. Plain is the question and its answer;
+    sentinel asks for the answer the way salient span masking asks for a span, which on a causal LM is as the
+    continuation of the text before it: both are a prompt. The retrieval baselines (Kformer, concat) are T5's."""
+    if config.knowledge != "none":
+        raise ValueError(f"knowledge={config.knowledge} is a T5 baseline; {config.model} is a decoder-only "
+                         f"{type(model).__name__}")
+    return "prompt"

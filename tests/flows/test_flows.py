@@ -10,7 +10,7 @@ from prefect.testing.utilities import prefect_test_harness
 from corpus import ner
 from flows.flows import STAGE_FLOWS, pipeline
 from stages.configs import IngestConfig, SalientSpansConfig
-from stages.experiment import FULL_DEMO
+from stages.experiment import FULL_DEMO, decoder_only_demo
 from tests.experiments import tiny_experiment
 from warehouse import Warehouse, list_runs, query
 
@@ -162,6 +162,28 @@ def test_pipeline_trains_every_row_and_reports(tmp_path):
     generation = query(Warehouse(home), "SELECT model, task FROM report_generation").to_pylist()
     assert len(generation) == 6 and {g["model"] for g in generation} == {"base", "base+NKB", "base+NKB-a"}
     assert all(r["skipped"] for r in pipeline(tiny_experiment(*FULL_DEMO), home=home))
+
+
+def test_a_decoder_only_experiment_trains_every_row_that_applies_and_reports(tmp_path):
+    home = str(tmp_path / "wh")
+    rows = pipeline(tiny_experiment(*FULL_DEMO, *decoder_only_demo("llama")), home=home)
+    stages = [r["stage"] for r in rows]
+    assert stages[-4:] == ["report", "analyze", "surgery", "edit"]
+    wh = Warehouse(home)
+    bases = query(wh, "SELECT config::JSON->>'arch' AS arch FROM runs WHERE stage = 'base-model'").column("arch")
+    assert bases.to_pylist() == ["llama"] * 3  # base, Transformer (0 steps) and large
+    formats = query(wh, "SELECT DISTINCT config::JSON->>'answer_format' AS f FROM runs WHERE stage = 'finetune' "
+                        "AND config::JSON->>'task' IS NULL").column("f").to_pylist()
+    assert formats == ["plain"]  # asked of a causal LM as a prompt (the model's card and info say so)
+    report = query(wh, "SELECT DISTINCT model FROM report").column("model").to_pylist()
+    assert sorted(report) == sorted(["Transformer", "base", "base+NKB", "base+NKB-a", "large"])
+    held_out = {r["model"]: r["heldout_loss"] for r in query(wh, "SELECT DISTINCT model, heldout_loss FROM report")
+                .to_pylist()}
+    unmounted = query(wh, "SELECT value FROM metrics WHERE metric = 'heldout_loss_nkb_unmounted' AND dataset = "
+                          "'base+NKB'").column("value").to_pylist()
+    assert unmounted == [held_out["base"]]  # no forgetting, exactly: without its slots base+NKB is the base
+    generation = query(wh, "SELECT model, task FROM report_generation").to_pylist()
+    assert {g["model"] for g in generation} == {"base", "base+NKB", "base+NKB-a"}
 
 
 def test_salient_spans_on_a_local_dask_cluster_equal_the_in_process_run(tmp_path):

@@ -1,0 +1,119 @@
+"""Decoder-only language models (GPT-2, Llama-style): the pipeline's (input, target) text pairs as one sequence.
+
+A T5 reads the input with its encoder and writes the target with its decoder. A causal LM reads a prompt and
+continues it, so a pair becomes `start prompt target eos` with the loss on `target eos` only: salient span
+masking's pair is (the segment's text before the span, the span), recalled from what precedes it; a question's
+is (`Question: … Answer:`, the answer), which ends with EOS: greedy decoding stops there. A span has no EOS
+after it (the text goes on), so a cloze probe's prompt is the text before the answer and its continuation is
+scored on as many words as the answer has (`probe_fill`). The start token is the tokenizer's BOS, or its EOS where it has none
+(GPT-2's `<|endoftext|>` is both; packed pretraining text separates documents with EOS, so a sequence that
+starts after one reads as a new document).
+
+A target is tokenized as it is in running text, after the prompt (a GPT-2 BPE token carries its leading space):
+the pair is tokenized whole and split where the prompt's own tokens end. Prompts are cut from the left (the
+words nearest the target are kept), targets from the right.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def is_causal(model) -> bool:
+    """Whether a model is a decoder-only LM rather than an encoder-decoder."""
+    return not model.config.is_encoder_decoder
+
+
+def start_ids(tokenizer) -> list[int]:
+    first = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    return [first]
+
+
+def _joined(prompt: str, target: str) -> str:
+    return prompt + target if not prompt or prompt[-1].isspace() else f"{prompt} {target}"
+
+
+def encode_pairs(tokenizer, prompts: list[str], targets: list[str], max_prompt_len: int = 512,
+                 max_target_len: int = 64, eos: bool = True) -> list[tuple[list[int], list[int]]]:
+    """(start + prompt ids, target ids + eos) for each pair. `eos`: whether the target ends with EOS: an answer does
+    (the model learns to stop after it), a masked span does not (the text goes on after it)."""
+    plain = dict(add_special_tokens=False)
+    prompt_ids = tokenizer([p.rstrip() for p in prompts], **plain)["input_ids"] if prompts else []
+    whole = tokenizer([_joined(p.rstrip(), t.strip()) for p, t in zip(prompts, targets)], **plain)["input_ids"] \
+        if prompts else []
+    pairs = []
+    for p, w, target in zip(prompt_ids, whole, targets):
+        if not p or w[:len(p)] == p:
+            t = w[len(p):]
+        else:  # the prompt's last token merged with the target's first: tokenize the target alone
+            t = tokenizer(target.strip(), **plain)["input_ids"]
+        end = [tokenizer.eos_token_id] if eos else []
+        pairs.append((start_ids(tokenizer) + _last(p, max_prompt_len - 1), t[:max_target_len - len(end)] + end))
+    return pairs
+
+
+def _last(ids: list[int], n: int) -> list[int]:
+    return ids[max(0, len(ids) - n):]
+
+
+def encode_prompts(tokenizer, prompts: list[str], max_prompt_len: int | None = None) -> list[list[int]]:
+    """start + prompt ids, cut from the left to `max_prompt_len` tokens."""
+    ids = tokenizer([p.rstrip() for p in prompts], add_special_tokens=False)["input_ids"]
+    return [start_ids(tokenizer) + (_last(i, max_prompt_len - 1) if max_prompt_len else i) for i in ids]
+
+
+def pad_causal(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Pairs as right-padded sequences; labels are the target's tokens, -100 elsewhere (the model shifts them)."""
+    width = max(len(p) + len(t) for p, t in pairs)
+    input_ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(pairs), width), dtype=torch.long)
+    labels = torch.full((len(pairs), width), -100, dtype=torch.long)
+    for row, (prompt, target) in enumerate(pairs):
+        n = len(prompt) + len(target)
+        input_ids[row, :n] = torch.tensor(prompt + target)
+        attention[row, :n] = 1
+        labels[row, len(prompt):n] = torch.tensor(target)
+    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+
+
+def pad_left(ids: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Prompts left-padded, so that every row's next token is at the last position (for generation)."""
+    width = max(len(i) for i in ids)
+    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(ids), width), dtype=torch.long)
+    for row, i in enumerate(ids):
+        input_ids[row, width - len(i):] = torch.tensor(i)
+        attention[row, width - len(i):] = 1
+    return {"input_ids": input_ids, "attention_mask": attention}
+
+
+def lm_batch(rows: np.ndarray) -> dict[str, torch.Tensor]:
+    """Packed text rows for next-token prediction on every token."""
+    input_ids = torch.as_tensor(rows, dtype=torch.long)
+    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": input_ids.clone()}
+
+
+class NextTokenBatches:
+    """`batch(step)`: packed rows for next-token prediction; each epoch visits them in a seeded order."""
+
+    def __init__(self, rows: np.ndarray, batch_size: int, seed: int = 0):
+        if len(rows) < batch_size:
+            raise ValueError(f"{len(rows)} sequences are fewer than one batch of {batch_size}")
+        self.rows, self.batch_size, self.seed = rows, batch_size, seed
+        self.per_epoch = len(rows) // batch_size
+
+    def __call__(self, step: int) -> dict[str, torch.Tensor]:
+        epoch, index = divmod(step, self.per_epoch)
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
+        return lm_batch(self.rows[order[index * self.batch_size:(index + 1) * self.batch_size]])
+
+
+def cloze_prefix(prompt: str, mask: str = "<extra_id_0>") -> str:
+    """A T5 cloze prompt (`… born in <extra_id_0>.`) as a causal LM's prompt: the text before the blank."""
+    return prompt.split(mask, 1)[0].rstrip()
+
+
+def probe_fill(continuation: str, answer: str) -> str:
+    """The words of a continuation that stand where the answer would: as many as the answer has."""
+    return " ".join(continuation.split()[:len(answer.split())])

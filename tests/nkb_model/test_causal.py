@@ -1,0 +1,135 @@
+"""Decoder-only models through the pipeline's code paths (tiny random Llama and GPT-2, CPU): pairs as one sequence
+with the loss on the target, answers that stop, probes, the held-out loss, and reading and editing slots."""
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from corpus.ssm import ssm_examples
+from nkb_model import surgery
+from nkb_model.analysis import first_step_weights
+from nkb_model.base_model import new_causal, train_tokenizer
+from nkb_model.batches import PairBatches
+from nkb_model.causal import cloze_prefix, encode_pairs, pad_causal, probe_fill
+from nkb_model.evaluation import heldout_loss, probe
+from nkb_model.generation import generate, teacher_forced
+from nkb_model.nkb import NKBConfig, mount_nkb, mounted_layers
+from nkb_model.train import TrainConfig, choose_device, train
+
+TEXTS = [f"Person {i} was born in city {i % 7} and worked for company {i % 5}." for i in range(200)]
+QUESTIONS = ["Question: Where was Alice born? Answer:", "Question: Where was Bob born? Answer:",
+             "Question: Where does Carol live? Answer:", "Question: Where does Dan live? Answer:"]
+ANSWERS = ["city 3", "city 5", "company 1", "company 4"]
+CPU = choose_device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(TEXTS + QUESTIONS, vocab_size=80)
+
+
+def byte_level_bpe():
+    """A GPT-2-style tokenizer (byte-level BPE: a word's token carries its leading space as Ġ)."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>")
+
+
+def test_a_pair_is_one_sequence_with_the_loss_on_the_target_and_eos_only(tokenizer):
+    (prompt, target), = encode_pairs(tokenizer, ["Person 3 was born in"], ["city 3"])
+    assert prompt[0] == tokenizer.eos_token_id and target[-1] == tokenizer.eos_token_id  # no BOS: EOS starts
+    assert tokenizer.decode(target[:-1]) == "city 3"
+    (_, span), = encode_pairs(tokenizer, ["Person 3 was born in"], ["city 3"], eos=False)
+    assert span == target[:-1]  # a masked span: the text goes on after it
+    model = new_causal(tokenizer, "llama", "tiny").eval()
+    batch = pad_causal([(prompt, target), (prompt[:3], span)], tokenizer.pad_token_id)
+    assert batch["labels"][0].tolist() == [-100] * len(prompt) + target
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        loss = model(**batch).loss
+    # the model's loss is the cross-entropy of exactly the target tokens, each predicted from what precedes it
+    rows, cols = (batch["labels"][:, 1:] != -100).nonzero(as_tuple=True)
+    manual = torch.nn.functional.cross_entropy(logits[rows, cols], batch["labels"][rows, cols + 1])
+    torch.testing.assert_close(loss, manual)
+
+
+def test_a_target_is_tokenized_as_it_is_in_running_text():
+    bpe = byte_level_bpe()
+    (prompt, target), = encode_pairs(bpe, ["Person 3 was born in"], ["city 3"], eos=False)
+    alone = bpe("city 3", add_special_tokens=False)["input_ids"]
+    in_text = bpe("Person 3 was born in city 3", add_special_tokens=False)["input_ids"]
+    assert target != alone and prompt[1:] + target == in_text  # "Ġcity", as the model reads it after "in"
+    assert bpe.convert_ids_to_tokens(target)[0].startswith("Ġ")
+
+
+def test_causal_ssm_examples_recall_the_span_from_the_text_before_it():
+    import pyarrow as pa
+    segments = pa.table({"segment_id": ["a"], "text": ["Ada Lovelace was born in London in 1815."]})
+    spans = pa.table({"segment_id": ["a"], "start_char": [25], "end_char": [31]})
+    causal = ssm_examples(segments, spans, causal=True).to_pylist()[0]
+    t5 = ssm_examples(segments, spans).to_pylist()[0]
+    assert (causal["input"], causal["target"]) == ("Ada Lovelace was born in ", "London")
+    assert t5["input"] == "Ada Lovelace was born in <extra_id_0> in 1815."
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_tiny_decoder_only_model_learns_answers_and_stops_after_them(tokenizer, arch):
+    model = new_causal(tokenizer, arch, "tiny").train()
+    batches = PairBatches(lambda epoch: (QUESTIONS, ANSWERS), tokenizer, 4, causal=True)
+    train(model, batches, TrainConfig(steps=60, batch_size=4, lr=3e-3, optimizer="adamw"), CPU)
+    assert generate(model, tokenizer, QUESTIONS, CPU, batch_size=3) == ANSWERS  # left-padded batches of 3 and 1
+    # the probe asks the text before the blank and reads as many words as the answer has
+    fills, hits = probe(model, tokenizer, [q + " <extra_id_0>." for q in QUESTIONS], ANSWERS, CPU)
+    assert fills == ANSWERS and all(hits)
+
+
+def test_cloze_prompts_become_prefixes_and_fills_take_the_answers_length():
+    assert cloze_prefix("Ada Lovelace was born in <extra_id_0> in 1815.") == "Ada Lovelace was born in"
+    assert probe_fill("New York City in 1815", "New York") == "New York"
+    assert probe_fill("London", "New York") == "London"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_teacher_forced_positions_read_each_row_as_if_it_ran_alone(tokenizer, arch):
+    model = new_causal(tokenizer, arch, "tiny").eval()
+    seen = [[5, 6], [], [7]]
+    texts = QUESTIONS[:3]
+    inputs, offsets = teacher_forced(model, tokenizer, texts, seen)
+    with torch.no_grad():
+        batched = model(**inputs).logits
+        for row, (text, ids) in enumerate(zip(texts, seen)):
+            one, (offset,) = teacher_forced(model, tokenizer, [text], [ids])
+            alone = model(**one).logits[0]
+            for k in range(len(ids) + 1):
+                torch.testing.assert_close(batched[row, offsets[row] + k], alone[offset + k], atol=1e-5, rtol=1e-5)
+
+
+def test_the_held_out_loss_of_a_decoder_only_model_is_its_next_token_loss(tokenizer):
+    model = new_causal(tokenizer, "llama", "tiny").eval()
+    rows = np.random.default_rng(0).integers(3, len(tokenizer), size=(4, 16))
+    with torch.no_grad():
+        expected = model(input_ids=torch.as_tensor(rows), labels=torch.as_tensor(rows)).loss.item()
+    assert heldout_loss(model, tokenizer, rows, CPU, batch_size=4) == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_slots_of_a_decoder_only_model_are_read_and_edited_at_the_answers_first_step(tokenizer, arch):
+    model = new_causal(tokenizer, arch, "tiny").eval()
+    mount_nkb(model, NKBConfig(layers=["decoder.-1"]))
+    layer = surgery.default_layer(model)
+    assert layer == ("layers.3" if arch == "llama" else "h.3")
+    weights = first_step_weights(model, tokenizer, QUESTIONS, layer)
+    _, step_weights, _ = surgery.read_step(model, tokenizer, QUESTIONS, (), layer)
+    torch.testing.assert_close(weights, step_weights)  # both at the step that writes the first answer token
+    profile = surgery.slot_profile(model, tokenizer, QUESTIONS, ANSWERS, layer)
+    assert profile.shape == (mounted_layers(model)[layer].nkb_values.in_features,) and (profile > 0).all()
+    first = surgery.first_token(model, tokenizer, QUESTIONS[:1])[0]
+    target = (first + 5) % len(tokenizer)
+    firing = surgery.fired(model, tokenizer, QUESTIONS[0], surgery.Site(layer))
+    surgery.strong_edit(model, firing, layer, target, first, strength=4.0)
+    assert surgery.first_token(model, tokenizer, QUESTIONS[:1]) == [target]
