@@ -1,6 +1,7 @@
 """Injection benchmark: step time and tokens/s of NKB (slots only, base frozen) vs NKB-a (everything),
 at the same batch, on CPU, for the T5 base and for decoder-only bases of the same size (Llama, GPT-2: the
-prompt and the target read as one sequence, the loss on the target); and, when a CUDA GPU is present, the same
+prompt and the target read as one sequence, the loss on the target), with slots on the last block and on every
+block (as `nkb demo --arch` mounts them); and, when a CUDA GPU is present, the same
 for a randomly initialised T5-base-sized model in bf16 with model FLOPs utilisation (MFU). Without a GPU that
 part says it is skipped. Prints JSON and records `metrics` rows in `bench/results/inject`.
 
@@ -45,15 +46,17 @@ def model_for(arch: dict, variant: str, device: Device) -> T5ForConditionalGener
                     device)
 
 
-def causal_model_for(family: str, size: str, vocab_size: int, variant: str, device: Device) -> nn.Module:
-    """A random decoder-only base of our `size` (Llama or GPT-2), with slots on its last block."""
+def causal_model_for(family: str, size: str, vocab_size: int, variant: str, device: Device,
+                     layers: tuple[str, ...] = ("decoder.-1",)) -> nn.Module:
+    """A random decoder-only base of our `size` (Llama or GPT-2), with slots on `layers`."""
     from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
-    return prepared(AutoModelForCausalLM.from_config(causal_config(family, size, vocab_size, 1, 0)), variant, device)
+    return prepared(AutoModelForCausalLM.from_config(causal_config(family, size, vocab_size, 1, 0)), variant, device,
+                    layers)
 
 
-def prepared(model: nn.Module, variant: str, device: Device) -> nn.Module:
-    mount_nkb(model, NKBConfig())
+def prepared(model: nn.Module, variant: str, device: Device, layers: tuple[str, ...] = ("decoder.-1",)) -> nn.Module:
+    mount_nkb(model, NKBConfig(layers=list(layers)))
     if variant == "nkb":
         mark_only_nkb_trainable(model)
         model.eval()
@@ -153,10 +156,15 @@ def main(argv=None) -> int:
     arch = dict(SIZES[args.size], feed_forward_proj=FEED_FORWARD, vocab_size=4100)
     result["cpu"] = {"model": args.size, "batch": "64 x (64 in + 8 out)",
                      **compare(lambda v: model_for(arch, v, cpu), cpu, 64, 64, 8, args.steps)}
-    for family in ("llama", "gpt2"):  # decoder-only bases of the same size: 72-token sequences, loss on the last 8
-        result[f"cpu_{family}"] = {
-            "model": f"{args.size} {family}", "batch": "64 x (64 prompt + 8 target)",
-            **compare(lambda v: causal_model_for(family, args.size, 4100, v, cpu), cpu, 64, 64, 8, args.steps)}
+    # Decoder-only bases of the same size: 72-token sequences, the loss on the last 8; slots on the last block, and
+    # on every block as `nkb demo --arch` mounts them (the backward then runs through the whole stack).
+    for family in ("llama", "gpt2"):
+        for where, layers in (("last", ("decoder.-1",)), ("all", tuple(f"decoder.{i}" for i in range(8)))):
+            layers = layers[:SIZES[args.size]["num_layers"] + SIZES[args.size]["num_decoder_layers"]]
+            result[f"cpu_{family}_{where}"] = {
+                "model": f"{args.size} {family}, slots on {', '.join(layers)}", "batch": "64 x (64 prompt + 8 target)",
+                **compare(lambda v: causal_model_for(family, args.size, 4100, v, cpu, layers), cpu, 64, 64, 8,
+                          args.steps)}
     if torch.cuda.is_available():
         gpu = choose_device("cuda")
         name = torch.cuda.get_device_name(0)
@@ -172,7 +180,7 @@ def main(argv=None) -> int:
     print(json.dumps(result, indent=1))
 
     from warehouse import Warehouse, run_stage
-    places = [w for w in ("cpu", "cpu_llama", "cpu_gpt2", "gpu") if isinstance(result[w], dict)]
+    places = [w for w in result if w.startswith(("cpu", "gpu")) and isinstance(result[w], dict)]
     flat = {f"{where}.{variant}.{k}": v for where in places
             for variant in ("nkb", "nkb-a") for k, v in result[where][variant].items() if isinstance(v, (int, float))}
     flat.update({f"{w}.nkb_over_nkb_a_step_time": result[w]["nkb_over_nkb_a_step_time"] for w in places})

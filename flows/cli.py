@@ -354,11 +354,11 @@ def cmd_export(args) -> int:
     from stages.export import export_model
     target = export_model(Warehouse(args.home), args.model, Path(args.folder), adapter=args.adapter)
     if args.adapter:
-        print(f"exported {args.model} to {target}: the base T5 and, in nkb/, its slots; load it with "
+        print(f"exported {args.model} to {target}: the base and, in nkb/, its slots; load it with "
               "nkb_model.checkpoint.load_model (see its README.md)")
     else:
-        print(f"exported {args.model} to {target}: a stock T5, the slots merged into its feed-forward layers\n"
-              f"  AutoModelForSeq2SeqLM.from_pretrained({str(target)!r}); the prompt format is in its README.md")
+        print(f"exported {args.model} to {target}: a stock model, the slots merged into its feed-forward layers\n"
+              f"  its README.md says how to load it (AutoModelForSeq2SeqLM or AutoModelForCausalLM) and prompt it")
     return 0
 
 
@@ -442,8 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "Transformer, larger-base, Kformer and concat rows to the default's base, base+NKB and "
                       "base+NKB-a, and NKB-a to the generation check; what the default built is reused)")
     demo.add_argument("--arch", choices=["t5", "llama", "gpt2"], default="t5", help=(
-        "the base: a T5 (default), or a decoder-only Llama or GPT-2 of the same size and budget, with slots on its "
-        "last three blocks (no Kformer or concat rows: they are T5 baselines)"))
+        "the base: a T5 (default), or a decoder-only Llama or GPT-2 of the same size and budget, with slots on "
+        "every block (no Kformer or concat rows: they are T5 baselines)"))
     for p, func in ((pipe, cmd_pipeline), (demo, cmd_demo)):
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help=experiment_help)
         p.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")
@@ -518,13 +518,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("export", help="write a model as a folder that stock transformers loads",
                         description="Write a warehouse model to a new folder that "
-                                    "`AutoModelForSeq2SeqLM.from_pretrained` and `AutoTokenizer.from_pretrained` "
-                                    "load with no project code: its NKB slots "
-                                    "merged into T5's feed-forward layers as extra neurons (same outputs), with a "
+                                    "`AutoModelForSeq2SeqLM` (T5) or `AutoModelForCausalLM` (GPT-2, Llama-style) and "
+                                    "`AutoTokenizer` load with no project code: its NKB slots merged into the "
+                                    "model's feed-forward layers as extra neurons (same outputs), with a "
                                     "model card (README.md: prompt format, how it was built, scores).")
     ex.add_argument("model", help="the model's name (e.g. base+nkb.qa; `nkb runs` lists them) or folder")
     ex.add_argument("folder", help="the folder to write (must not exist, or be empty)")
-    ex.add_argument("--adapter", action="store_true", help="instead write the base T5 plus the slots apart (nkb/, "
+    ex.add_argument("--adapter", action="store_true", help="instead write the base plus the slots apart (nkb/, "
                                                            "with the base's name and SHA-256), to swap slots")
     ex.set_defaults(func=cmd_export)
 

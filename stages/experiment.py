@@ -40,9 +40,10 @@ FULL_DEMO = ["rows=", "generation_rows=base,base+nkb,base+nkb-a"]
 
 def decoder_only_demo(arch: str) -> list[str]:
     """What `nkb demo --arch llama|gpt2` sets over the sample world's file: a decoder-only base of the T5 base's size
-    and budget (`nkb_model.base_model.causal_config`), with slots on its last three of four blocks, as the T5 base
-    has them on three of its four (the last encoder block and both decoder blocks)."""
-    return [f"pretrain.arch={arch}", "stages.inject.layers=decoder.-3,decoder.-2,decoder.-1"]
+    and budget (`nkb_model.base_model.causal_config`), with slots on every one of its four blocks. A causal LM
+    recalls a fact at the subject's tokens, early, and attention carries it to the answer: with slots on the last
+    three blocks alone (as the T5 base has them on three of its four) base+NKB's EM was 12.0, on all four 19.7."""
+    return [f"pretrain.arch={arch}", "stages.inject.layers=decoder.0,decoder.1,decoder.2,decoder.3"]
 NEXT_SIZE = {"tiny": "mini", "mini": "small", "small": "large"}
 # What each key of `stages:` changes: a stage's config (nkb-a and generation are inject and finetune runs too).
 OVERRIDABLE: dict[str, type[StageConfig]] = {

@@ -16,8 +16,9 @@ from warehouse import Warehouse, file_digest
 def export_model(wh: Warehouse, name: str, target: Path, adapter: bool = False) -> Path:
     """Write model `name` to `target` (which must not exist or be empty), whole or not at all.
 
-    Default: a stock T5 folder (`AutoModelForSeq2SeqLM.from_pretrained`), the NKB merged into the FFNs.
-    `adapter`: the base T5 folder plus the slots apart (`nkb/`), with the base's name and content hash."""
+    Default: a stock folder of the model's family (`AutoModelForSeq2SeqLM` or `AutoModelForCausalLM`), the NKB
+    merged into the FFNs. `adapter`: the base's folder plus the slots apart (`nkb/`), with the base's name and
+    content hash."""
     from nkb_model.checkpoint import INFO
     from nkb_model.export import merge_nkb
     from nkb_model.nkb import mounted_layers, save_nkb, unmount_nkb

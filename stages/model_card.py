@@ -6,6 +6,7 @@ from stages.inputs import qa_pair
 from warehouse import RunRecord, Warehouse, list_runs, run_metrics
 
 EXAMPLE_QUESTION = "who wrote the origin of species?"
+FAMILIES = {"t5": "T5", "llama": "Llama-style decoder-only model", "gpt2": "GPT-2-style decoder-only model"}
 METRICS = {"em": "exact match, %", "rougeL": "ROUGE-L F1, %", "bleu": "SacreBLEU"}
 
 
@@ -14,14 +15,16 @@ def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool 
     """The card of a model described by `info` and built by `runs` (`stages.models.model_lineage`);
     `new_scores` {(dataset, split, metric): score} are those of an evaluation not yet recorded."""
     name, kind = info["name"], info.get("kind", "base")
-    what = {"base": "a T5 base model", "nkb": "a T5 with Neural Knowledge Bank slots injected (the base frozen)",
-            "nkb-a": "a T5 whose every weight was trained on the knowledge corpus (NKB-a)",
+    arch = info.get("arch", "t5")
+    family = FAMILIES.get(arch, arch)
+    what = {"base": f"a {family} base", "nkb": f"a {family} with Neural Knowledge Bank slots injected (the base frozen)",
+            "nkb-a": f"a {family} whose every weight was trained on the knowledge corpus (NKB-a)",
             "finetuned": f"a closed-book QA model fine-tuned from `{info.get('source')}`",
             "edited": f"`{info.get('source')}` with knowledge edited in its NKB slots"}.get(kind, kind)
     lines = [f"# {name}", "", f"{what[0].upper()}{what[1:]}, built by nkb-pipeline.", ""]
     if info.get("layers"):
         lines += [f"- NKB slots: {info.get('slots')} in each of {', '.join(info['layers'])}"
-                  + (" (merged into the feed-forward layers as extra neurons: `d_ff` grows by the slot count)"
+                  + (" (merged into the feed-forward layers as extra neurons: the FFN width grows by the slot count)"
                      if exported else ""), ""]
     if info.get("base_model"):
         lines += [f"- base: `{info['base_model']}`", ""]
@@ -34,13 +37,17 @@ def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool 
                   + (" (the answer between the two sentinels)" if "<extra_id_1>" in answer else "") + "."
                   + (f" The question is followed by its top {info.get('knowledge_docs')} retrieved documents "
                      f"({info['knowledge']})." if info.get("knowledge", "none") != "none" else ""), ""]
+    elif arch != "t5":
+        lines += ["Text continued, as in pretraining and injection: `The Origin of Species was written by` continued "
+                  "by ` Charles Darwin`.", ""]
     else:
         lines += ["Span corruption, as in pretraining and injection: input `The Origin of Species was written by "
                   "<extra_id_0>.`, output `<extra_id_0> Charles Darwin <extra_id_1>`.", ""]
     lines += ["## Loading", "", "```python"]
     if exported or (kind == "base" and not adapter):
-        lines += ["from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
-                  'model = AutoModelForSeq2SeqLM.from_pretrained("path/to/this/folder")',
+        auto = "AutoModelForSeq2SeqLM" if arch == "t5" else "AutoModelForCausalLM"
+        lines += [f"from transformers import {auto}, AutoTokenizer",
+                  f'model = {auto}.from_pretrained("path/to/this/folder")',
                   'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")']
     else:
         lines += ["from nkb_model.checkpoint import load_model  # nkb-pipeline's loader: mounts the slots",

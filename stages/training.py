@@ -291,7 +291,8 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
                        split="train", step=step)
         model.to("cpu")
         total = sum(p.numel() for p in model.parameters())
-        info = {"name": name, "kind": config.variant, "base_folder": relative_base(hf_dir(base.directory), target),
+        info = {"name": name, "kind": config.variant, "arch": base.info.get("arch", "t5"),
+                "base_folder": relative_base(hf_dir(base.directory), target),
                 "base_model": config.base_model, "params": total, "params_injected": trainable,
                 "built_by": run.run_id, "final_loss": losses[-1][1], "knowledge": knowledge_digest,
                 "started_from": previous.info["built_by"] if previous else None,
@@ -409,7 +410,8 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
         for step, loss in losses:
             run.metric(f"{config.task}_loss" if config.task else "qa_loss", loss, split=config.split, step=step)
         model.to("cpu")
-        info = {**{k: v for k, v in source_info.items() if k in ("params_injected", "layers", "slots", "base_model")},
+        info = {**{k: v for k, v in source_info.items()
+                    if k in ("arch", "params_injected", "layers", "slots", "base_model")},
                 "name": name, "kind": "finetuned", "source": config.model, "source_kind": source_info["kind"],
                 "params": sum(p.numel() for p in model.parameters()), "built_by": run.run_id,
                 "final_loss": losses[-1][1], "datasets": datasets, **knowledge}

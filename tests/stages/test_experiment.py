@@ -58,7 +58,7 @@ def test_a_decoder_only_demo_plans_every_row_that_applies_on_a_base_of_that_arch
     plan = plan_of(Experiment.load(SAMPLE_WORLD, FULL_DEMO + decoder_only_demo("gpt2")))
     configs = made(plan)
     assert {configs[n].arch for n in ("base", "transformer", "large")} == {"gpt2"}
-    assert configs["base+nkb"].layers == ["decoder.-3", "decoder.-2", "decoder.-1"]
+    assert configs["base+nkb"].layers == ["decoder.0", "decoder.1", "decoder.2", "decoder.3"]
     assert not {"base.kformer", "base.concat"} & set(configs)  # T5 baselines
     assert dict(plan)["report"].kformer is None
     with pytest.raises(ExperimentError, match=r"rows \['concat'\] are T5 baselines; pretrain.arch is gpt2"):

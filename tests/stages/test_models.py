@@ -452,6 +452,37 @@ def test_an_exported_model_answers_with_stock_transformers_as_its_predictions_sa
         export_model(world, name, tmp_path / "export")
 
 
+def test_a_brought_decoder_only_model_is_injected_fine_tuned_and_exported_with_the_same_answers(world, tmp_path):
+    """A local Hugging Face GPT-2 folder as the base: injection (salient spans recalled from the text before them),
+    QA fine-tuning as a prompt, evaluation, and a stock GPT-2 export that answers, one unpadded question at a time
+    with stock transformers, as the batched evaluation did."""
+    from transformers import GPT2LMHeadModel
+
+    from nkb_model.base_model import new_causal
+    from stages.export import export_model
+    tokenizer = AutoTokenizer.from_pretrained(training.latest_pretraining_data(world, "general"))
+    new_causal(tokenizer, "gpt2", "tiny").save_pretrained(tmp_path / "gpt2")
+    tokenizer.save_pretrained(tmp_path / "gpt2")
+    base = training.pretrain_base_model(world, BaseModelConfig(name="gpt2", source=str(tmp_path / "gpt2"),
+                                                               pretrain_corpus="general"))
+    assert json.loads((Path(base.run.checkpoint) / "nkb-model.json").read_text())["arch"] == "gpt2"
+    injected = training.inject(world, INJECT.model_copy(update={"base_model": "gpt2"}))
+    assert load_model(injected.run.checkpoint)[2]["layers"] == ["h.3"]  # decoder.-1: the last of its 4 blocks
+    training.finetune(world, FinetuneConfig(model="gpt2+nkb", epochs=2, batch_size=16, answer_format="sentinel"))
+    run = evaluation.evaluate(world, EvaluateConfig(model="gpt2+nkb.qa")).run
+    predicted = query(world, f"SELECT p.prediction, q.question FROM predictions p JOIN questions q USING (question_id) "
+                             f"WHERE p.run_id = '{run.run_id}' ORDER BY p.question_id").to_pylist()
+    folder = export_model(world, "gpt2+nkb.qa", tmp_path / "export")
+    assert "AutoModelForCausalLM" in (folder / "README.md").read_text()
+    assert "Question: who wrote the origin of species? Answer:" in (folder / "README.md").read_text()
+    model, stock = GPT2LMHeadModel.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    for row in predicted:
+        ids = [stock.eos_token_id] + stock(f"Question: {row['question']} Answer:", add_special_tokens=False)["input_ids"]
+        out = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=stock.eos_token_id,
+                             pad_token_id=stock.pad_token_id)
+        assert " ".join(stock.decode(out[0, len(ids):], skip_special_tokens=True).split()) == row["prediction"]
+
+
 def test_a_copied_warehouse_finds_loads_and_exports_its_own_models(world, tmp_path):
     import shutil
     from nkb_model.checkpoint import hf_dir
