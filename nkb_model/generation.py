@@ -1,4 +1,5 @@
-"""Generating answers: the one decoding loop behind evaluation, the knowledge probe, the report and edits."""
+"""Generating answers: the one decoding loop behind evaluation, the knowledge probe, the report and edits; and the
+teacher-forced inputs with which analysis and surgery read a model at a chosen step of an answer."""
 
 from __future__ import annotations
 
@@ -75,14 +76,10 @@ def teacher_forced(model, tokenizer, texts: list[str], seen: list[list[int]], ma
         enc["decoder_input_ids"] = torch.tensor([[model.config.decoder_start_token_id] + s + [pad] * (width - len(s))
                                                  for s in seen])
         return enc.to(device), [0] * len(texts)
-    from nkb_model.causal import encode_prompts
-    pad = tokenizer.pad_token_id
+    from nkb_model.causal import encode_prompts, pad_causal
     prompts = encode_prompts(tokenizer, texts, max_input_len)
-    rows = [p + s for p, s in zip(prompts, seen)]
-    width = max(len(r) for r in rows)
-    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=device)
-    attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=device)
-    return {"input_ids": input_ids, "attention_mask": attention}, [len(p) - 1 for p in prompts]
+    batch = pad_causal(list(zip(prompts, seen)), tokenizer.pad_token_id)
+    return {k: batch[k].to(device) for k in ("input_ids", "attention_mask")}, [len(p) - 1 for p in prompts]
 
 
 def answer_ids(model, tokenizer, texts: list[str], answers: list[str]) -> list[list[int]]:
