@@ -88,12 +88,6 @@ def pad_left(ids: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention}
 
 
-def lm_batch(rows: np.ndarray) -> dict[str, torch.Tensor]:
-    """Packed text rows for next-token prediction on every token."""
-    input_ids = torch.as_tensor(rows, dtype=torch.long)
-    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": input_ids.clone()}
-
-
 class NextTokenBatches:
     """`batch(step)`: packed rows for next-token prediction; each epoch visits them in a seeded order."""
 
@@ -106,7 +100,9 @@ class NextTokenBatches:
     def __call__(self, step: int) -> dict[str, torch.Tensor]:
         epoch, index = divmod(step, self.per_epoch)
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
-        return lm_batch(self.rows[order[index * self.batch_size:(index + 1) * self.batch_size]])
+        input_ids = torch.as_tensor(self.rows[order[index * self.batch_size:(index + 1) * self.batch_size]],
+                                    dtype=torch.long)
+        return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": input_ids.clone()}
 
 
 def cloze_prefix(prompt: str, mask: str = "<extra_id_0>") -> str:

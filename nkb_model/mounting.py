@@ -92,16 +92,21 @@ def rows(layer: nn.Module) -> torch.Tensor:
     return layer.weight if isinstance(layer, nn.Linear) else layer.weight.T
 
 
-def block_stack(model: nn.Module, side: str) -> nn.ModuleList:
-    """The list of blocks named `side` ("encoder", "decoder", "h", "layers"); on a decoder-only model "decoder"
-    is its one list."""
+def _canonical_side(model: nn.Module, side: str) -> str:
+    """The model's own name for the list of blocks `side` names: "decoder" is a decoder-only model's one list."""
     found = layout(model)
     if side == "decoder" and side not in found.stacks:
         side = next(iter(found.stacks))
     if side not in found.stacks:
         raise ValueError(f"a {type(model).__name__}'s layers are named {' or '.join(f'{s}.N' for s in found.stacks)}"
                          f"{' (or decoder.N)' if 'decoder' not in found.stacks else ''}, not {side}.N")
-    return _attribute(model, found.stacks[side])
+    return side
+
+
+def block_stack(model: nn.Module, side: str) -> nn.ModuleList:
+    """The list of blocks named `side` ("encoder", "decoder", "h", "layers"); on a decoder-only model "decoder"
+    is its one list."""
+    return _attribute(model, layout(model).stacks[_canonical_side(model, side)])
 
 
 def resolve_layers(model: nn.Module, specs: list[str]) -> list[str]:
@@ -113,8 +118,8 @@ def resolve_layers(model: nn.Module, specs: list[str]) -> list[str]:
         if not m:
             raise ValueError(f"bad layer spec {spec!r}; use e.g. "
                              f"{' or '.join(repr(s + '.-1') for s in found.stacks)}")
-        blocks = block_stack(model, m.group(1))
-        side = m.group(1) if m.group(1) in found.stacks else next(iter(found.stacks))
+        side = _canonical_side(model, m.group(1))
+        blocks = block_stack(model, side)
         index = int(m.group(2))
         if not -len(blocks) <= index < len(blocks):
             raise ValueError(f"{spec!r}: the {side} has {len(blocks)} blocks")
