@@ -29,7 +29,7 @@ from warehouse.fingerprint import code_version
 from warehouse.parquet import PartitionWriter, ShardTarget
 from warehouse.runs import RunRecord, StageResult, find_successful_run, insert_run, new_run_id, now
 from warehouse.schemas import PARQUET_TABLES
-from warehouse.store import Warehouse, check_partition
+from warehouse.store import PartitionRecord, Warehouse, check_partition
 
 
 class StagedRun:
@@ -154,25 +154,36 @@ class StagedRun:
     # -- commit / abort --
 
     def commit(self) -> None:
+        """Swap every staged file and folder in and record the run, all at once. Until the database commit has
+        succeeded each swap can be undone: if it fails (a full disk), the old files come back and the error is
+        raised, so a table never shows files that no committed run wrote."""
         for shard_set in self._shard_sets:
             self._staged += shard_set.files()
-        with self.wh.write_connection() as con:
-            finals = {final for _, final in self._staged}
-            for table, prefix in self._replaced:
-                for old in self.wh.partition_files(table):
-                    if old.name.startswith(prefix) and old not in finals:
-                        old.unlink()
-            for staged, final in self._staged:
-                os.replace(staged, final)
-            for staged, final in self._published:
-                if final.exists():  # a forced rerun: the old one goes with the staging folder
-                    final.rename(staged.with_name(staged.name + ".replaced"))
-                staged.rename(final)
-            if self._metrics:
-                con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)", self._metrics)
-            self.run.status = "success"
-            self.run.finished_at = now()
-            insert_run(con, self.run, self.wh.home)
+        records = [PartitionRecord.of_file(final.parent.name, staged) for staged, final in self._staged]
+        undo: list[Callable[[], None]] = []
+        try:
+            with self.wh.write_connection() as con:
+                self._swap_in(undo)
+                written = {(r.table, r.partition) for r in records}
+                removed = [(t, stem) for t, stem in self.wh.registry() for table, prefix in self._replaced
+                           if t == table and stem.startswith(prefix) and (t, stem) not in written]
+                for table, stem in removed:
+                    old = self.wh.tables_dir / table / f"{stem}.parquet"
+                    if old.exists():
+                        self._set_aside(old, undo)
+                self.wh.forget_partitions(con, removed)
+                self.wh.record_partitions(con, records)
+                if self._metrics:
+                    con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)", self._metrics)
+                self.run.status = "success"
+                self.run.finished_at = now()
+                insert_run(con, self.run, self.wh.home)
+        except BaseException:
+            for step in reversed(undo):
+                with contextlib.suppress(OSError):
+                    step()
+            self.run.status = "running"
+            raise
         self._cleanup()
         for folder in self._dropped:
             shutil.rmtree(folder, ignore_errors=True)
@@ -180,15 +191,34 @@ class StagedRun:
             shutil.rmtree(shard_set.directory, ignore_errors=True)
         _resume_marker(self.wh, self.run).unlink(missing_ok=True)
 
+    def _set_aside(self, path: Path, undo: list) -> Path:
+        """Move `path` into this run's staging area (gone with it at cleanup), undoably."""
+        aside = self._staging_path(path.with_name(path.name + ".replaced"))
+        path.rename(aside)
+        undo.append(lambda: aside.rename(path))
+        return aside
+
+    def _swap_in(self, undo: list) -> None:
+        """Rename the staged files and folders into place, the ones they replace set aside; `undo` gets the way
+        back of each step."""
+        for staged, final in [*self._staged, *self._published]:
+            if final.exists():
+                self._set_aside(final, undo)
+            staged.rename(final)
+            undo.append(lambda staged=staged, final=final: final.rename(staged))
+
     def abort(self, error: BaseException) -> None:
-        """Drop what this run staged — except finished shards, which a rerun with the same inputs resumes from."""
+        """Drop what this run staged — except finished shards, which a rerun with the same inputs resumes from —
+        and record the failure if the warehouse can still be written (not on a full disk: the error that stopped
+        the run is what the user needs to see)."""
         self._cleanup()
         self.run.status = "failed"
         self.run.finished_at = now()
         self.run.error = f"{type(error).__name__}: {error}"
         self.run.outputs = {}
-        with self.wh.write_connection() as con:
-            insert_run(con, self.run, self.wh.home)
+        with contextlib.suppress(duckdb.Error, OSError):
+            with self.wh.write_connection() as con:
+                insert_run(con, self.run, self.wh.home)
 
     def _cleanup(self) -> None:
         for d in self._staging_dirs:
@@ -279,10 +309,10 @@ def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerpr
     staged = StagedRun(wh, run)
     try:
         value = body(staged)
+        staged.commit()
     except BaseException as exc:
         staged.abort(exc)
         raise
-    staged.commit()
     return StageResult(run=run, skipped=False, value=value)
 
 

@@ -171,6 +171,18 @@ NATIVE_TABLES: dict[str, str] = {
             value DOUBLE,
             step BIGINT                       -- for curves (loss per step); NULL for single values
         )""",
+    # What each Parquet file is: only registered files are read, and `nkb check` compares every file with its
+    # digest (a damaged or foreign file is reported, never read).
+    "partitions": """
+        CREATE TABLE IF NOT EXISTS partitions (
+            table_name VARCHAR NOT NULL,
+            partition VARCHAR NOT NULL,       -- the file tables/<table_name>/<partition>.parquet
+            run_id VARCHAR NOT NULL,          -- the run that committed it
+            inputs_fingerprint VARCHAR,       -- that run's (what downstream stages fingerprint)
+            rows BIGINT,
+            bytes BIGINT,
+            sha256 VARCHAR
+        )""",
 }
 
 # Views derived from the Parquet tables, created after them.

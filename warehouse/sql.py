@@ -19,17 +19,20 @@ import decimal
 import io
 import json
 import re
+import threading
+import time
 from typing import Iterator
 
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from warehouse.schemas import DERIVED_VIEWS, PARQUET_TABLES
+from warehouse.schemas import DERIVED_VIEWS, NATIVE_TABLES, PARQUET_TABLES
 from warehouse.store import Warehouse
 
 _LEADING_COMMENTS = re.compile(r"^(\s|--[^\n]*(\n|$)|/\*.*?\*/)*", re.S)
 _EXPLAIN = re.compile(r"^EXPLAIN\b", re.I)
+_PIVOT = re.compile(r"^PIVOT\b", re.I)
 _MISSING_FILE_TABLE = re.compile(r"Table with name (\S*[/\\.]\S*) does not exist")
 
 
@@ -61,6 +64,8 @@ def check_read_only(query: str) -> list[str]:
                 inner = []
             if len(inner) != 1 or inner[0].type != duckdb.StatementType.SELECT:
                 raise _refuse("EXPLAIN ANALYZE or EXPLAIN of a non-SELECT", st.query)
+        elif st.type == duckdb.StatementType.MULTI and _PIVOT.match(_LEADING_COMMENTS.sub("", st.query)):
+            continue  # a PIVOT without an IN list: DuckDB finds the columns with a query first
         elif st.type != duckdb.StatementType.SELECT:
             raise _refuse(st.type.name, st.query)
     return [st.query for st in statements]
@@ -68,20 +73,28 @@ def check_read_only(query: str) -> list[str]:
 
 @contextlib.contextmanager
 def sandbox(wh: Warehouse) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A connection that sees the warehouse's tables and views and cannot reach any file."""
+    """A connection that sees the warehouse's tables and views and cannot reach any file: an in-memory database
+    given the Parquet tables as Arrow datasets and the native tables as Arrow tables (the warehouse file is not
+    attached, so not even its path shows), with file access, spill folder and secrets switched off."""
+    wh.registry()  # a warehouse made before the partition registry gets it now (if it can be written)
+    with wh.read_connection() as native:  # small tables, read whole: runs, metrics, partitions
+        present = {r[0] for r in native.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+        copies = {name: native.sql(f'SELECT * FROM "{name}"').to_arrow_table() for name in NATIVE_TABLES
+                  if name in present}
     with wh.lock(exclusive=False):
         con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
                                                  "autoload_known_extensions": False})
         try:
-            con.execute(f"ATTACH '{str(wh.db_path).replace(chr(39), chr(39) * 2)}' AS wh (READ_ONLY)")
-            con.execute("USE wh")  # runs, metrics and the catalog the CLI shows
-            for name, schema in PARQUET_TABLES.items():  # shadow the views over files with the same data
-                files = [str(f) for f in wh.partition_files(name)]
+            for name, table in copies.items():
+                con.register(name, table)
+            for name, schema in PARQUET_TABLES.items():  # a damaged or foreign file is reported and left out
+                files = [str(f) for f in wh.partition_files(name, strict=False)]
                 con.register(name, ds.dataset(files, schema=schema, format="parquet") if files
                              else schema.empty_table())
             for name, body in DERIVED_VIEWS.items():
                 con.execute(f'CREATE TEMP VIEW "{name}" AS {body}')
-            con.execute("SET temp_directory = ''")  # no spill folder: DuckDB would allow the query to read it
+            for setting in ("temp_directory", "secret_directory", "home_directory", "extension_directory"):
+                con.execute(f"SET {setting} = ''")  # no folder to spill to or read from, none shown
             con.execute("SET enable_external_access = false")
             con.execute("SET lock_configuration = true")
             yield con
@@ -89,14 +102,23 @@ def sandbox(wh: Warehouse) -> Iterator[duckdb.DuckDBPyConnection]:
             con.close()
 
 
-def query(wh: Warehouse, sql: str) -> pa.Table:
-    """Run read-only SQL against the warehouse; the last statement's result as an Arrow table."""
+def row_counts(wh: Warehouse) -> list[tuple[str, str, int]]:
+    """(table, kind, rows) for every table: Parquet, native, and derived views."""
+    kinds = [(PARQUET_TABLES, "parquet"), (NATIVE_TABLES, "native"), (DERIVED_VIEWS, "view")]
+    with sandbox(wh) as con:
+        return [(name, kind, con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0])
+                for names, kind in kinds for name in names]
+
+
+def query(wh: Warehouse, sql: str, timeout: float | None = None) -> pa.Table:
+    """Run read-only SQL against the warehouse; the last statement's result as an Arrow table.
+
+    The query runs on a worker thread while this one waits, so that Ctrl-C (KeyboardInterrupt) and `timeout`
+    (seconds) stop it at once: DuckDB does not see a signal while it computes."""
     statements = check_read_only(sql)
     with sandbox(wh) as con:
         try:
-            for st in statements[:-1]:
-                con.execute(st)
-            return con.sql(statements[-1]).to_arrow_table()
+            return _interruptible(con, lambda: _run_statements(con, statements), timeout)
         except duckdb.PermissionException as exc:
             raise ReadOnlyError(f"refused: `nkb sql` sees only the warehouse's tables and views, no other files "
                                 f"({str(exc).splitlines()[0]})") from None
@@ -106,6 +128,52 @@ def query(wh: Warehouse, sql: str) -> pa.Table:
                 raise ReadOnlyError(f"refused: `nkb sql` sees only the warehouse's tables and views, and "
                                     f"{path.group(1)!r} is a file") from None
             raise
+        except (duckdb.IOException, duckdb.InvalidInputException, duckdb.InternalException) as exc:
+            damaged = next(((path, why, rec) for path, why, rec in wh.check_files() if rec is not None), None)
+            if damaged:
+                raise wh.damaged(*damaged) from None
+            raise exc
+
+
+def _run_statements(con: duckdb.DuckDBPyConnection, statements: list[str]) -> pa.Table:
+    for st in statements[:-1]:
+        con.execute(st).fetchall()  # finished, so that the connection takes the next one
+    return con.sql(statements[-1]).to_arrow_table()
+
+
+class QueryTimeout(ValueError):
+    """The query ran longer than its --timeout."""
+
+
+def _interruptible(con: duckdb.DuckDBPyConnection, work, timeout: float | None):
+    done = threading.Event()
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # handed to the waiting thread
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="nkb-sql", daemon=True).start()
+    deadline = None if not timeout else time.monotonic() + timeout
+    try:
+        # Event.wait, not Thread.join: a KeyboardInterrupt inside join() can leave the thread marked as ended.
+        while not done.wait(0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic()))):
+            if deadline is not None and time.monotonic() >= deadline:
+                con.interrupt()
+                done.wait()
+                raise QueryTimeout(f"the query ran longer than its timeout of {timeout:g} s and was stopped "
+                                   "(--timeout sets it; 0 for none)")
+    except KeyboardInterrupt:
+        con.interrupt()
+        done.wait()
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _plain(value):

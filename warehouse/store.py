@@ -4,13 +4,18 @@ Layout of a warehouse home (default `./.nkb`, or `$NKB_HOME`):
 
     tables/<table>/<partition>.parquet   one file per partition (e.g. a corpus, a dataset split)
     tables/<table>/.staging/<run_id>/    files being written by a run that has not committed yet
-    warehouse.duckdb                     views over the Parquet tables + native `runs` and `metrics`
+    warehouse.duckdb                     views over the Parquet tables + native `runs`, `metrics` and `partitions`
     warehouse.lock                       flock: exclusive for writers, shared for readers
     views.home                           the home the views' absolute paths were made for
     files/                               other stage outputs (generated dumps, indexes, checkpoints)
 
 DuckDB allows one read-write process at a time, so connections are short-lived and taken under the
 lock; a reader waits for a writer's commit to finish instead of failing.
+
+Every Parquet file a run commits is registered in `partitions` with its rows, size and SHA-256. Only registered
+files are read: a file no run wrote (copied in by hand) is reported and left out, and a registered file whose
+size no longer matches is damaged: reading its table fails with one line that names it and says how to rebuild
+it, while every other table keeps answering. `nkb check` compares every file with its digest.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import contextlib
 import fcntl
 import os
 import re
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -27,6 +34,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from warehouse.fingerprint import file_digest
 from warehouse.parquet import LINEAGE_FINGERPRINT, LINEAGE_RUN_ID
 from warehouse.schemas import DERIVED_VIEWS, NATIVE_TABLES, PARQUET_TABLES, empty_select
 
@@ -38,6 +46,41 @@ _PARTITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")
 
 class WarehouseError(Exception):
     """A problem with the warehouse itself (bad table name, bad partition key, locked database...)."""
+
+
+class DamagedFileError(WarehouseError):
+    """A table's Parquet file is not what the run that wrote it left there."""
+
+
+@dataclass(frozen=True)
+class PartitionRecord:
+    """What a run committed as one partition file (a row of the native `partitions` table)."""
+    table: str
+    partition: str
+    run_id: str
+    inputs_fingerprint: str
+    rows: int
+    bytes: int
+    sha256: str
+
+    @classmethod
+    def of_file(cls, table: str, path: Path) -> "PartitionRecord":
+        """The record of a finished file: its lineage (from the footer), rows, size and digest."""
+        meta = pq.read_metadata(path)
+        lineage = meta.metadata or {}
+        return cls(table, path.stem, lineage.get(LINEAGE_RUN_ID.encode(), b"").decode(),
+                   lineage.get(LINEAGE_FINGERPRINT.encode(), b"?").decode(), meta.num_rows, path.stat().st_size,
+                   file_digest(path))
+
+
+_NO_EXTENSIONS = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+_REPORTED: set[str] = set()  # files already reported in this process (a warning once, not on every read)
+
+
+def _report_once(message: str) -> None:
+    if message not in _REPORTED:
+        _REPORTED.add(message)
+        print(f"warning: {message}", file=sys.stderr)
 
 
 def resolve_home(home: str | os.PathLike | None = None) -> Path:
@@ -64,23 +107,55 @@ class Warehouse:
     """One warehouse home. Cheap to construct; opens DuckDB only for the duration of a call.
 
     `leader`: whether this process records runs and publishes their results. Every process of a data-parallel
-    run opens the same warehouse; only the leader (rank 0) writes it, the others train alongside."""
+    run opens the same warehouse; only the leader (rank 0) writes it, the others train alongside.
+    `create`: make the warehouse if it is not there (what stages need). Read commands pass False: a mistyped
+    --home then says there is no warehouse instead of answering from a new empty one, and a warehouse on a
+    read-only file system can still be read."""
 
-    def __init__(self, home: str | os.PathLike | None = None, leader: bool = True):
+    def __init__(self, home: str | os.PathLike | None = None, leader: bool = True, create: bool = True):
         self.home = resolve_home(home)
         self.leader = leader
         self.tables_dir = self.home / "tables"
         self.files_dir = self.home / "files"
         self.db_path = self.home / "warehouse.duckdb"
         self.lock_path = self.home / "warehouse.lock"
-        for d in (self.home, self.tables_dir, self.files_dir):
-            d.mkdir(parents=True, exist_ok=True)
-        for name in PARQUET_TABLES:
-            (self.tables_dir / name).mkdir(exist_ok=True)
         self.views_marker = self.home / "views.home"
+        self._writing: duckdb.DuckDBPyConnection | None = None  # the open write connection, while there is one
+        self._cached_registry: tuple[tuple, dict] | None = None
+        self._lock_held: tuple | None = None  # (file, exclusive) while this object holds warehouse.lock
+        if self.home.exists() and not self.home.is_dir():
+            raise WarehouseError(f"{self.home} is a file, not a warehouse directory (see --home or $NKB_HOME)")
+        if not create:
+            if not self.db_path.exists():
+                raise WarehouseError(f"no warehouse at {self.home} (no warehouse.duckdb there): check --home or "
+                                     "$NKB_HOME; `nkb demo` or any stage run creates one")
+            if self.writable and not self._views_point_here():
+                self._refresh()
+            return
+        try:
+            self.home.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WarehouseError(f"cannot create the warehouse {self.home}: {exc.strerror or exc}") from None
+        if not self.writable:
+            raise WarehouseError(f"the warehouse {self.home} cannot be written ({self._why_not_writable()}): reading "
+                                 "it works (nkb tables, sql, runs, report, check); stages need a writable --home")
+        for d in (self.tables_dir, self.files_dir, *(self.tables_dir / name for name in PARQUET_TABLES)):
+            d.mkdir(exist_ok=True)
         if not self.db_path.exists() or not self._views_point_here():
-            with self.write_connection():
-                pass  # creates the file, the native tables and the views (again, for a moved or copied warehouse)
+            self._refresh()  # creates the file, the native tables and the views (again, for a moved or copied one)
+
+    @property
+    def writable(self) -> bool:
+        return os.access(self.home, os.W_OK)
+
+    def _why_not_writable(self) -> str:
+        if os.statvfs(self.home).f_flag & os.ST_RDONLY:
+            return "it is on a read-only file system"
+        return "no write permission"
+
+    def _refresh(self) -> None:
+        with self.write_connection():
+            pass
 
     def _views_point_here(self) -> bool:
         """DuckDB views hold absolute Parquet paths: a warehouse that was moved or copied needs them redone."""
@@ -93,56 +168,203 @@ class Warehouse:
 
     @contextlib.contextmanager
     def lock(self, exclusive: bool) -> Iterator[None]:
-        with open(self.lock_path, "a+") as fh:
+        """flock on warehouse.lock: exclusive for writers, shared for readers. Re-entrant within this object: a
+        nested lock reuses the held one, raised to exclusive for its duration if need be."""
+        if self._lock_held is not None:
+            fh, held_exclusive = self._lock_held
+            if exclusive and not held_exclusive:
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                self._lock_held = (fh, True)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(fh, fcntl.LOCK_SH)
+                    self._lock_held = (fh, False)
+            else:
+                yield
+            return
+        try:
+            fh = open(self.lock_path, "a+")
+        except OSError:
+            if exclusive:
+                raise
+            if not self.lock_path.exists():  # a read-only warehouse without a lock file: nobody can write it
+                yield
+                return
+            fh = open(self.lock_path)  # read-only: a shared lock still waits for a writer elsewhere
+        with fh:
             fcntl.flock(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            self._lock_held = (fh, exclusive)
             try:
                 yield
             finally:
+                self._lock_held = None
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     @contextlib.contextmanager
     def write_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A read-write connection under the exclusive lock; views are refreshed on the way out."""
-        with self.lock(exclusive=True):
-            con = duckdb.connect(":memory:")
+        """A read-write connection under the exclusive lock, inside one transaction: what the block does and the
+        views refreshed after it commit together, or not at all (the block raising, or the commit failing on a
+        full disk). The checkpoint that follows may fail without losing anything: the committed work is in the
+        write-ahead log, which the next reader checkpoints (`read_connection`)."""
+        with self._attached() as con:
+            for ddl in NATIVE_TABLES.values():
+                con.execute(ddl)
+            con.execute("BEGIN TRANSACTION")
+            self._writing = con
             try:
-                con.execute(f"ATTACH '{_sql_str(self.db_path)}' AS wh (STORAGE_VERSION '{STORAGE_VERSION}')")
-                con.execute("USE wh")
-                for ddl in NATIVE_TABLES.values():
-                    con.execute(ddl)
+                self._adopt_unregistered(con)
                 yield con
                 self._refresh_views(con)
+                con.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(duckdb.Error):
+                    con.execute("ROLLBACK")
+                raise
+            finally:
+                self._writing = None
+            with contextlib.suppress(duckdb.Error):
                 con.execute("CHECKPOINT wh")
+        if not self._views_point_here():
+            self.views_marker.write_text(str(self.home))
+
+    @contextlib.contextmanager
+    def read_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-only connection under the shared lock; extensions are never installed or loaded.
+
+        A write-ahead log left by a commit whose checkpoint failed (a full disk) is folded into the file first:
+        DuckDB's read-only replay of such a log can show an older state (issue 37), a read-write open does not.
+        Where it cannot be folded in (the disk is still full), the reader gets a read-write open that replays it
+        in memory, under the exclusive lock."""
+        if self._log_pending() and self.writable and self._writing is None:
+            try:
+                with self._attached() as con:
+                    con.execute("CHECKPOINT wh")
+            except duckdb.Error:
+                with self._attached() as con:
+                    yield con
+                return
+        with self.lock(exclusive=False):
+            con = duckdb.connect(str(self.db_path), read_only=True, config=_NO_EXTENSIONS)
+            try:
+                yield con
             finally:
                 con.close()
 
     @contextlib.contextmanager
-    def read_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A read-only connection under the shared lock; extensions are never installed or loaded."""
-        with self.lock(exclusive=False):
-            con = duckdb.connect(
-                str(self.db_path),
-                read_only=True,
-                config={"autoinstall_known_extensions": False, "autoload_known_extensions": False},
-            )
+    def _attached(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The database file attached read-write (replaying its log), under the exclusive lock."""
+        with self.lock(exclusive=True):
+            con = duckdb.connect(":memory:", config=_NO_EXTENSIONS)
             try:
+                con.execute(f"ATTACH '{_sql_str(self.db_path)}' AS wh (STORAGE_VERSION '{STORAGE_VERSION}')")
+                con.execute("USE wh")
                 yield con
             finally:
                 con.close()
 
+    def _log_pending(self) -> bool:
+        logs = [self.db_path.with_name(self.db_path.name + suffix) for suffix in (".wal", ".wal.checkpoint",
+                                                                                   ".wal.recovery")]
+        return any(p.exists() and (p.stat().st_size > 0 or p.suffix != ".wal") for p in logs)
+
     def _refresh_views(self, con: duckdb.DuckDBPyConnection) -> None:
+        """A view per Parquet table over its registered files (a damaged or foreign file stays out of it)."""
         for name, schema in PARQUET_TABLES.items():
-            files = self.partition_files(name)
+            files = self.partition_files(name, strict=False)
             if files:
-                glob = _sql_str(self.tables_dir / name / "*.parquet")
-                body = f"SELECT * FROM read_parquet('{glob}', union_by_name = true)"
+                listed = ", ".join(f"'{_sql_str(f)}'" for f in files)
+                body = f"SELECT * FROM read_parquet([{listed}], union_by_name = true)"
             else:
                 body = empty_select(schema)
             con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {body}')
         for name, body in DERIVED_VIEWS.items():
             con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {body}')
-        if not self._views_point_here():
-            self.views_marker.write_text(str(self.home))
+
+    # ---- the partition registry --------------------------------------------------------------
+
+    def registry(self) -> dict[tuple[str, str], PartitionRecord]:
+        """(table, partition) → what the run that wrote it committed. Read once per change of the DuckDB file."""
+        if self._writing is not None:  # inside a write: this transaction's view, never cached
+            return _registry_rows(self._writing)
+        if self._cached_registry is None or self._cached_registry[0] != self._db_state():
+            with self.read_connection() as con:
+                try:
+                    rows = _registry_rows(con)
+                except duckdb.CatalogException:  # made before the registry: adopt its files (in memory if read-only)
+                    rows = None if self.writable else self._adoptable(con)
+            if rows is None:
+                self._refresh()
+                return self.registry()
+            self._cached_registry = (self._db_state(), rows)  # after the read, which may fold a log in
+        return self._cached_registry[1]
+
+    def _db_state(self) -> tuple:
+        return tuple((p.stat().st_mtime_ns, p.stat().st_size) if p.exists() else None
+                     for p in (self.db_path, self.db_path.with_name(self.db_path.name + ".wal")))
+
+    def record_partitions(self, con: duckdb.DuckDBPyConnection, records: Iterable[PartitionRecord]) -> None:
+        """Register committed files (replacing what their partitions held), on the open write connection."""
+        rows = [(r.table, r.partition, r.run_id, r.inputs_fingerprint, r.rows, r.bytes, r.sha256) for r in records]
+        self.forget_partitions(con, [(r[0], r[1]) for r in rows])
+        if rows:
+            con.executemany("INSERT INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+
+    def forget_partitions(self, con: duckdb.DuckDBPyConnection, keys: Iterable[tuple[str, str]]) -> None:
+        keys = list(keys)
+        if keys:
+            con.executemany("DELETE FROM partitions WHERE table_name = ? AND partition = ?", keys)
+
+    def _adopt_unregistered(self, con: duckdb.DuckDBPyConnection) -> None:
+        """A warehouse made before the registry existed: register the files its successful runs wrote, once."""
+        if con.execute("SELECT count(*) FROM partitions").fetchone()[0]:
+            return
+        self.record_partitions(con, self._adoptable(con).values())
+
+    def _adoptable(self, con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], PartitionRecord]:
+        """The files on disk whose footer names a successful run of this warehouse, as records."""
+        succeeded = {r[0] for r in con.execute("SELECT run_id FROM runs WHERE status = 'success'").fetchall()}
+        adopted = {}
+        for table in PARQUET_TABLES:
+            for path in sorted((self.tables_dir / table).glob("*.parquet")):
+                with contextlib.suppress(OSError, pa.ArrowException):
+                    record = PartitionRecord.of_file(table, path)
+                    if record.run_id in succeeded:
+                        adopted[(table, path.stem)] = record
+        return adopted
+
+    def check_files(self) -> list[tuple[Path, str, PartitionRecord | None]]:
+        """Every table file that is not what its run committed: (path, what is wrong, its record or None for a
+        file no run wrote). Reads every byte: `nkb check`."""
+        registry = self.registry()
+        problems = []
+        for table in PARQUET_TABLES:
+            on_disk = {p.stem: p for p in (self.tables_dir / table).glob("*.parquet")}
+            for stem, path in sorted(on_disk.items()):
+                record = registry.get((table, stem))
+                if record is None:
+                    problems.append((path, "no run of this warehouse wrote it", None))
+                elif path.stat().st_size != record.bytes or file_digest(path) != record.sha256:
+                    problems.append((path, "its bytes differ from what was written", record))
+            for (t, stem), record in registry.items():
+                if t == table and stem not in on_disk:
+                    problems.append((self.tables_dir / table / f"{stem}.parquet", "it is missing", record))
+        return problems
+
+    def quarantine(self, paths: Iterable[Path], aside: Path) -> None:
+        """Move table files to `aside` (keeping their place under the home) and forget them: a stage that needs
+        them then finds them missing and rebuilds them."""
+        with self.write_connection() as con:
+            for path in paths:
+                if path.exists():
+                    moved = aside / path.relative_to(self.home)
+                    moved.parent.mkdir(parents=True, exist_ok=True)
+                    path.rename(moved)
+                self.forget_partitions(con, [(path.parent.name, path.stem)])
+
+    def damaged(self, path: Path, why: str, record: PartitionRecord) -> DamagedFileError:
+        return DamagedFileError(f"{path} is damaged ({why}; run {record.run_id} wrote it): `nkb check` lists what "
+                                "is damaged and the command that rebuilds each file")
 
     # ---- Parquet tables -------------------------------------------------------------------
 
@@ -156,14 +378,38 @@ class Warehouse:
         self.schema(table)
         return self.tables_dir / table / f"{check_partition(partition)}.parquet"
 
-    def partition_files(self, table: str, partitions: Iterable[str] | None = None) -> list[Path]:
-        """The table's partition files (only those named in `partitions`, when given)."""
+    def partition_files(self, table: str, partitions: Iterable[str] | None = None, strict: bool = True) -> list[Path]:
+        """The table's committed partition files (only those named in `partitions`, when given). A file no run
+        wrote is reported and left out; a registered file whose size changed raises DamagedFileError (`strict`)
+        or is reported and left out. A registered file someone deleted is simply gone."""
         self.schema(table)
-        files = sorted((self.tables_dir / table).glob("*.parquet"))
-        if partitions is not None:
-            wanted = set(partitions)
-            files = [f for f in files if f.stem in wanted]
+        registry = self.registry()
+        wanted = set(partitions) if partitions is not None else None
+        files = []
+        for path in sorted((self.tables_dir / table).glob("*.parquet")):
+            if wanted is not None and path.stem not in wanted:
+                continue
+            record = registry.get((table, path.stem))
+            if record is None:
+                _report_once(f"{path}: no run of this warehouse wrote this file, so it is not read "
+                             "(`nkb check --repair` moves it aside)")
+            elif path.stat().st_size != record.bytes:
+                error = self.damaged(path, "its size differs from what was written", record)
+                if strict:
+                    raise error
+                _report_once(f"{error}; it is left out until then")
+            else:
+                files.append(path)
         return files
+
+    def _read_error(self, table: str, files: list[Path], exc: BaseException) -> BaseException:
+        """What a failed read of `files` says: the damaged file it met (found by digest), else the error itself."""
+        registry = self.registry()
+        for path in files:
+            record = registry.get((table, path.stem))
+            if record is not None and file_digest(path) != record.sha256:
+                return self.damaged(path, "its bytes differ from what was written", record)
+        return exc
 
     def read(self, table: str, columns: list[str] | None = None, filter=None,
              partitions: Iterable[str] | None = None) -> pa.Table:
@@ -172,7 +418,10 @@ class Warehouse:
         files = self.partition_files(table, partitions)
         if not files:
             return schema.empty_table().select(columns) if columns else schema.empty_table()
-        return ds.dataset(files, schema=schema, format="parquet").to_table(columns=columns, filter=filter)
+        try:
+            return ds.dataset(files, schema=schema, format="parquet").to_table(columns=columns, filter=filter)
+        except (OSError, pa.ArrowException) as exc:
+            raise self._read_error(table, files, exc) from None
 
     def scan(self, table: str, columns: list[str] | None = None, filter=None, batch_size: int = 10_000,
              partitions: Iterable[str] | None = None) -> Iterator[pa.RecordBatch]:
@@ -180,42 +429,33 @@ class Warehouse:
         files = self.partition_files(table, partitions)
         if files:
             dataset = ds.dataset(files, schema=self.schema(table), format="parquet")
-            yield from dataset.to_batches(columns=columns, filter=filter, batch_size=batch_size)
+            try:
+                yield from dataset.to_batches(columns=columns, filter=filter, batch_size=batch_size)
+            except (OSError, pa.ArrowException) as exc:
+                raise self._read_error(table, files, exc) from None
 
     def rows_written_by(self, table: str, run_id: str) -> tuple[int, int]:
-        """(files, rows) of the table that run `run_id` wrote and that are still there (read from each file's
-        footer: a partition another run rewrote since carries that run's id)."""
+        """(files, rows) of the table that run `run_id` committed and that are still there, intact as far as their
+        size tells (a partition another run rewrote since is that run's)."""
         files = rows = 0
-        for path in self.partition_files(table):
-            meta = pq.read_metadata(path)
-            if (meta.metadata or {}).get(LINEAGE_RUN_ID.encode()) == run_id.encode():
-                files, rows = files + 1, rows + meta.num_rows
+        for (t, stem), record in self.registry().items():
+            path = self.tables_dir / t / f"{stem}.parquet"
+            if t == table and record.run_id == run_id and path.exists() and path.stat().st_size == record.bytes:
+                files, rows = files + 1, rows + record.rows
         return files, rows
 
     def lineage(self, table: str, prefix: str = "") -> list[tuple[str, str]]:
         """(partition, inputs fingerprint of the run that wrote it) for the table's partitions named
         `prefix*`: what a downstream stage fingerprints, instead of hashing the data itself."""
-        out = []
-        for path in self.partition_files(table):
-            if path.stem.startswith(prefix):
-                meta = pq.read_schema(path).metadata or {}
-                out.append((path.stem, meta.get(LINEAGE_FINGERPRINT.encode(), b"?").decode()))
-        return out
+        registry = self.registry()
+        return [(path.stem, registry[(table, path.stem)].inputs_fingerprint)
+                for path in self.partition_files(table) if path.stem.startswith(prefix)]
 
-    # ---- queries ------------------------------------------------------------------------
 
-    def row_counts(self) -> list[tuple[str, str, int]]:
-        """(table, kind, rows) for every table: Parquet (through views), native, and derived views."""
-        with self.read_connection() as con:
-            out = []
-            for name in PARQUET_TABLES:
-                out.append((name, "parquet", con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]))
-            for name in NATIVE_TABLES:
-                out.append((name, "native", con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]))
-            for name in DERIVED_VIEWS:
-                out.append((name, "view", con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]))
-            return out
-
+def _registry_rows(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], PartitionRecord]:
+    rows = con.execute("SELECT table_name, partition, run_id, inputs_fingerprint, rows, bytes, sha256 "
+                       "FROM partitions").fetchall()
+    return {(r[0], r[1]): PartitionRecord(*r) for r in rows}
 
 def _sql_str(value) -> str:
     """A value quoted for use inside a single-quoted SQL string literal."""

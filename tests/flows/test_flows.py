@@ -12,7 +12,7 @@ from flows.flows import STAGE_FLOWS, pipeline
 from stages.configs import IngestConfig, SalientSpansConfig
 from stages.experiment import FULL_DEMO, decoder_only_demo
 from tests.experiments import tiny_experiment
-from warehouse import Warehouse, list_runs, query
+from warehouse import Warehouse, list_runs, query, row_counts
 
 pytestmark = pytest.mark.slow  # every test runs flows under a temporary Prefect server
 
@@ -32,7 +32,7 @@ def test_pipeline_flow_runs_every_stage_and_then_skips(tmp_path):
     assert [r["stage"] for r in rows] == (["sample-world", "ingest", "ingest"] + ["questions"] * 6
                                           + ["generation-data"] * 4 + ["index", "retrieve", "salient-spans"])
     assert not any(r["skipped"] for r in rows)
-    counts = {t: n for t, _, n in Warehouse(home).row_counts()}
+    counts = {t: n for t, _, n in row_counts(Warehouse(home))}
     assert counts["documents"] > 20 and counts["questions"] == 50 and counts["runs"] == 16
     assert counts["gen_examples"] > 0
     assert counts["retrievals"] > 100 and counts["segments"] > 20 and counts["salient_spans"] > 100

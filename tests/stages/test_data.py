@@ -10,7 +10,7 @@ from corpus.sample_world import WorldFiles
 from stages import data
 from stages.configs import IngestConfig, QuestionsConfig, SampleWorldConfig
 from stages.inputs import world_dir
-from warehouse import Warehouse, list_runs, query
+from warehouse import Warehouse, list_runs, query, row_counts
 from warehouse.sql import sandbox
 
 SMALL = SampleWorldConfig(people=12, background_people=6)
@@ -39,7 +39,7 @@ def snapshot(wh):
     files = {str(p.relative_to(wh.home)): p.read_bytes() for p in wh.tables_dir.rglob("*") if p.is_file()}
     with sandbox(wh) as con:  # one connection for all tables (a query each would open one each)
         rows = {t: con.sql(f'SELECT * EXCLUDE (run_id) FROM "{t}"' if kind == "parquet" else f'SELECT * FROM "{t}"')
-                .to_arrow_table().to_pylist() for t, kind, _ in wh.row_counts() if t != "runs"}
+                .to_arrow_table().to_pylist() for t, kind, _ in row_counts(wh) if t != "runs"}
     return files, rows
 
 
