@@ -15,9 +15,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from flows.errors import USER_ERRORS
-from stages.configs import DEFAULT_STRENGTH, is_list
-from warehouse import Warehouse, WarehouseError, list_runs, query, resolve_home
+from flows.errors import USER_ERRORS, describe_error
+from stages.configs import DEFAULT_STRENGTH, is_list, validation_problems
+from warehouse import Warehouse, WarehouseError, list_runs, query, resolve_home, row_counts
 from warehouse.sql import FORMATTERS
 
 EPILOG = "The warehouse is ./.nkb unless --home or $NKB_HOME says otherwise."
@@ -52,6 +52,9 @@ def _field_help(name: str, field) -> str:
     if typing.get_origin(annotation) is typing.Union:
         inner = [a for a in args if a is not type(None)]
         annotation = inner[0] if len(inner) == 1 else annotation
+        args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Annotated:  # a constrained type (Name): say what it holds
+        annotation = args[0]
         args = typing.get_args(annotation)
     if typing.get_origin(annotation) is typing.Literal:
         kind = "|".join(map(str, args))
@@ -105,7 +108,7 @@ def parse_sets(config: type, pairs: list[str], command: str):
     try:
         return config.model_validate(values)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(validation_problems(exc))
         raise SystemExit(f"error: invalid config for `{command}`: {problems}\n(see `{command} --help`)") from None
 
 
@@ -114,6 +117,8 @@ def _output_format(args) -> str:
     if args.format:
         return args.format
     suffix = Path(args.output or "").suffix.lstrip(".").lower()
+    if suffix == "parquet" and "parquet" in getattr(args, "formats", ()):
+        return "parquet"
     return suffix if suffix in FORMATTERS else "table"
 
 
@@ -160,13 +165,14 @@ def cmd_run(args) -> int:
     stage = STAGES[args.stage]
     config = parse_sets(stage.config, args.set or [], f"nkb run {stage.name}")
     started = time.perf_counter()
+    wh = Warehouse(args.home)  # refused here if it cannot be written, before Prefect starts
     if args.prefect or os.environ.get("PREFECT_API_URL") or getattr(config, "dask", None):
+        _prepare_environment(wh.home)
         from flows.flows import STAGE_FLOWS
         with local_flow_settings():
-            row = STAGE_FLOWS[stage.name](config, str(resolve_home(args.home)), args.force)
+            row = STAGE_FLOWS[stage.name](config, str(wh.home), args.force)
     else:
-        row = summarize(stage.name, run_stage(stage.name, Warehouse(args.home), config, args.force),
-                        time.perf_counter() - started)
+        row = summarize(stage.name, run_stage(stage.name, wh, config, args.force), time.perf_counter() - started)
     if row["skipped"]:
         print(f"{stage.name}: skipped, inputs unchanged since run {row['run_id']} (use --force to rerun)")
     else:
@@ -189,8 +195,11 @@ def cmd_demo(args) -> int:
 
 def run_experiment(experiment, args) -> int:
     """Run an experiment's plan through the pipeline flow, then say what ran and where the results are."""
-    from flows.flows import pipeline
     home = resolve_home(args.home)
+    experiment.require_files()  # before Prefect starts (the flow checks again, for runs from the UI)
+    wh = Warehouse(home)  # a warehouse that cannot be written is refused here, not by Prefect's own state
+    _prepare_environment(home)
+    from flows.flows import pipeline
     started = time.perf_counter()
     with local_flow_settings():
         rows = pipeline(experiment=experiment, home=str(home), force=args.force, train_models=args.models)
@@ -200,7 +209,6 @@ def run_experiment(experiment, args) -> int:
     for r in rows:
         state = "skipped (unchanged)" if r["skipped"] else f"{r['written'] or 'done'} in {r['seconds']:.1f} s"
         print(f"  {r['stage']:<16} {r['for']:<{width}}  {state}")
-    wh = Warehouse(home)
     models = {r["model"]: r["folder"] for r in rows if r.get("folder")}
     if models:
         print("\nModels (each folder has a model card, README.md; `nkb export NAME FOLDER` for stock transformers):")
@@ -208,7 +216,7 @@ def run_experiment(experiment, args) -> int:
             print(f"  {name:<{max(map(len, models))}}  {folder}")
     print(f"\nWarehouse: {home}\n  Parquet tables: {wh.tables_dir}\n  DuckDB file:    {wh.db_path}"
           f"  (open it with the duckdb CLI too)\n\nTables:")
-    filled = [(name, kind, count) for name, kind, count in wh.row_counts() if count]
+    filled = [(name, kind, count) for name, kind, count in row_counts(wh) if count]
     width = max((len(name) for name, _, _ in filled), default=0)
     for name, kind, count in filled:
         print(f"  {name:<{width}} {count:>8} rows  ({kind})")
@@ -233,14 +241,70 @@ def run_experiment(experiment, args) -> int:
 
 
 def cmd_sql(args) -> int:
-    table = query(Warehouse(args.home), args.query)
-    _emit(FORMATTERS[_output_format(args)](table), args.output)
+    table = query(Warehouse(args.home, create=False), args.query, timeout=_sql_timeout(args.timeout))
+    fmt = _output_format(args)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+        if not args.output:
+            raise ValueError("--format parquet writes a file: give it with --output FILE.parquet")
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, args.output)
+        print(f"wrote {args.output} ({table.num_rows} rows)", file=sys.stderr)
+        return 0
+    _emit(FORMATTERS[fmt](table), args.output)
     return 0
+
+
+def _sql_timeout(given: float | None) -> float | None:
+    """--timeout, else $NKB_SQL_TIMEOUT (what a shared machine sets for everyone), else 600 s where a Prefect
+    server is shared (PREFECT_API_URL set), else none. 0 means none."""
+    if given is None:
+        given = float(os.environ.get("NKB_SQL_TIMEOUT") or (600 if os.environ.get("PREFECT_API_URL") else 0))
+    return given or None
+
+
+def cmd_check(args) -> int:
+    """Compare every table file with what its run committed; with --repair, move the bad ones aside."""
+    from warehouse.runs import get_run
+    wh = Warehouse(args.home, create=False)
+    if args.repair and not wh.writable:
+        raise WarehouseError(f"--repair moves files and the warehouse {wh.home} cannot be written")
+    problems = wh.check_files()
+    if not problems:
+        print(f"every table file of {wh.home} is as its run committed it")
+        return 0
+    aside = wh.home / "quarantine" / time.strftime("%Y%m%dT%H%M%S") if args.repair else None
+    for path, why, record in problems:
+        where = path.relative_to(wh.home)
+        if record is None:
+            fix = "no run needs it" + (f"; moved to {aside / where}" if aside else "; `nkb check --repair` moves it "
+                                                                                     "aside")
+        else:
+            run = get_run(wh, record.run_id)
+            fix = (f"run {record.run_id} wrote it; rebuild it: {rerun_command(run, args)}" if run
+                   else f"run {record.run_id} wrote it and is gone: rerun the pipeline")
+        print(f"{where}: {why}; {fix}")
+    if aside:
+        wh.quarantine([p for p, _, _ in problems], aside)
+        print(f"\nMoved what was there to {aside} (nothing deleted); each table reads without it now. "
+              "Rerunning the pipeline (or the commands above) rebuilds what is missing.")
+    return 2
+
+
+def rerun_command(run, args) -> str:
+    """The command that reruns `run` as it was configured (its settings that are set, as --set pairs)."""
+    sets = []
+    for key, value in run.config.items():
+        if value is None or value == [] or isinstance(value, dict):
+            continue
+        text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        sets.append(f"--set {shlex.quote(f'{key}={text}')}")
+    return " ".join([_program() + _home_flag(args), "run", run.stage, *sets, "--force"])
 
 
 def cmd_tables(args) -> int:
     import pyarrow as pa
-    counts = Warehouse(args.home).row_counts()
+    counts = row_counts(Warehouse(args.home, create=False))
     table = pa.table({"table": [c[0] for c in counts], "kind": [c[1] for c in counts], "rows": [c[2] for c in counts]})
     _emit(FORMATTERS[args.format](table), None)
     return 0
@@ -250,7 +314,7 @@ def cmd_runs(args) -> int:
     import pyarrow as pa
 
     from stages.registry import run_subject
-    wh = Warehouse(args.home)
+    wh = Warehouse(args.home, create=False)
     runs = list_runs(wh, stage=args.stage, limit=args.limit)
     if args.stage and not runs:
         known = sorted({r.stage for r in list_runs(wh)})
@@ -273,7 +337,7 @@ def cmd_runs(args) -> int:
 def cmd_report(args) -> int:
     from stages.report import (edits_summary, em_intervals, generation_table, interval_table, refresh_table,
                                report_rows, report_table, surgery_table)
-    wh = Warehouse(args.home)
+    wh = Warehouse(args.home, create=False)
     rows = report_rows(wh)
     if not rows:
         print("no report yet: run `nkb run report` (after base-model, inject, finetune and evaluate)", file=sys.stderr)
@@ -329,8 +393,10 @@ def cmd_edit(args) -> int:
                             name=args.name, layer=args.layer, slot=args.slot, strength=args.strength, lam=args.lam,
                             device=args.device)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        raise SystemExit(f"error: {'.'.join(map(str, error['loc'])) or 'edit'}: {error['msg']}") from None
+        raise SystemExit(f"error: {validation_problems(exc)[0].removeprefix('config: ')}") from None
+    if config.edits:  # a wrong file is found before the model is loaded
+        from stages.knowledge import read_edits
+        read_edits(config.edits)
     result = run_stage("edit", Warehouse(args.home), config)
     v = result.value or {}
     if result.skipped:
@@ -352,7 +418,7 @@ def cmd_edit(args) -> int:
 
 def cmd_export(args) -> int:
     from stages.export import export_model
-    target = export_model(Warehouse(args.home), args.model, Path(args.folder), adapter=args.adapter)
+    target = export_model(Warehouse(args.home, create=False), args.model, Path(args.folder), adapter=args.adapter)
     if args.adapter:
         print(f"exported {args.model} to {target}: the base and, in nkb/, its slots; load it with "
               "nkb_model.checkpoint.load_model (see its README.md)")
@@ -467,10 +533,22 @@ def build_parser() -> argparse.ArgumentParser:
     sql = sub.add_parser("sql", help="run a read-only SQL query", description="Run read-only SQL (SELECT, WITH, "
                          "DESCRIBE, SHOW, SUMMARIZE, EXPLAIN) over the warehouse's tables and views.")
     sql.add_argument("query", help="the SQL, e.g. \"SELECT count(*) FROM documents\"")
-    sql.add_argument("--format", choices=list(FORMATTERS), help=fmt_help + "; default: from --output's extension "
-                     "(.csv, .json), else table")
+    sql.add_argument("--format", choices=[*FORMATTERS, "parquet"], help=fmt_help + ", or Parquet (with --output); "
+                     "default: from --output's extension (.csv, .json, .parquet), else table")
     sql.add_argument("--output", metavar="FILE", help="write the result to FILE instead of standard output")
-    sql.set_defaults(func=cmd_sql)
+    sql.add_argument("--timeout", type=float, metavar="SECONDS", help="stop the query after this long (default: "
+                     "$NKB_SQL_TIMEOUT, else 600 where PREFECT_API_URL names a shared server, else none; 0: none). "
+                     "Ctrl-C stops it at once")
+    sql.set_defaults(func=cmd_sql, formats=[*FORMATTERS, "parquet"])
+
+    check = sub.add_parser("check", help="verify every table file against what its run wrote",
+                           description="Read every Parquet file of the warehouse and compare it with the size and "
+                                       "SHA-256 its run recorded. Lists damaged, missing and foreign files (files no "
+                                       "run wrote) with the command that rebuilds each; exit status 2 if any.")
+    check.add_argument("--repair", action="store_true", help="move damaged and foreign files to "
+                       "HOME/quarantine/TIME/ (nothing is deleted): every table then reads without them, and "
+                       "rerunning the pipeline rebuilds what is missing")
+    check.set_defaults(func=cmd_check)
 
     tables = sub.add_parser("tables", help="list tables with row counts", description="List tables with row counts.")
     tables.add_argument("--format", choices=list(FORMATTERS), default="table", help=fmt_help)
@@ -556,8 +634,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command not in ("server", "schedule"):  # the server keeps its state in the project, not in a warehouse
-        _prepare_environment(resolve_home(args.home))
     try:
         return args.func(args)
     except BrokenPipeError:
@@ -566,10 +642,14 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except USER_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {describe_error(exc)}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the machine's: a full disk, a read-only mount, a missing permission
+        print(f"error: {describe_error(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted; the warehouse is unchanged by the unfinished stage", file=sys.stderr)
+        what = "the query was stopped" if args.command == "sql" else "the warehouse is unchanged by the unfinished stage"
+        print(f"interrupted; {what}", file=sys.stderr)
         return 130
 
 

@@ -4,6 +4,7 @@ routine lines, so that a pipeline's log is a list of its stages."""
 
 from __future__ import annotations
 
+import errno
 import logging
 
 import duckdb
@@ -15,12 +16,33 @@ from warehouse import WarehouseError
 USER_ERRORS = (ValueError, WarehouseError, LuceneIndexError, duckdb.Error)
 
 
+def describe_error(exc: BaseException) -> str:
+    """One line for an error a user can act on. A full disk reads the same whoever met it (DuckDB, Arrow, Python):
+    what was being written was dropped, and nothing committed is lost."""
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left on device" in text:
+        where = f" (writing {exc.filename})" if isinstance(exc, OSError) and exc.filename else ""
+        return (f"the disk is full{where}: the unfinished work was dropped and the warehouse keeps its last "
+                "committed state; free space and run the command again")
+    if isinstance(exc, OSError) and exc.errno == errno.EROFS:
+        return f"{exc.filename or 'the warehouse'} is on a read-only file system; give a writable --home"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return text
+
+
+def is_user_error(exc: BaseException | None) -> bool:
+    """Whether a run's log should show `exc` as one line rather than a traceback."""
+    return isinstance(exc, USER_ERRORS) or isinstance(exc, OSError) and exc.errno in (
+        errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.ENOENT)
+
+
 class WithoutTraceback(logging.Filter):
     """Drops the traceback from Prefect's "Encountered exception during execution: ..." when the exception is
     one of USER_ERRORS: the message already names the file, line and problem."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], USER_ERRORS):
+        if record.exc_info and is_user_error(record.exc_info[1]):
             record.exc_info = record.exc_text = None
         return True
 

@@ -148,7 +148,9 @@ def pipeline(experiment: Optional[Experiment] = None, experiment_file: Optional[
         dispatch: Run GPU-pool stages through their deployments (needs a worker on the `gpu` pool: `nkb server up`).
     """
     tidy_run_logs()
-    chosen = load_experiment(experiment, experiment_file).with_world(world_dir(Warehouse(home)))
+    world = world_dir(Warehouse(home))
+    chosen = load_experiment(experiment, experiment_file).with_world(world)
+    chosen.require_files(world)
     rows = [run(name, config, home, force, dispatch) for name, config in chosen.plan(train_models)]
     create_table_artifact(key="pipeline-run", table=rows, description=f"Stages of experiment {chosen.name}")
     return rows

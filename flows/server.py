@@ -251,14 +251,15 @@ def schedule(project: Path, experiment_file: Path, cron: str, timezone: str = "U
 
     from stages.experiment import Experiment
     experiment_file = experiment_file.resolve()
-    name = Experiment.load(experiment_file).name  # refuse a wrong file now, not at 3 a.m.
-    info = status(project, directory)
-    if not info["running"] or not info["healthy"]:
-        raise ServerError(f"no server answering for {info['project']}; start one with `nkb server up`")
+    name = Experiment.load(experiment_file).name  # refuse a wrong file, cron or zone now, not at 3 a.m.
     try:
         when = CronSchedule(cron=cron, timezone=timezone)
     except ValueError as exc:
-        raise ServerError(f"cron {cron!r} / timezone {timezone!r}: {exc.errors()[0]['msg']}") from None
+        message = exc.errors()[0]["msg"] if hasattr(exc, "errors") else str(exc)
+        raise ServerError(f"cron {cron!r} / timezone {timezone!r}: {message.removeprefix('Value error, ')}") from None
+    info = status(project, directory)
+    if not info["running"] or not info["healthy"]:
+        raise ServerError(f"no server answering for {info['project']}; start one with `nkb server up`")
     slug = f"experiment-{name}"
     with temporary_settings({PREFECT_API_URL: info["api_url"]}), get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("pipeline/pipeline")

@@ -24,6 +24,12 @@ ModelSize = Literal["tiny", "mini", "small", "large"]  # nkb_model.base_model.SI
 Name = Annotated[str, StringConstraints(max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 ModelName = Annotated[str, StringConstraints(max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")]
 
+def validation_problems(exc, skip_missing: bool = False) -> list[str]:
+    """A pydantic ValidationError as `field: what is wrong` lines, without pydantic's 'Value error, ' prefix."""
+    return [f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors() if not (skip_missing and e["type"] == "missing")]
+
+
 def is_list(annotation) -> bool:
     """Whether a field's type is a list (or an optional list): `--set` then takes a,b,c."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -192,7 +193,7 @@ def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> Stag
                              store=config.store)
             seconds = time.perf_counter() - started
             meta = {"index_id": fp[:12], "corpus": config.corpus, "k1": config.k1, "b": config.b,
-                    "documents": n, "built_by": run.run_id, "seconds": seconds}
+                    "documents": n, "built_by": run.run_id, "seconds": seconds, "files": index_files(directory)}
             (directory / INDEX_META).write_text(json.dumps(meta, indent=1))
             return seconds
 
@@ -203,8 +204,35 @@ def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> Stag
         return {"index_id": fp[:12], "corpus": config.corpus, "documents": n, "seconds": seconds,
                 "docs_per_second": round(n / seconds, 1)}
 
-    return run_stage(wh, "index", config.model_dump(), fp, body, force=force,
-                     still_valid=lambda run: (Path(run.checkpoint or "") / INDEX_META).exists())
+    def intact(run) -> bool:  # a damaged index is rebuilt, not skipped as unchanged
+        problem = index_problem(Path(run.checkpoint or ""))
+        if problem:
+            print(f"index {run.checkpoint}: {problem}; building it again", file=sys.stderr)
+        return problem is None
+
+    return run_stage(wh, "index", config.model_dump(), fp, body, force=force, still_valid=intact)
+
+
+def index_files(directory: Path) -> dict[str, list]:
+    """[size, SHA-256] of each file Lucene wrote: what `index_problem` checks the index against."""
+    return {f.name: [f.stat().st_size, file_digest(f)] for f in sorted(directory.iterdir()) if f.is_file()}
+
+
+def index_problem(directory: Path) -> str | None:
+    """What is wrong with a built index's files, checked against the digests recorded when it was built (before
+    Lucene opens it, whose own error would be a Java stack trace), or None. Indexes built before the digests were
+    recorded are only checked for their metadata."""
+    meta_path = directory / INDEX_META
+    if not meta_path.exists():
+        return "it is missing or incomplete"
+    recorded = json.loads(meta_path.read_text()).get("files", {})
+    for name, (size, digest) in recorded.items():
+        path = directory / name
+        if not path.exists():
+            return f"its file {name} is missing"
+        if path.stat().st_size != size or file_digest(path) != digest:
+            return f"its file {name} differs from what was built"
+    return None
 
 
 def latest_index(wh: Warehouse, corpus: str) -> tuple[Path, dict]:
@@ -212,11 +240,11 @@ def latest_index(wh: Warehouse, corpus: str) -> tuple[Path, dict]:
     for run in list_runs(wh, stage="index"):
         if run.status == "success" and run.config.get("corpus") == corpus and run.checkpoint:
             directory = Path(run.checkpoint)
-            meta_path = directory / INDEX_META
-            if not meta_path.exists():
-                raise ValueError(f"index {directory} (run {run.run_id}) is missing or incomplete; "
-                                 f"rebuild it with `nkb run index --set corpus={corpus} --force`")
-            return directory, json.loads(meta_path.read_text())
+            problem = index_problem(directory)
+            if problem:
+                raise ValueError(f"index {directory} (run {run.run_id}) is damaged: {problem}; rebuild it with "
+                                 f"`nkb run index --set corpus={corpus} --force`")
+            return directory, json.loads((directory / INDEX_META).read_text())
     raise ValueError(f"no index for corpus {corpus!r}; build one with `nkb run index --set corpus={corpus}`")
 
 

@@ -61,6 +61,26 @@ class ExperimentError(ValueError):
     """An experiment file that cannot be run: names the file, the key and what is wrong."""
 
 
+# An experiment file holds settings and paths: a few KB. A larger one is a data file given by mistake, which would
+# otherwise travel whole as a flow parameter (a 50 MB one ended in a Prefect 422 echoing it).
+MAX_EXPERIMENT_BYTES = 1_000_000
+
+
+def _refuse_repeats(key: str, entries: list, what: str) -> None:
+    """Two entries of `key` (questions, generation) that would write the same table partition: the second would
+    silently replace the first one's rows."""
+    seen: dict[tuple, int] = {}
+    for i, entry in enumerate(entries):
+        names = tuple(getattr(entry, field) for field in what.split())
+        if names in seen:
+            j = seen[names]
+            raise ValueError(f"{key}[{j}] ({Path(entries[j].path).name}) and {key}[{i}] ({Path(entry.path).name}) "
+                             f"are both {' '.join(f'{f} {v!r}' for f, v in zip(what.split(), names))}: the second "
+                             "would replace the first's rows. Join the files into one, or give each its own "
+                             "dataset name")
+        seen[names] = i
+
+
 def apply_sets(data: dict, pairs: Iterable[str]) -> dict:
     """An experiment's YAML mapping changed by `--set key=value` pairs. A dotted key reaches into a mapping
     (`stages.inject.steps=500`, `pretrain.size=mini`, `sample_world.people=40`); a value is read as YAML
@@ -161,6 +181,8 @@ class Experiment(StageConfig):
         if self.decoder_only and self.rows and {"kformer", "concat"} & set(self.rows):
             raise ValueError(f"rows {sorted({'kformer', 'concat'} & set(self.rows))} are T5 baselines; "
                              f"pretrain.arch is {self.pretrain['arch']}")
+        _refuse_repeats("questions", self.questions, "dataset split")
+        _refuse_repeats("generation", self.generation, "task split")
         splits = {q.split for q in self.questions}
         if not {"train", "validation"} <= splits:
             raise ValueError(f"questions need a 'train' and a 'validation' split (found {sorted(splits)})")
@@ -202,9 +224,16 @@ class Experiment(StageConfig):
         made absolute against the file's folder."""
         path = Path(path)
         try:
+            size = path.stat().st_size
+            if size > MAX_EXPERIMENT_BYTES:
+                raise ExperimentError(f"{path}: {size / 1e6:.1f} MB is not an experiment file (settings and paths, a "
+                                      "few KB): is it a data file? Name data files inside the experiment")
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ExperimentError(f"{path}: cannot read the experiment ({exc.strerror or exc})") from None
+        except UnicodeDecodeError as exc:
+            raise ExperimentError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                                  "save the file as UTF-8") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -234,6 +263,18 @@ class Experiment(StageConfig):
         if self.base_model and (folder / self.base_model).is_dir():
             moved = moved.model_copy(update={"base_model": resolve(self.base_model)})
         return moved
+
+    def require_files(self, world_dir: Path | None = None) -> None:
+        """Refuse, before the first stage runs, an experiment whose input files are not all there (naming every
+        one). Files in the sample world's folder are left out: its first stage writes them."""
+        entries = [(f"{name}[{i}]", e.path) for name in ("knowledge", "general", "questions", "generation")
+                   for i, e in enumerate(getattr(self, name))]
+        entries += [(name, getattr(self, name)) for name in ("probes", "facts", "edits")]
+        generated = ("{sample_world}",) + ((str(world_dir),) if world_dir else ())
+        missing = [f"{key}: {path}" for key, path in entries
+                   if path and not path.startswith(generated) and not Path(path).is_file()]
+        if missing:
+            raise ExperimentError(f"experiment {self.name}: no such file for {'; '.join(missing)} (nothing was run)")
 
     def with_world(self, world_dir: Path) -> "Experiment":
         """'{sample_world}' in the paths replaced by the generated world's folder."""

@@ -220,8 +220,8 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
     from nkb_model import surgery as knife
     from nkb_model.checkpoint import hf_dir, relative_base, save_model
     from nkb_model.train import choose_device
-    source = source_model(wh, config.model)
     batch = read_edits(config.edits) if config.edits else None
+    source = source_model(wh, config.model)
     requests = batch or [{"question": config.question, "answer": config.answer, "paraphrases": []}]
     # The default name is a digest of the edits, so the same edits of the same model are one version.
     identity = [config.layer, config.slot, config.strength, config.lam, requests]

@@ -9,7 +9,9 @@ from flows.cli import main
 
 @pytest.fixture
 def home(tmp_path):
-    return str(tmp_path / "wh")
+    """An empty warehouse's folder (read commands refuse a folder without one)."""
+    from warehouse import Warehouse
+    return str(Warehouse(tmp_path / "wh").home)
 
 
 def run_cli(capsys, *argv):

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stages.configs import BaseModelConfig, InjectConfig
 from stages.experiment import FULL_DEMO, SAMPLE_WORLD, Experiment, ExperimentError, apply_sets, decoder_only_demo
@@ -173,3 +174,22 @@ def test_the_template_for_users_plans_the_papers_rows(tmp_path):
     assert Experiment.load(tmp_path / "mine.yaml").base_model == str(tmp_path / "models" / "t5-base")
     assert {"base+nkb", "base+nkb-a", "base.kformer", "base.concat"} <= set(names(plan))
     assert dict(plan)["inject"].steps == 30000
+
+
+def test_two_files_for_one_dataset_and_split_are_refused_naming_both():
+    questions = MINIMAL["questions"] + [dict(MINIMAL["questions"][0], path="more-train.jsonl")]
+    with pytest.raises(ExperimentError, match=r"questions\[0\] \(\S+\) and questions\[2\] \(more-train.jsonl\) are both "
+                                              r"dataset '\S+' split 'train': the second would replace the first's rows"):
+        Experiment.parse(MINIMAL | {"questions": questions}, "mine.yaml")
+
+
+def test_every_missing_input_file_is_named_before_anything_runs(tmp_path):
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(MINIMAL))
+    experiment = Experiment.load(tmp_path / "mine.yaml")
+    with pytest.raises(ExperimentError, match="no such file for knowledge\\[0\\]: .*; questions\\[0\\]: .*; "
+                                              "questions\\[1\\]: .*nothing was run"):
+        experiment.require_files()
+    for entry in MINIMAL["knowledge"] + MINIMAL["questions"]:
+        (tmp_path / entry["path"]).write_text("")
+    experiment.require_files()
+    Experiment.load(SAMPLE_WORLD).require_files()  # the sample world's files are made by its first stage

@@ -1,5 +1,6 @@
 """index, retrieve and salient-spans on a small sample world (real Lucene, real spaCy)."""
 
+import json
 import shutil
 
 import pytest
@@ -100,11 +101,29 @@ def test_missing_or_corrupt_index_gives_a_clear_error_and_no_retrievals(tmp_path
     else:
         for f in list(__import__("pathlib").Path(index).glob("segments_*")):
             f.write_bytes(b"garbage")
-        expected = (LuceneIndexError, "cannot open the Lucene index")
+        expected = (ValueError, r"is damaged: its file segments_\w+ differs from what was built; rebuild it with "
+                                r"`nkb run index --set corpus=sampleworld --force`")
     with pytest.raises(expected[0], match=expected[1]):
         data.retrieve(wh, RetrieveConfig())
     assert query(wh, "SELECT count(*) AS n FROM retrievals").to_pylist() == [{"n": 0}]
     assert not list(wh.tables_dir.glob("retrievals/*.parquet"))
+    rebuilt = data.build_index(wh, IndexConfig())  # the index stage sees the damage: rebuilt, not skipped
+    assert not rebuilt.skipped and rebuilt.run.checkpoint == index
+    assert data.retrieve(wh, RetrieveConfig()).run.outputs["retrievals"] > 0
+
+
+def test_a_lucene_error_is_one_line_without_a_java_stack_trace(tmp_path, capfd):
+    """An index damaged in a way its recorded digests cannot tell (they are gone) still fails in one line."""
+    from corpus.bm25 import LuceneIndexError
+    wh = load_world(tmp_path / "wh")
+    index = __import__("pathlib").Path(data.build_index(wh, IndexConfig()).run.checkpoint)
+    meta = json.loads((index / data.INDEX_META).read_text())
+    (index / data.INDEX_META).write_text(json.dumps({k: v for k, v in meta.items() if k != "files"}))
+    for f in index.glob("segments_*"):
+        f.write_bytes(b"garbage")
+    with pytest.raises(LuceneIndexError, match="cannot open the Lucene index"):
+        data.retrieve(wh, RetrieveConfig())
+    assert "\tat org.apache" not in capfd.readouterr().err
 
 
 def test_salient_spans_resume_after_a_crash(tmp_path, monkeypatch):

@@ -1,0 +1,164 @@
+"""The command line where a user's input or machine is at fault (issue 37): every case is one line that says what
+is wrong and what to do, and changes nothing."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from flows.cli import main
+from warehouse import Warehouse
+
+ENDLESS = "SELECT count(*) FROM range(1000000000000) t(i) WHERE hash(i) = 42"
+
+
+@pytest.fixture
+def home(tmp_path):
+    return str(Warehouse(tmp_path / "wh").home)
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_query_at_once(home):
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "--home", home, "sql", ENDLESS],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)  # start-up and the query under way
+    assert proc.poll() is None
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and time.monotonic() - sent < 5
+    assert err.strip() == "interrupted; the query was stopped"
+
+
+@pytest.mark.slow
+def test_a_query_stops_at_its_timeout(capsys, home, monkeypatch):
+    started = time.monotonic()
+    code, _, err = run_cli(capsys, "--home", home, "sql", "--timeout", "1", ENDLESS)
+    assert code == 1 and "ran longer than its timeout of 1 s" in err and time.monotonic() - started < 10
+    monkeypatch.setenv("NKB_SQL_TIMEOUT", "1")  # a shared machine's default
+    code, _, err = run_cli(capsys, "--home", home, "sql", ENDLESS)
+    assert code == 1 and "timeout of 1 s" in err
+
+
+def test_read_commands_on_a_mistyped_home_say_so_and_create_nothing(capsys, tmp_path):
+    for argv in (["sql", "SELECT 1"], ["tables"], ["runs"], ["report"], ["check"]):
+        code, _, err = run_cli(capsys, "--home", str(tmp_path / "typo"), *argv)
+        assert code == 1 and f"no warehouse at {tmp_path / 'typo'}" in err, argv
+    assert not (tmp_path / "typo").exists()
+    (tmp_path / "file").write_text("")
+    code, _, err = run_cli(capsys, "--home", str(tmp_path / "file"), "run", "ingest", "--set", "path=x")
+    assert code == 1 and "is a file, not a warehouse directory" in err
+
+
+def test_sql_shows_no_path_runs_several_statements_and_pivots(capsys, home, tmp_path):
+    for query in ("SELECT * FROM duckdb_settings()", "SELECT * FROM duckdb_databases()"):
+        code, out, _ = run_cli(capsys, "--home", home, "sql", query, "--format", "json")
+        assert code == 0 and home not in out and str(Path.home()) not in out, out
+    code, out, _ = run_cli(capsys, "--home", home, "sql", "SELECT 1 AS a; SELECT 2 AS b", "--format", "json")
+    assert code == 0 and json.loads(out) == [{"b": 2}]
+    code, out, err = run_cli(capsys, "--home", home, "sql",
+                             "PIVOT (SELECT * FROM (VALUES ('x', 1), ('y', 2)) t(k, v)) ON k USING sum(v)",
+                             "--format", "json")
+    assert code == 0 and json.loads(out) == [{"x": 1, "y": 2}], err
+
+
+def test_sql_writes_parquet_where_asked(capsys, home, tmp_path):
+    code, _, _ = run_cli(capsys, "--home", home, "sql", "SELECT 1 AS a, 'x' AS b", "--output", str(tmp_path / "r.parquet"))
+    assert code == 0 and pq.read_table(tmp_path / "r.parquet").to_pylist() == [{"a": 1, "b": "x"}]
+
+
+def test_check_lists_damage_with_the_command_that_rebuilds_it_and_repair_moves_it_aside(capsys, home, tmp_path):
+    path = tmp_path / "wiki.jsonl"
+    path.write_text('{"id": "a", "title": "A", "text": "Ada."}\n')
+    assert run_cli(capsys, "--home", home, "run", "ingest", "--set", f"path={path}")[0] == 0
+    assert run_cli(capsys, "--home", home, "check")[0] == 0
+    (Path(home) / "tables" / "documents" / "wiki.parquet").write_bytes(b"junk")
+    code, out, _ = run_cli(capsys, "--home", home, "check")
+    assert code == 2 and "tables/documents/wiki.parquet: its bytes differ from what was written" in out
+    rebuild = out.split("rebuild it: ")[1].strip()
+    assert f" --home {home} run ingest " in rebuild and f"--set path={path}" in rebuild
+    code, out, _ = run_cli(capsys, "--home", home, "check", "--repair")
+    assert code == 2 and "Moved what was there to" in out
+    assert run_cli(capsys, "--home", home, "check")[0] == 0
+    code, out, _ = run_cli(capsys, "--home", home, "run", "ingest", "--set", f"path={path}")
+    assert code == 0 and "documents=1" in out  # rebuilt, not skipped as unchanged
+
+
+def test_help_names_each_fields_kind_and_edit_errors_read_as_sentences(capsys, home, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["run", "ingest", "--help"])
+    out = capsys.readouterr().out
+    assert "corpus=str" in out and "Annotated" not in out
+    with pytest.raises(SystemExit) as refused:
+        main(["--home", home, "edit", "--model", "m"])
+    assert str(refused.value.code) == "error: give question and answer, or edits (a JSONL file), not both"
+
+
+def test_edit_reads_its_edits_file_before_looking_for_the_model(capsys, home, tmp_path):
+    edits = tmp_path / "edits.jsonl"
+    edits.write_text('{"question": "q"}\n')
+    code, _, err = run_cli(capsys, "--home", home, "edit", "--model", "no-such-model", "--edits", str(edits))
+    assert code == 1 and str(edits) in err and "no-such-model" not in err
+
+
+def test_schedule_checks_cron_and_zone_before_looking_for_a_server(capsys, tmp_path):
+    experiment = Path(__file__).resolve().parents[2] / "experiments" / "sample-world.yaml"
+    for flags, wrong in ((["--cron", "61 * * * *"], "cron '61 * * * *'"), (["--timezone", "Mars/Olympus"],
+                                                                            "'Mars/Olympus'")):
+        code, _, err = run_cli(capsys, "schedule", str(experiment), "--project", str(tmp_path), *flags)
+        assert code == 1 and wrong in err and "no server" not in err, err
+
+
+def test_a_pipeline_is_refused_before_prefect_starts(capsys, tmp_path):
+    """Missing input files, an unreadable experiment and a warehouse that cannot be written: one line each, in
+    about a second, with no Prefect state made."""
+    experiment = tmp_path / "mine.yaml"
+    experiment.write_text("name: mine\nknowledge: [{path: k.jsonl, corpus: k}]\npretrain: {size: tiny}\n"
+                          "questions: [{path: t.jsonl, format: nq_open, dataset: nq, split: train},\n"
+                          "            {path: v.jsonl, format: nq_open, dataset: nq, split: validation}]\n")
+    (tmp_path / "t.jsonl").write_text("")
+    home = str(tmp_path / "wh")
+    started = time.monotonic()
+    code, _, err = run_cli(capsys, "--home", home, "pipeline", str(experiment))
+    assert code == 1 and "no such file for knowledge[0]: " in err and "questions[1]: " in err
+    assert "questions[0]" not in err and not (tmp_path / "wh").exists()
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    code, _, err = run_cli(capsys, "--home", home, "pipeline", str(latin))
+    assert code == 1 and f"{latin}: not UTF-8 text (byte 0xe9 at offset 9)" in err
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("name: x\n" + "# padding\n" * 200_000)
+    code, _, err = run_cli(capsys, "--home", home, "pipeline", str(huge))
+    assert code == 1 and "is not an experiment file" in err and len(err) < 300
+    assert time.monotonic() - started < 10 and not (tmp_path / "wh").exists()
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_one_line_and_the_warehouse_keeps_its_state(capsys, tmp_path):
+    from tests.warehouse.test_faults import fill, small_disk
+    corpus = tmp_path / "wiki.jsonl"
+    rng = __import__("random").Random(0)
+    words = lambda n: " ".join(f"{rng.getrandbits(40):x}" for _ in range(n))  # noqa: E731 (incompressible)
+    corpus.write_text("".join(json.dumps({"id": str(i), "title": f"T{i}", "text": words(1000)}) + "\n"
+                              for i in range(50)))
+    with small_disk(tmp_path / "disk", "3m") as disk:
+        home = str(disk / "wh")
+        Warehouse(home)
+        filler = fill(disk, 40)
+        code, _, err = run_cli(capsys, "--home", home, "run", "ingest", "--set", f"path={corpus}")
+        assert code == 1 and err.startswith("error: the disk is full") and len(err.strip().splitlines()) == 1, err
+        filler.unlink()
+        assert run_cli(capsys, "--home", home, "tables")[1].count("documents          parquet     0") == 1
+        code, out, _ = run_cli(capsys, "--home", home, "run", "ingest", "--set", f"path={corpus}")
+        assert code == 0 and "documents=50" in out
