@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lock clean-venv chromium
+.PHONY: demo test bench bench-gpu gpu-wheels lock clean-venv chromium
 
 demo: $(STAMP)
 	$(BIN)/nkb demo
@@ -23,6 +23,20 @@ chromium:
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.ingest
+
+# The GPU path in one run (CUDA tests, bf16 injection and fine-tuning, MFU, decoding); one line and exit 0 without
+# CUDA. On a GPU machine without this venv (and without network): `make gpu-wheels` here first, then there
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site python3 -m bench.gpu
+bench-gpu: $(STAMP)
+	$(BIN)/python -m bench.gpu
+
+# Wheels for a GPU machine's Python 3.12 (no network there): what its image lacks (duckdb) or may hold at another
+# version than requirements.lock's (transformers and the two libraries it is built against).
+GPU_WHEELS := $(shell grep -E '^(duckdb|transformers|tokenizers|safetensors)==' requirements.lock)
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 
 # torch first and alone: any other route pulls a CUDA build of several GB (ENVIRONMENT.md).
 # Then the exact tested versions, the project itself without re-resolving, and the spaCy model by hash.

@@ -1,0 +1,209 @@
+"""The GPU path in one run, for the first time a GPU machine is available (`make bench-gpu`):
+
+1. the CUDA tests (`pytest -m gpu`): zero slots bit-identical in bf16, unmounted slots give the base back, a resumed
+   run equals an uninterrupted one, the export equals the mounted model;
+2. injection (slots on the last block, the base frozen) and fine-tuning (every parameter) steps in bf16 autocast,
+   on a T5-base-sized model (t5-base's config, random weights: speed does not depend on the values) and on a
+   SmolLM2-135M-sized Llama (its config): tokens/s, model FLOPs utilisation by the project's own FLOP count
+   (`bench.inject`), peak memory; and the paper's 30K-step injection (batch 256) extrapolated to hours;
+3. batched greedy decoding, as the evaluate stage decodes: questions/s;
+4. with more than one GPU, `devices=N` under torchrun: the same losses as one process.
+
+Prints JSON and records `metrics` rows in `bench/results/gpu`. Without CUDA it says so in one line and exits 0.
+
+    python -m bench.gpu [--steps 10] [--batch 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+# SmolLM2-135M's shape (its config.json): Llama, 30 blocks, d_model 576, gated FFN 1,536, 9 heads of which 3 for keys
+# and values, tied embeddings, a 49,152-token vocabulary.
+SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                    num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192,
+                    rms_norm_eps=1e-5, rope_theta=100000.0)
+PAPER_STEPS, PAPER_BATCH = 30_000, 256  # the paper's injection: 30K steps at batch 256, 512 tokens
+
+
+def gpu_tests() -> dict:
+    """`pytest -m gpu` in a child process: its counts, and the names of any failing test."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rfEs"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|error)", out.stdout)}
+    return {"returncode": out.returncode, **counts,
+            "not_passed": re.findall(r"^(?:FAILED|ERROR|SKIPPED) (.+)$", out.stdout, re.M)}
+
+
+def causal_forward_flops(model: nn.Module, batch: int, seq: int) -> int:
+    """Matmul FLOPs of a decoder-only forward pass: 2 per linear weight and token (slots and the output head
+    included, every position), plus the attention scores and weighted sums in full (4 * d_model * seq^2 a block)."""
+    linear = sum(m.weight.numel() for name, m in model.named_modules() if isinstance(m, nn.Linear))
+    c = model.config
+    return batch * (2 * linear * seq + 4 * c.num_attention_heads * (c.hidden_size // c.num_attention_heads)
+                    * c.num_hidden_layers * seq * seq)
+
+
+def causal_step_flops(model: nn.Module, variant: str, batch: int, seq: int) -> int:
+    """A training step's model FLOPs: three forward passes when everything trains; with only the last block's
+    slots training, the forward pass plus the output head's input gradient and the slots' weight and value-input
+    gradients, at every position (the matmuls run over the whole sequence; the prompt's gradients are zeros)."""
+    forward = causal_forward_flops(model, batch, seq)
+    if variant == "nkb-a":
+        return 3 * forward
+    trainable = {name: p.numel() for name, p in model.named_parameters() if p.requires_grad}
+    last_block = f"layers.{model.config.num_hidden_layers - 1}."
+    if not trainable or any(".nkb_" not in n or last_block not in n for n in trainable):
+        raise ValueError("the NKB count assumes that only slots in the last block train")
+    values = sum(n for name, n in trainable.items() if ".nkb_values." in name)
+    return forward + batch * seq * (2 * model.lm_head.weight.numel() + 2 * sum(trainable.values()) + 2 * values)
+
+
+def measure(build, flops, device, batch: int, prompt: int, target: int, steps: int, peak: float | None) -> dict:
+    """Injection (nkb) and fine-tuning (every parameter, as nkb-a trains) steps of `build(variant)`."""
+    from bench.inject import time_steps
+    out = {}
+    for name, variant in (("inject", "nkb"), ("finetune", "nkb-a")):
+        model = build(variant)
+        cuda = device.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        seconds = time_steps(model, device, batch, prompt, target, steps)
+        step_flops = flops(model, variant)
+        out[name] = {"step_s": round(seconds, 4), "tokens_per_s": round(batch * (prompt + target) / seconds),
+                     "tflops_per_s": round(step_flops / seconds / 1e12, 3),
+                     "mfu": round(step_flops / seconds / peak, 4) if peak else None,
+                     "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+                     "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+        del model
+        if cuda:
+            torch.cuda.empty_cache()
+    out["paper_injection_hours"] = round(PAPER_STEPS * out["inject"]["step_s"] * PAPER_BATCH / batch / 3600, 2)
+    return out
+
+
+def greedy_throughput(model: nn.Module, device, questions: int, prompt: int, new_tokens: int) -> dict:
+    """Questions per second of batched greedy decoding (`generate`, as the evaluate stage decodes)."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (questions, prompt), generator=g).to(device.device)
+    model.eval()
+    sync = torch.cuda.synchronize if device.device.type == "cuda" else (lambda: None)
+    with torch.no_grad(), device.autocast():
+        model.generate(input_ids=ids[:8], max_new_tokens=2, do_sample=False, pad_token_id=0)  # warm-up
+        sync()
+        started = time.perf_counter()
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        sync()
+    seconds = time.perf_counter() - started
+    return {"questions": questions, "prompt_tokens": prompt, "new_tokens": new_tokens,
+            "questions_per_s": round(questions / seconds, 1)}
+
+
+def data_parallel(steps: int = 6) -> dict:
+    """`devices=N`: the same training under torchrun on every GPU must give one process's losses."""
+    n = torch.cuda.device_count()
+    if n < 2:
+        return {"skipped": f"{n} GPU: data parallel needs two or more"}
+    script = ("import json, os, torch\n"
+              "from nkb_model.train import TrainConfig, choose_device, train\n"
+              "from tests.nkb_model.test_train import batch_for_step, nkb_model\n"
+              "if 'LOCAL_RANK' in os.environ: torch.distributed.init_process_group('nccl')\n"
+              "d = choose_device('cuda')\n"
+              f"losses = train(nkb_model().to(d.device), batch_for_step, TrainConfig(steps={steps}, batch_size=4), d)\n"
+              "if 'LOCAL_RANK' not in os.environ or torch.distributed.get_rank() == 0:\n"
+              "    print('LOSSES', json.dumps(losses))\n")
+    worker = ROOT / "bench" / "results" / "ddp_worker.py"
+    worker.parent.mkdir(parents=True, exist_ok=True)
+    worker.write_text(script)
+
+    def losses(argv: list[str]) -> list:
+        out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        line = next((x for x in out.stdout.splitlines() if x.startswith("LOSSES ")), None)
+        if line is None:
+            raise RuntimeError(f"{' '.join(argv)}: {out.stderr[-500:]}")
+        return json.loads(line.removeprefix("LOSSES "))
+
+    one = losses([sys.executable, str(worker)])
+    many = losses([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", str(worker)])
+    close = all(abs(a[1] - b[1]) < 1e-3 * max(1.0, abs(a[1])) for a, b in zip(one, many))
+    return {"gpus": n, "same_losses": close and len(one) == len(many), "one": one, "data_parallel": many}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=10, help="timed training steps per measurement (after one "
+                                                              "warm-up)")
+    parser.add_argument("--batch", type=int, default=64, help="sequences per step (the paper's 256 is extrapolated)")
+    parser.add_argument("--home", default="bench/results/gpu", help="benchmark warehouse")
+    parser.add_argument("--skip-tests", action="store_true", help="leave out the CUDA tests")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench.gpu: skipped: no CUDA GPU on this machine (torch.cuda.is_available() is False)")
+        return 0
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from bench.inject import PEAK_BF16, T5_BASE, model_for, prepared, step_flops
+    from nkb_model.train import choose_device
+    device = choose_device("cuda")
+    name = torch.cuda.get_device_name(0)
+    peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
+    started = time.perf_counter()
+    result = {"benchmark": "gpu", "device": name, "gpus": torch.cuda.device_count(), "torch": torch.__version__,
+              "peak_bf16_flops": peak, "precision": "bf16 autocast (the stages' choice on CUDA)"}
+    result["tests"] = {"skipped": "--skip-tests"} if args.skip_tests else gpu_tests()
+
+    batch = args.batch
+    result["t5_base"] = {"model": "t5-base config, random weights, slots on decoder.-1 (3,072)",
+                         "batch": f"{batch} x (512 in + 16 out)",
+                         **measure(lambda v: model_for(T5_BASE, v, device),
+                                   lambda m, v: step_flops(m, v, batch, 512, 16), device, batch, 512, 16,
+                                   args.steps, peak)}
+    t5 = model_for(T5_BASE, "nkb", device)
+    result["t5_base"]["greedy"] = greedy_throughput(t5, device, 512, 32, 8)
+    del t5
+
+    def smollm2(variant: str) -> nn.Module:
+        torch.manual_seed(0)
+        return prepared(AutoModelForCausalLM.from_config(LlamaConfig(**SMOLLM2_135M)), variant, device)
+
+    result["smollm2_135m"] = {"model": "SmolLM2-135M config, random weights, slots on layers.-1",
+                              "batch": f"{batch} x (496 prompt + 16 target)",
+                              **measure(smollm2, lambda m, v: causal_step_flops(m, v, batch, 512), device,
+                                        batch, 496, 16, args.steps, peak)}
+    model = smollm2("nkb")
+    result["smollm2_135m"]["greedy"] = greedy_throughput(model, device, 512, 32, 8)
+    del model
+    result["data_parallel"] = data_parallel()
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    print(json.dumps(result, indent=1))
+
+    from warehouse import Warehouse, run_stage
+    flat = {f"{m}.{part}.{k}": v for m in ("t5_base", "smollm2_135m") for part in ("inject", "finetune", "greedy")
+            for k, v in result[m][part].items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    flat.update({f"{m}.paper_injection_hours": result[m]["paper_injection_hours"] for m in ("t5_base", "smollm2_135m")})
+    flat.update({f"tests.{k}": v for k, v in result["tests"].items() if isinstance(v, int)})
+
+    def body(run):
+        for metric, value in flat.items():
+            run.metric(f"bench.gpu.{metric}", value)
+    run_stage(Warehouse(args.home), "bench-gpu", {"steps": args.steps, "batch": batch}, "bench", body, force=True)
+    tests = result["tests"]
+    return 1 if tests.get("failed") or tests.get("error") or tests.get("returncode", 0) not in (0, 5) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
