@@ -43,6 +43,7 @@ def test_the_measurements_run_on_any_device():
     assert greedy_throughput(tiny_llama("nkb"), cpu, 4, 6, 3)["questions_per_s"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip without CUDA")
 def test_without_cuda_it_says_so_in_one_line_and_succeeds():
     out = subprocess.run([sys.executable, "-m", "bench.gpu"], capture_output=True, text=True, timeout=120)

@@ -206,6 +206,7 @@ def test_a_questions_rerun_after_another_file_replaced_the_split_rewrites_it(tmp
     assert query(wh, "SELECT count(*) AS n FROM questions").to_pylist() == [{"n": 2}]
 
 
+@pytest.mark.slow
 def test_interleaved_ingests_leave_exactly_the_last_committed_writers_rows(tmp_path, wh):
     """Property-style: random ingests, reruns and forced reruns of three files into one partition; after every
     step the partition holds exactly the rows of the file last committed (skipped or not)."""

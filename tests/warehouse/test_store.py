@@ -237,6 +237,7 @@ def test_a_published_file_appears_at_commit_and_the_scratch_folder_goes_with_the
     assert not any((plot.parent / ".staging").iterdir())
 
 
+@pytest.mark.slow
 def test_writers_wait_for_the_lock(tmp_path):
     wh = Warehouse(tmp_path / "wh")
     ready = tmp_path / "imported"
