@@ -144,6 +144,62 @@ def compare(build: Callable[[str], nn.Module], device: Device, batch: int, input
     return out
 
 
+def cached_vs_uncached(device: Device, batch: int, prompt_len: int, target_len: int, steps: int,
+                       layers: tuple[str, ...] = ("decoder.-2", "decoder.-1")) -> dict:
+    """Injection on a SmolLM2-135M-sized Llama (its config, random weights: the speed is the same) with slots on
+    `layers`, side by side: the uncached step (every block forward, the head on every position) and the cached one
+    (`nkb_model.prefix_cache`: the frozen blocks below the slots once per segment, then the tail alone). Both train
+    the same slots on the same sequences; tokens/s counts each sequence's tokens once a step in both."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from bench.gpu import SMOLLM2_135M
+    from nkb_model.prefix_cache import CachedTail, first_trainable_block, prefix_states
+    torch.manual_seed(0)
+    model = prepared(AutoModelForCausalLM.from_config(LlamaConfig(**SMOLLM2_135M)), "nkb", device, layers)
+    k = first_trainable_block(model)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (batch, prompt_len + target_len), generator=g).to(device.device)
+    mask = torch.ones_like(ids)
+    labels = torch.cat([torch.full_like(ids[:, :prompt_len], -100), ids[:, prompt_len:]], 1)
+    sync = torch.cuda.synchronize if device.device.type == "cuda" else (lambda: None)
+    sync()
+    t = time.perf_counter()
+    with device.autocast():
+        states = prefix_states(model, ids, mask, k).float()  # what the cache holds: once per segment
+    sync()
+    cache_s = time.perf_counter() - t
+    tail = CachedTail(model, k)
+    paths = {"uncached": (model, {"input_ids": ids, "attention_mask": mask, "labels": labels}),
+             "cached": (tail, {"inputs_embeds": states, "attention_mask": mask, "labels": labels})}
+    out = {"model": f"SmolLM2-135M config, slots on {', '.join(layers)} (blocks {k}.. of "
+                    f"{model.config.num_hidden_layers})", "batch": f"{batch} x ({prompt_len} + {target_len})"}
+    for name, (module, inputs) in paths.items():
+        optimizer = make_optimizer([p for p in module.parameters() if p.requires_grad],
+                                   TrainConfig(steps=steps, batch_size=batch))
+        times = []
+        for i in range(steps + 1):
+            sync()
+            t = time.perf_counter()
+            with device.autocast():
+                loss = module(**inputs).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sync()
+            if i:
+                times.append(time.perf_counter() - t)
+        step = sorted(times)[len(times) // 2]
+        out[name] = {"step_s": round(step, 4), "tokens_per_s": round(batch * (prompt_len + target_len) / step, 1)}
+    out["cache_s_per_segment"] = round(cache_s / batch, 5)
+    out["cached_over_uncached_tokens_per_s"] = round(out["cached"]["tokens_per_s"] / out["uncached"]["tokens_per_s"],
+                                                     2)
+    # With the cache's one pass per segment counted: the speed-up over `epochs` passes of injection over the data.
+    for epochs in (1, 10):
+        cost = epochs * out["cached"]["step_s"] + out["cache_s_per_segment"] * batch
+        out[f"speedup_with_cache_build_{epochs}_epochs"] = round(epochs * out["uncached"]["step_s"] / cost, 2)
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=5, help="timed steps per variant (after one warm-up)")
@@ -165,6 +221,7 @@ def main(argv=None) -> int:
                 "model": f"{args.size} {family}, slots on {', '.join(layers)}", "batch": "64 x (64 prompt + 8 target)",
                 **compare(lambda v: causal_model_for(family, args.size, 4100, v, cpu, layers), cpu, 64, 64, 8,
                           args.steps)}
+    result["cpu_smollm2_cached"] = cached_vs_uncached(cpu, 16, 56, 8, max(2, args.steps // 2))
     if torch.cuda.is_available():
         gpu = choose_device("cuda")
         name = torch.cuda.get_device_name(0)
@@ -180,10 +237,13 @@ def main(argv=None) -> int:
     print(json.dumps(result, indent=1))
 
     from warehouse import Warehouse, run_stage
-    places = [w for w in result if w.startswith(("cpu", "gpu")) and isinstance(result[w], dict)]
+    places = [w for w in result if w.startswith(("cpu", "gpu")) and isinstance(result[w], dict) and "nkb" in result[w]]
     flat = {f"{where}.{variant}.{k}": v for where in places
             for variant in ("nkb", "nkb-a") for k, v in result[where][variant].items() if isinstance(v, (int, float))}
     flat.update({f"{w}.nkb_over_nkb_a_step_time": result[w]["nkb_over_nkb_a_step_time"] for w in places})
+    cached = result["cpu_smollm2_cached"]
+    flat.update({f"cpu_smollm2_cached.{path}.{k}": v for path in ("cached", "uncached") for k, v in cached[path].items()})
+    flat.update({f"cpu_smollm2_cached.{k}": v for k, v in cached.items() if isinstance(v, (int, float))})
 
     def body(run):
         for metric, value in flat.items():

@@ -1,0 +1,148 @@
+"""Injection at the cost of the slots, not of the base (issue 38).
+
+With the base frozen, the blocks of a decoder-only model below the first one that holds trainable slots compute the
+same thing at every step: the hidden states entering that block depend on the tokens alone. They are computed once
+per segment (`SegmentCache`), and a training step runs only the blocks from there up, the final norm, and the
+output head at the positions the loss reads (`tail_loss`). A causal model's state at a position depends only on the
+tokens up to it, so a training sequence that is a prefix of its segment's tokens (the text before a span, then the
+span) reads its rows off the segment's cache exactly; one that is not (a span whose last token merged with the next
+character) is computed afresh. The loss is the uncached path's on the same batch (`tests/nkb_model/test_prefix_cache`).
+
+The model runs its own code on a shortened list of blocks (`only_blocks`): the first block must read the embeddings
+as they are, so families that scale them (Gemma) or add position embeddings to them (GPT-2) train through the whole
+model (`supports_cache`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nkb_model.causal import start_ids
+from nkb_model.mounting import block_stack, layout
+
+# The inner models whose blocks read `inputs_embeds` unchanged (the Llama-style table entries that do).
+PASS_THROUGH = {"LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model"}
+
+
+class _Stop(Exception):
+    """Raised by a hook to end a forward pass early, once the wanted states are in hand."""
+
+
+def supports_cache(model: nn.Module) -> bool:
+    return layout(model).family == "llama" and type(model.model).__name__ in PASS_THROUGH
+
+
+def first_trainable_block(model: nn.Module) -> int:
+    """The index of the lowest block with a parameter that trains (everything below it is frozen)."""
+    blocks = block_stack(model, "decoder")
+    for i, block in enumerate(blocks):
+        if any(p.requires_grad for p in block.parameters()):
+            return i
+    raise ValueError("no block has a parameter that trains")
+
+
+@contextlib.contextmanager
+def only_blocks(model: nn.Module, start: int, stop: int | None = None) -> Iterator[None]:
+    """While inside, the model's forward pass runs blocks[start:stop] alone (the list swapped, then put back)."""
+    inner = model.model
+    whole = inner.layers
+    inner.layers = nn.ModuleList(list(whole)[start:stop])
+    try:
+        yield
+    finally:
+        inner.layers = whole
+
+
+def prefix_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int) -> torch.Tensor:
+    """The hidden states entering block `k` (batch, seq, d_model), computed without gradients."""
+    captured = {}
+
+    def grab(module, args):
+        captured["states"] = args[0]
+        raise _Stop
+
+    handle = model.model.norm.register_forward_pre_hook(grab)
+    try:
+        with torch.no_grad(), only_blocks(model, 0, k), contextlib.suppress(_Stop):
+            model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    finally:
+        handle.remove()
+    return captured["states"]
+
+
+def tail_loss(model: nn.Module, states: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+              k: int) -> torch.Tensor:
+    """The causal LM loss of sequences whose states entering block `k` are `states`: blocks k.., the final norm,
+    and the output head at the positions whose next token is a label (the head's other rows would be discarded)."""
+    with only_blocks(model, k):
+        hidden = model.model(inputs_embeds=states, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    targets = labels[:, 1:]
+    where = targets != -100
+    logits = model.lm_head(hidden[:, :-1][where])
+    return F.cross_entropy(logits.float(), targets[where])
+
+
+class CachedTail(nn.Module):
+    """What the training loop calls: `forward(inputs_embeds, attention_mask, labels).loss` through the tail. Its
+    parameters are the model's (the slots train in place)."""
+
+    def __init__(self, model: nn.Module, k: int):
+        super().__init__()
+        self.model, self.k = model, k
+
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor):
+        return SimpleNamespace(loss=tail_loss(self.model, inputs_embeds, attention_mask, labels, self.k))
+
+
+class SegmentCache:
+    """For each segment: its token ids (the start token, then the text as running text) and the hidden states
+    entering block `k` at each of them, computed once, in batches of similar length, kept on the CPU in fp32."""
+
+    def __init__(self, model: nn.Module, tokenizer, texts: list[str], k: int, device: torch.device,
+                 batch_size: int = 16, max_len: int = 512, progress: Callable[[int], None] | None = None):
+        self.k, self.device = k, device
+        plain = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        self.ids = [(start_ids(tokenizer) + ids)[:max_len] for ids in plain]
+        self.states: list[torch.Tensor | None] = [None] * len(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(self.ids[i]))
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        for lo in range(0, len(order), batch_size):
+            rows = order[lo:lo + batch_size]
+            width = max(len(self.ids[r]) for r in rows)
+            ids = torch.full((len(rows), width), pad, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for j, r in enumerate(rows):
+                ids[j, :len(self.ids[r])] = torch.tensor(self.ids[r])
+                mask[j, :len(self.ids[r])] = 1
+            states = prefix_states(model, ids.to(device), mask.to(device), k).float().cpu()
+            for j, r in enumerate(rows):
+                self.states[r] = states[j, :len(self.ids[r])].clone()
+            if progress:
+                progress(len(rows))
+
+    def rows(self, segment: int, ids: list[int]) -> torch.Tensor | None:
+        """The cached states of a sequence that is a prefix of segment `segment`'s tokens, else None."""
+        known = self.ids[segment]
+        return self.states[segment][:len(ids)] if known[:len(ids)] == ids else None
+
+    def batch(self, model: nn.Module, batch: dict[str, torch.Tensor], segments: list[int]) -> dict[str, torch.Tensor]:
+        """A right-padded causal batch (`pad_causal`'s) with its input ids replaced by the states entering block k:
+        read off the cache, or computed for the rows that are no prefix of their segment."""
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        lengths = mask.sum(1).tolist()
+        found = [self.rows(s, ids[i, :n].tolist()) for i, (s, n) in enumerate(zip(segments, lengths))]
+        missing = [i for i, f in enumerate(found) if f is None]
+        if missing:
+            fresh = prefix_states(model, ids[missing].to(self.device), mask[missing].to(self.device), self.k).float()
+            for j, i in enumerate(missing):
+                found[i] = fresh[j, :lengths[i]].cpu()
+        states = torch.zeros(ids.shape[0], ids.shape[1], found[0].shape[-1])
+        for i, rows in enumerate(found):
+            states[i, :rows.shape[0]] = rows
+        return {"inputs_embeds": states, "attention_mask": mask, "labels": batch["labels"]}
