@@ -73,20 +73,25 @@ def time_steps(model, device: Device, batch: int, input_len: int, target_len: in
     inputs = {"input_ids": x, "labels": y}
     if not model.config.is_encoder_decoder:  # one sequence, the loss on the target's tokens
         inputs = {"input_ids": torch.cat([x, y], 1), "labels": torch.cat([torch.full_like(x, -100), y], 1)}
-    optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad],
-                               TrainConfig(steps=steps, batch_size=batch))
+    return median_step(model, inputs, device, steps)
+
+
+def median_step(module: nn.Module, inputs: dict, device: Device, steps: int) -> float:
+    """Median seconds of an optimizer step of `module(**inputs).loss` over its trainable parameters (after one
+    warm-up step)."""
+    optimizer = make_optimizer([p for p in module.parameters() if p.requires_grad],
+                               TrainConfig(steps=steps, batch_size=1))
+    sync = torch.cuda.synchronize if device.device.type == "cuda" else (lambda: None)
     times = []
     for i in range(steps + 1):
-        if device.device.type == "cuda":
-            torch.cuda.synchronize()
+        sync()
         t = time.perf_counter()
         with device.autocast():
-            loss = model(**inputs).loss
+            loss = module(**inputs).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if device.device.type == "cuda":
-            torch.cuda.synchronize()
+        sync()
         if i:
             times.append(time.perf_counter() - t)
     return sorted(times)[len(times) // 2]
@@ -174,21 +179,7 @@ def cached_vs_uncached(device: Device, batch: int, prompt_len: int, target_len: 
     out = {"model": f"SmolLM2-135M config, slots on {', '.join(layers)} (blocks {k}.. of "
                     f"{model.config.num_hidden_layers})", "batch": f"{batch} x ({prompt_len} + {target_len})"}
     for name, (module, inputs) in paths.items():
-        optimizer = make_optimizer([p for p in module.parameters() if p.requires_grad],
-                                   TrainConfig(steps=steps, batch_size=batch))
-        times = []
-        for i in range(steps + 1):
-            sync()
-            t = time.perf_counter()
-            with device.autocast():
-                loss = module(**inputs).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            sync()
-            if i:
-                times.append(time.perf_counter() - t)
-        step = sorted(times)[len(times) // 2]
+        step = median_step(module, inputs, device, steps)
         out[name] = {"step_s": round(step, 4), "tokens_per_s": round(batch * (prompt_len + target_len) / step, 1)}
     out["cache_s_per_segment"] = round(cache_s / batch, 5)
     out["cached_over_uncached_tokens_per_s"] = round(out["cached"]["tokens_per_s"] / out["uncached"]["tokens_per_s"],

@@ -12,20 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.cli import main
+from tests.flows.test_cli import home, run_cli  # noqa: F401 (the fixture)
 from warehouse import Warehouse
 
 ENDLESS = "SELECT count(*) FROM range(1000000000000) t(i) WHERE hash(i) = 42"
-
-
-@pytest.fixture
-def home(tmp_path):
-    return str(Warehouse(tmp_path / "wh").home)
-
-
-def run_cli(capsys, *argv):
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.slow
