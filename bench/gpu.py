@@ -29,11 +29,6 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-# SmolLM2-135M's shape (its config.json): Llama, 30 blocks, d_model 576, gated FFN 1,536, 9 heads of which 3 for keys
-# and values, tied embeddings, a 49,152-token vocabulary.
-SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                    num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192,
-                    rms_norm_eps=1e-5, rope_theta=100000.0)
 PAPER_STEPS, PAPER_BATCH = 30_000, 256  # the paper's injection: 30K steps at batch 256, 512 tokens
 
 
@@ -156,7 +151,7 @@ def main(argv=None) -> int:
 
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from bench.inject import PEAK_BF16, T5_BASE, model_for, prepared, step_flops
+    from bench.inject import PEAK_BF16, SMOLLM2_135M, T5_BASE, model_for, prepared, step_flops
     from nkb_model.train import choose_device
     device = choose_device("cuda")
     name = torch.cuda.get_device_name(0)

@@ -35,6 +35,11 @@ from nkb_model.train import Device, TrainConfig, choose_device, make_optimizer
 # More specific names first: an "H100 PCIe" also contains "H100".
 PEAK_BF16 = {"H200": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "A100": 312e12,
              "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
+# SmolLM2-135M's shape (its config.json): Llama, 30 blocks, d_model 576, gated FFN 1,536, 9 heads of which 3 for keys
+# and values, tied embeddings, a 49,152-token vocabulary.
+SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                    num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192,
+                    rms_norm_eps=1e-5, rope_theta=100000.0)
 T5_BASE = dict(d_model=768, d_ff=3072, num_layers=12, num_decoder_layers=12, num_heads=12, d_kv=64,
                feed_forward_proj="relu", vocab_size=32128)
 
@@ -157,7 +162,6 @@ def cached_vs_uncached(device: Device, batch: int, prompt_len: int, target_len: 
     the same slots on the same sequences; tokens/s counts each sequence's tokens once a step in both."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from bench.gpu import SMOLLM2_135M
     from nkb_model.prefix_cache import CachedTail, first_trainable_block, prefix_states
     torch.manual_seed(0)
     model = prepared(AutoModelForCausalLM.from_config(LlamaConfig(**SMOLLM2_135M)), "nkb", device, layers)

@@ -44,10 +44,14 @@ class PairBatches:
             self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(len(inputs))
         return (*self._ids, self._order)
 
-    def __call__(self, step: int) -> dict[str, torch.Tensor]:
+    def rows(self, step: int) -> np.ndarray:
+        """The indices of the epoch's examples that make up step `step`'s batch."""
         epoch, index = divmod(step, self.per_epoch)
-        enc_in, enc_out, order = self._encode(epoch)
-        rows = order[index * self.batch_size:(index + 1) * self.batch_size]
+        return self._encode(epoch)[2][index * self.batch_size:(index + 1) * self.batch_size]
+
+    def __call__(self, step: int) -> dict[str, torch.Tensor]:
+        enc_in, enc_out, _ = self._encode(step // self.per_epoch)
+        rows = self.rows(step)
         pairs = [(enc_in[r], enc_out[r]) for r in rows]
         if self.causal:
             from nkb_model.causal import pad_causal

@@ -25,6 +25,7 @@ from torch import nn
 
 from nkb_model.causal import start_ids
 from nkb_model.mounting import block_stack, layout
+from nkb_model.train import Device
 
 # The inner models whose blocks read `inputs_embeds` unchanged (the Llama-style table entries that do).
 PASS_THROUGH = {"LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model"}
@@ -89,22 +90,39 @@ def tail_loss(model: nn.Module, states: torch.Tensor, attention_mask: torch.Tens
 
 
 class CachedTail(nn.Module):
-    """What the training loop calls: `forward(inputs_embeds, attention_mask, labels).loss` through the tail. Its
-    parameters are the model's (the slots train in place)."""
+    """What the training loop calls: a batch of cached states (`inputs_embeds`) goes through the tail, any other
+    batch (injection's general-text steps) through the whole model. Its parameters are the model's (the slots
+    train in place)."""
 
     def __init__(self, model: nn.Module, k: int):
         super().__init__()
         self.model, self.k = model, k
 
-    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor):
-        return SimpleNamespace(loss=tail_loss(self.model, inputs_embeds, attention_mask, labels, self.k))
+    def forward(self, **batch):
+        if "inputs_embeds" not in batch:
+            return self.model(**batch)
+        return SimpleNamespace(loss=tail_loss(self.model, batch["inputs_embeds"], batch["attention_mask"],
+                                              batch["labels"], self.k))
+
+
+class CachedBatches:
+    """`batch(step)`: the pair batches' step with its sequences read off the segment cache. `segments_of(epoch)`
+    gives the segment index of each of the epoch's examples, in the pair batches' order."""
+
+    def __init__(self, pairs, segments_of: Callable[[int], list[int]], cache: "SegmentCache", model: nn.Module):
+        self.pairs, self.segments_of, self.cache, self.model = pairs, segments_of, cache, model
+        self.per_epoch = pairs.per_epoch
+
+    def __call__(self, step: int) -> dict[str, torch.Tensor]:
+        segments = self.segments_of(step // self.pairs.per_epoch)
+        return self.cache.batch(self.model, self.pairs(step), [segments[r] for r in self.pairs.rows(step)])
 
 
 class SegmentCache:
     """For each segment: its token ids (the start token, then the text as running text) and the hidden states
     entering block `k` at each of them, computed once, in batches of similar length, kept on the CPU in fp32."""
 
-    def __init__(self, model: nn.Module, tokenizer, texts: list[str], k: int, device: torch.device,
+    def __init__(self, model: nn.Module, tokenizer, texts: list[str], k: int, device: Device,
                  batch_size: int = 16, max_len: int = 512, progress: Callable[[int], None] | None = None):
         self.k, self.device = k, device
         plain = tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -120,7 +138,8 @@ class SegmentCache:
             for j, r in enumerate(rows):
                 ids[j, :len(self.ids[r])] = torch.tensor(self.ids[r])
                 mask[j, :len(self.ids[r])] = 1
-            states = prefix_states(model, ids.to(device), mask.to(device), k).float().cpu()
+            with device.autocast():  # the precision the uncached path computes these blocks in
+                states = prefix_states(model, ids.to(device.device), mask.to(device.device), k).float().cpu()
             for j, r in enumerate(rows):
                 self.states[r] = states[j, :len(self.ids[r])].clone()
             if progress:
@@ -139,7 +158,9 @@ class SegmentCache:
         found = [self.rows(s, ids[i, :n].tolist()) for i, (s, n) in enumerate(zip(segments, lengths))]
         missing = [i for i, f in enumerate(found) if f is None]
         if missing:
-            fresh = prefix_states(model, ids[missing].to(self.device), mask[missing].to(self.device), self.k).float()
+            with self.device.autocast():
+                fresh = prefix_states(model, ids[missing].to(self.device.device), mask[missing].to(self.device.device),
+                                      self.k).float()
             for j, i in enumerate(missing):
                 found[i] = fresh[j, :lengths[i]].cpu()
         states = torch.zeros(ids.shape[0], ids.shape[1], found[0].shape[-1])

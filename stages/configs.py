@@ -279,6 +279,7 @@ class BaseModelConfig(TrainingConfig):
 class InjectConfig(TrainingConfig):
     """Inject the salient-span-masked knowledge corpus into NKB slots mounted on a base model."""
     later_settings = frozenset({"start"})
+    volatile = TrainingConfig.volatile | {"cache"}
 
     base_model: str = Field("base", description="Model name from the base-model stage, or a Hugging Face T5 directory.")
     variant: Literal["nkb", "nkb-a"] = Field("nkb", description="nkb: only the slots train, the base is frozen; "
@@ -309,6 +310,10 @@ class InjectConfig(TrainingConfig):
     start: Literal["fresh", "previous"] = Field("fresh", description=(
         "fresh: new slots (zero values); previous: the slots of this name's newest injection from other knowledge "
         "(a knowledge refresh: an updated dump), fresh when there is none. The rest of the model is the base's."))
+    cache: bool = Field(True, description=(
+        "On a Llama-style decoder-only base with the base frozen (nkb): compute the blocks below the first slot "
+        "block once per segment and train the blocks from there up alone (the same losses, to rounding; "
+        "`nkb_model.prefix_cache`). false: every step runs the whole model."))
     seed: Seed = 0
 
     def model_name(self) -> str:

@@ -207,6 +207,21 @@ def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fals
     return run_stage(wh, "base-model", config.model_dump(), fp, body, force=force, still_valid=model_present)
 
 
+def cached_injection(model, tokenizer, segments, drawn, pairs, device):
+    """(what to train, its SSM batches) on the segment cache (`nkb_model.prefix_cache`), or the model and the plain
+    pair batches where the model's family cannot be served that way."""
+    from nkb_model.prefix_cache import CachedBatches, CachedTail, SegmentCache, first_trainable_block, supports_cache
+    if not supports_cache(model):
+        return model, pairs
+    k = first_trainable_block(model)
+    texts = segments.column("text").to_pylist()
+    index = {s: i for i, s in enumerate(segments.column("segment_id").to_pylist())}
+    with progress(desc=f"cache blocks 0-{k - 1}", unit=" seg", total=len(texts)) as bar:
+        cache = SegmentCache(model, tokenizer, texts, k, device, progress=bar.update)
+    return CachedTail(model, k), CachedBatches(
+        pairs, lambda epoch: [index[s] for s in drawn(epoch).column("segment_id").to_pylist()], cache, model)
+
+
 def pretraining_ssm_batches(wh: Warehouse, tokenizer, config: BaseModelConfig, max_input_len: int,
                             causal: bool = False):
     """SSM batches over the pretraining rows' sentences (salient-spans with source=pretraining found their
@@ -260,10 +275,13 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         model, tokenizer, _ = base.load()
         causal = is_causal(model)
 
+        @functools.lru_cache(maxsize=2)
+        def drawn(epoch: int):
+            return ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=config.skip_repeated_spans,
+                                causal=causal)
+
         def examples(epoch: int) -> tuple[list[str], list[str]]:
-            ex = ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=config.skip_repeated_spans,
-                              causal=causal)
-            return ex.column("input").to_pylist(), ex.column("target").to_pylist()
+            return drawn(epoch).column("input").to_pylist(), drawn(epoch).column("target").to_pylist()
 
         torch.manual_seed(config.seed)
         mount_nkb(model, NKBConfig(layers=config.layers, slots=config.slots))
@@ -282,6 +300,10 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
             model.train()
         ssm = batches = PairBatches(examples, tokenizer, config.batch_size, config.seed, config.max_input_len,
                                     causal=causal, target_eos=False)
+        trained = model
+        if config.cache and config.variant == "nkb" and causal:
+            trained, ssm = cached_injection(model, tokenizer, segments, drawn, ssm, device)
+            batches = ssm
         if config.general_share:
             from nkb_model.base_model import Interleaved
             batches = Interleaved(ssm, general_batches(wh, tokenizer, base.directory, config, causal),
@@ -291,7 +313,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         def bound_slots() -> None:
             for layer in slots:
                 layer.bound_to_ffn_scale(config.slot_scale)
-        losses = train(model, batches, config.train_config(config.steps), device, work_dir(target),
+        losses = train(trained, batches, config.train_config(config.steps), device, work_dir(target),
                        f"inject {name}", progress, after_step=bound_slots if config.slot_scale else None)
         for step, loss in losses:
             run.metric(loss_metric(batches, step, "ssm_loss", "general_loss"), loss, dataset=config.corpus,

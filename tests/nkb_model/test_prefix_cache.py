@@ -10,7 +10,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from corpus.ssm import ssm_examples
 from nkb_model.causal import encode_pairs, pad_causal
 from nkb_model.nkb import NKBConfig, mark_only_nkb_trainable, mount_nkb, nkb_parameters
-from nkb_model.prefix_cache import CachedTail, SegmentCache, first_trainable_block, supports_cache
+from nkb_model.prefix_cache import CachedBatches, CachedTail, SegmentCache, first_trainable_block, supports_cache
+from nkb_model.train import TrainConfig, choose_device, train
 from tests.nkb_model.test_causal import TEXTS, byte_level_bpe
 
 SHAPE = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -18,7 +19,7 @@ SHAPE = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_atte
 FAMILIES = {"llama": lambda v: LlamaForCausalLM(LlamaConfig(vocab_size=v, **SHAPE)),
             "qwen2": lambda v: Qwen2ForCausalLM(Qwen2Config(vocab_size=v, **SHAPE)),
             "mistral": lambda v: MistralForCausalLM(MistralConfig(vocab_size=v, **SHAPE))}
-CPU = torch.device("cpu")
+CPU = choose_device("cpu")
 
 
 def injected(family: str, vocab: int, layers: list[str]):
@@ -83,3 +84,30 @@ def test_a_row_that_is_no_prefix_of_its_segment_is_computed_afresh():
 def test_families_whose_first_block_does_not_read_the_embeddings_as_they_are_are_not_served():
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64))
     assert not supports_cache(model)
+
+
+def test_training_on_the_cache_follows_the_uncached_losses_step_by_step():
+    """The injection loop as the stage runs it: pair batches of the salient-span examples, redrawn each epoch."""
+    from nkb_model.batches import PairBatches
+    tokenizer = byte_level_bpe()
+    texts = TEXTS[:24]
+    segments = pa.table({"segment_id": [f"s{i}" for i in range(len(texts))], "text": texts})
+    spans = pa.table({"segment_id": [f"s{i}" for i in range(len(texts)) for _ in range(2)],
+                      "start_char": [p for t in texts for p in (t.index("city"), t.index("company"))],
+                      "end_char": [p for t in texts for p in (t.index("city") + 6, t.index("company") + 9)]})
+    examples = lambda epoch: ssm_examples(segments, spans, seed=0, epoch=epoch, causal=True)  # noqa: E731
+    pairs = lambda epoch: (examples(epoch).column("input").to_pylist(),  # noqa: E731
+                           examples(epoch).column("target").to_pylist())
+    config = TrainConfig(steps=6, batch_size=8, lr=3e-2, optimizer="adamw")
+    plain = injected("llama", len(tokenizer), ["decoder.-1"])
+    expected = train(plain, PairBatches(pairs, tokenizer, 8, causal=True, target_eos=False), config, CPU)
+    model = injected("llama", len(tokenizer), ["decoder.-1"])
+    cache = SegmentCache(model, tokenizer, texts, 3, CPU)
+    index = {s: i for i, s in enumerate(segments.column("segment_id").to_pylist())}
+    batches = CachedBatches(PairBatches(pairs, tokenizer, 8, causal=True, target_eos=False),
+                            lambda epoch: [index[s] for s in examples(epoch).column("segment_id").to_pylist()],
+                            cache, model)
+    got = train(CachedTail(model, 3), batches, config, CPU)
+    assert [s for s, _ in got] == [s for s, _ in expected] and len({round(l, 3) for _, l in expected}) > 1
+    for (_, a), (_, b) in zip(got, expected):
+        assert abs(a - b) < 1e-4, (got, expected)
