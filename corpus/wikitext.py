@@ -24,6 +24,56 @@ _MAGIC_WORD = re.compile(r"__[A-Z]+__")
 _INTERLANGUAGE = re.compile(r"^[a-z]{2,3}(-[a-z]+)?:")
 _SPACES = re.compile(r"[ \t\u00a0\u2009\u202f]+")
 _SPACE_BEFORE_PUNCT = re.compile(r" +([,.;:!?)])")
+# Cut before parsing, each in one linear scan: comments, footnotes and the other tags that are never prose, wiki
+# tables and media links. mwparserfromhell hands back what it cannot parse (a quote mark or a template inside a
+# footnote, an unclosed link in a table cell) as plain text, markup and all; and what is cut is not parsed at all.
+_COMMENT = re.compile(r"<!--.*?(-->|$)", re.S)
+_TAG_NAMES = "|".join(sorted(_DROPPED_TAGS))
+_DROPPED_ELEMENT = re.compile(rf"<({_TAG_NAMES})\b[^>]*?/\s*>|<({_TAG_NAMES})\b[^>]*>.*?</\2\s*>", re.S | re.I)
+_MEDIA_LINK = re.compile(r"\[\[\s*(?:file|image|media)\s*:", re.I)
+
+
+def _without_tables(text: str) -> str:
+    """The text less its wiki tables: lines from one starting `{|` to its matching `|}` (tables nest)."""
+    if "{|" not in text:
+        return text
+    kept, depth = [], 0
+    for line in text.split("\n"):
+        start = line.lstrip()
+        if start.startswith("{|"):
+            depth += 1
+        elif depth and start.startswith("|}"):
+            depth -= 1
+        elif not depth:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def _without_media_links(text: str) -> str:
+    """The text less its [[File:…]] and [[Image:…]] links, whose captions hold links of their own."""
+    out, pos = [], 0
+    for found in _MEDIA_LINK.finditer(text):
+        if found.start() < pos:
+            continue  # inside a media link already cut
+        out.append(text[pos:found.start()])
+        depth, i = 0, found.start()
+        while i < len(text) - 1:
+            pair = text[i:i + 2]
+            if pair == "[[":
+                depth, i = depth + 1, i + 2
+            elif pair == "]]":
+                depth, i = depth - 1, i + 2
+                if not depth:
+                    break
+            else:
+                i += 1
+        pos = i if not depth else len(text)
+    return "".join(out) + text[pos:]
+
+
+def cut_before_parsing(wikitext: str) -> str:
+    """Wikitext less its comments, footnotes and other non-prose tags, wiki tables and media links."""
+    return _without_media_links(_without_tables(_DROPPED_ELEMENT.sub("", _COMMENT.sub("", wikitext))))
 
 
 def _link_target(link: Wikilink) -> str:
@@ -65,7 +115,7 @@ def _render(code: mwp.wikicode.Wikicode | None) -> str:
 
 def wikitext_to_text(wikitext: str) -> str:
     """Plain text of one article's wikitext: one paragraph, heading or list item per line."""
-    return _tidy(_render(mwp.parse(wikitext)))
+    return _tidy(_render(mwp.parse(cut_before_parsing(wikitext))))
 
 
 def _tidy(text: str) -> str:
@@ -87,4 +137,4 @@ def is_disambiguation(wikitext: str, title: str) -> bool:
     return any(marker in lowered for marker in ("{{disambiguation", "{{disambig", "{{dab", "{{hndis", "{{geodis"))
 
 
-__all__ = ["wikitext_to_text", "is_disambiguation"]
+__all__ = ["wikitext_to_text", "cut_before_parsing", "is_disambiguation"]
