@@ -13,6 +13,10 @@ recorded as `metrics` rows of the ingest runs in the benchmark warehouse (`bench
 
     python -m bench.ingest [--mb 50] [--home DIR]
     python -m bench.ingest --dump enwiki-...-pages-articles1.xml-p1p41242.bz2 [--repeats 1,20,80]
+
+With --dump, WikiExtractor (the tool users would otherwise pick; a dev dependency) runs on each dump with as many
+processes as the ingest's wikitext workers, and both are reported side by side: pages/s, characters kept, pages
+and articles still holding markup, and the hours the English Wikipedia would take on 2 and on 64 cores.
 """
 
 from __future__ import annotations
@@ -120,6 +124,55 @@ def plain_loop(path: Path) -> dict:
     return {"pages": pages, "seconds": round(seconds, 1), "pages_per_s": round(pages / seconds, 1)}
 
 
+MARKUP = ("<ref", "{{", "[[", "|}")  # what clean text must not hold
+
+
+def _residue(title_texts) -> dict:
+    """Pages, characters kept, and the pages (and distinct articles, a repeated dump's copies counted once) whose
+    text still holds wiki markup."""
+    pages = chars = 0
+    marked = set()
+    for title, text in title_texts:
+        pages, chars = pages + 1, chars + len(text)
+        if any(m in text for m in MARKUP):
+            marked.add(title)
+    articles = {re.sub(r" \(\d+\)$", "", t) for t in marked}
+    return {"pages": pages, "characters": chars, "pages_with_markup": len(marked),
+            "articles_with_markup": len(articles)}
+
+
+def ours_kept(home: Path, corpus: str) -> dict:
+    import pyarrow.compute as pc
+
+    from warehouse import Warehouse
+    table = Warehouse(home).read("documents", ["title", "text"], filter=pc.field("corpus") == corpus)
+    return _residue(zip(table.column("title").to_pylist(), table.column("text").to_pylist()))
+
+
+def wikiextractor(dump: Path, processes: int, out: Path) -> dict | None:
+    """WikiExtractor (attardi/wikiextractor, `pip install wikiextractor`) on the same dump with as many processes,
+    as its users run it for plain text (`--no-templates --json`); None where it is not installed."""
+    import importlib.util
+    import shutil
+    if importlib.util.find_spec("wikiextractor") is None:
+        return None
+    shutil.rmtree(out, ignore_errors=True)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "wikiextractor.WikiExtractor", "--processes", str(processes),
+                    "--no-templates", "--json", "-q", "-o", str(out), str(dump)], check=True, capture_output=True)
+    seconds = time.perf_counter() - started
+    rows = (json.loads(line) for f in sorted(out.rglob("wiki_*")) for line in f.open(encoding="utf-8"))
+    kept = _residue((r["title"], r["text"]) for r in rows)
+    shutil.rmtree(out, ignore_errors=True)
+    return {"seconds": round(seconds, 1), "pages_per_s": round(kept["pages"] / seconds, 1), **kept}
+
+
+def hours(pages_per_s: float, cores: int, measured_on: int) -> float:
+    """The English Wikipedia's articles at this rate, scaled linearly from the cores measured on (an upper bound
+    on the speed-up: decompression and writing stay one process each)."""
+    return round(ENWIKI_ARTICLES / (pages_per_s * cores / measured_on) / 3600, 1)
+
+
 def ingest_in_child(home: Path, dump: Path, corpus: str, mb: float) -> dict:
     out = subprocess.run([sys.executable, "-c", _CHILD, str(home), str(dump), corpus],
                          capture_output=True, text=True, check=True, env={"NKB_PROGRESS": "0", **_env()})
@@ -152,6 +205,18 @@ def main(argv=None) -> int:
         gc.collect()
         print(f"made {dump} ({mb:.1f} MB uncompressed) in {time.perf_counter() - started:.0f} s", file=sys.stderr)
         results.append(ingest_in_child(home, dump, f"bench{factor}x", mb))
+        if args.dump:  # side by side with the tool users would otherwise pick, on the same file
+            cores = os.cpu_count() or 1
+            results[-1]["ours"] = ours_kept(home, f"bench{factor}x")
+            theirs = wikiextractor(dump, cores, home.parent / "wikiextractor-out")
+            results[-1]["wikiextractor"] = theirs or "not installed (pip install wikiextractor)"
+            if theirs:
+                results[-1]["ours_over_wikiextractor_pages_per_s"] = round(results[-1]["pages_per_s"]
+                                                                          / theirs["pages_per_s"], 2)
+            for who, rate in (("ours", results[-1]["pages_per_s"]), ("wikiextractor", (theirs or {}).get("pages_per_s"))):
+                if rate:
+                    results[-1][f"{who}_enwiki_hours"] = {"2_cores": hours(rate, 2, cores),
+                                                          "64_cores": hours(rate, 64, cores)}
         print(json.dumps(results[-1]), file=sys.stderr)
     summary = {"benchmark": "ingest", "source": str(args.dump or "sample world"), "cpus": os.cpu_count(),
                "results": results, "peak_rss_ratio_largest_over_smallest": _ratio(results[-1], results[0])}
@@ -189,6 +254,12 @@ def _record(home: Path, summary: dict) -> None:
                 run.metric(f"bench.ingest.{ratio}", summary[ratio])
         if "plain_mwparserfromhell_loop" in summary:
             run.metric("bench.ingest.plain_loop_pages_per_s", summary["plain_mwparserfromhell_loop"]["pages_per_s"])
+        for r in summary["results"]:
+            if isinstance(r.get("wikiextractor"), dict):
+                run.metric("bench.ingest.wikiextractor_pages_per_s", r["wikiextractor"]["pages_per_s"], dataset=r["dump"])
+                for who in ("ours", "wikiextractor"):
+                    run.metric(f"bench.ingest.{who}_articles_with_markup", r[who]["articles_with_markup"],
+                               dataset=r["dump"])
         return summary
 
     run_stage(wh, "bench-ingest", {"results": [r["run_id"] for r in summary["results"]]}, "bench", body, force=True)
