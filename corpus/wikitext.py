@@ -24,8 +24,8 @@ _MAGIC_WORD = re.compile(r"__[A-Z]+__")
 _INTERLANGUAGE = re.compile(r"^[a-z]{2,3}(-[a-z]+)?:")
 _SPACES = re.compile(r"[ \t\u00a0\u2009\u202f]+")
 _SPACE_BEFORE_PUNCT = re.compile(r" +([,.;:!?)])")
-# Cut before parsing, each in one linear scan: comments, footnotes and the other tags that are never prose, wiki
-# tables and media links. mwparserfromhell hands back what it cannot parse (a quote mark or a template inside a
+# Cut before parsing, each in one linear scan: comments, footnotes and the other tags that are never prose,
+# templates, wiki tables and media links. mwparserfromhell hands back what it cannot parse (a quote mark or a template inside a
 # footnote, an unclosed link in a table cell) as plain text, markup and all; and what is cut is not parsed at all.
 _COMMENT = re.compile(r"<!--.*?(-->|$)", re.S)
 _TAG_NAMES = "|".join(sorted(_DROPPED_TAGS))
@@ -47,6 +47,35 @@ def _without_tables(text: str) -> str:
         elif not depth:
             kept.append(line)
     return "\n".join(kept)
+
+
+def _without_templates(text: str) -> str:
+    """The text less its templates `{{…}}` (nested ones too): never prose here, and most of an article's parse. One
+    between quote marks becomes an empty comment, which renders as nothing but keeps `''{{lang|…}}''` an italic of
+    nothing rather than four quote marks."""
+    if "{{" not in text:
+        return text
+    out, depth, start, i = [], 0, 0, 0
+    while True:
+        opening, closing = text.find("{{", i), text.find("}}", i)
+        if opening < 0 and closing < 0:
+            break
+        if opening >= 0 and (closing < 0 or opening < closing):
+            if not depth:
+                out.append(text[start:opening])
+                begin = opening
+            depth, i = depth + 1, opening + 2
+        else:
+            if depth:
+                depth -= 1
+                if not depth:
+                    start = closing + 2
+                    if text[begin - 1:begin] == "'" or text[start:start + 1] == "'":
+                        out.append("<!---->")
+            i = closing + 2
+    if not depth:
+        out.append(text[start:])
+    return "".join(out)
 
 
 def _without_media_links(text: str) -> str:
@@ -72,8 +101,8 @@ def _without_media_links(text: str) -> str:
 
 
 def cut_before_parsing(wikitext: str) -> str:
-    """Wikitext less its comments, footnotes and other non-prose tags, wiki tables and media links."""
-    return _without_media_links(_without_tables(_DROPPED_ELEMENT.sub("", _COMMENT.sub("", wikitext))))
+    """Wikitext less its comments, footnotes and other non-prose tags, templates, wiki tables and media links."""
+    return _without_media_links(_without_tables(_without_templates(_DROPPED_ELEMENT.sub("", _COMMENT.sub("", wikitext)))))
 
 
 def _link_target(link: Wikilink) -> str:
