@@ -77,6 +77,7 @@ def test_causal_ssm_examples_recall_the_span_from_the_text_before_it():
     assert t5["input"] == "Ada Lovelace was born in <extra_id_0> in 1815."
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_a_tiny_decoder_only_model_learns_answers_and_stops_after_them(tokenizer, arch):
     model = new_causal(tokenizer, arch, "tiny").train()

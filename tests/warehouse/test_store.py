@@ -125,6 +125,7 @@ def test_failing_stage_leaves_tables_as_they_were(tmp_path):
     assert not list(wh.tables_dir.glob("*/.staging/*"))
 
 
+@pytest.mark.slow
 def test_killed_writer_leaves_previous_table_intact(tmp_path):
     wh = Warehouse(tmp_path / "wh")
     write_docs(wh)
