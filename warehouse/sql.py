@@ -132,7 +132,7 @@ def query(wh: Warehouse, sql: str, timeout: float | None = None) -> pa.Table:
             damaged = next(((path, why, rec) for path, why, rec in wh.check_files() if rec is not None), None)
             if damaged:
                 raise wh.damaged(*damaged) from None
-            raise exc
+            raise
 
 
 def _run_statements(con: duckdb.DuckDBPyConnection, statements: list[str]) -> pa.Table:
