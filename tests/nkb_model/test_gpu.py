@@ -59,6 +59,9 @@ def test_a_resumed_run_matches_an_uninterrupted_one_on_cuda(tmp_path):
 
 
 def test_the_export_equals_the_mounted_model_on_cuda(tmp_path):
+    """Merging is exact arithmetic, so it is checked in fp32 on the GPU. In bf16 the merged weight (W + slots in one
+    matmul) and the mounted model (two matmuls, summed) round differently: seen on an H200, one logit of 960 off by
+    0.023. There the check is bf16's own resolution: within 3 units in the last place of the logits' scale."""
     device = choose_device("cuda")
     model = tiny_t5("gated-gelu")
     mount_nkb(model, NKBConfig(layers=["decoder.-1", "encoder.0"], slots=20))
@@ -66,8 +69,13 @@ def test_the_export_equals_the_mounted_model_on_cuda(tmp_path):
     stock = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "export").eval().to(device.device)
     model = model.to(device.device)
     inputs = on_gpu(batch(), device)
-    with torch.no_grad(), device.autocast():
-        torch.testing.assert_close(stock(**inputs).logits, model(**inputs).logits, rtol=2e-2, atol=2e-2)
+    with torch.no_grad():
+        exact, merged = model(**inputs).logits, stock(**inputs).logits
+        torch.testing.assert_close(merged, exact, rtol=1e-4, atol=1e-4)
         generated = [m.generate(input_ids=inputs["input_ids"], max_new_tokens=6, do_sample=False)
                      for m in (model, stock)]
-    assert torch.equal(*generated)
+        assert torch.equal(*generated)
+        with device.autocast():
+            a, b = stock(**inputs).logits.float(), model(**inputs).logits.float()
+    ulp = 2.0 ** -7 * exact.abs().max().item()  # bf16 keeps 8 significant bits
+    assert (a - b).abs().max().item() <= 3 * ulp
