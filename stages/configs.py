@@ -378,6 +378,12 @@ class EvaluateConfig(ModelStageConfig):
     batch_size: int = Field(64, ge=1, description="Questions per generation batch.")
     max_new_tokens: Optional[int] = Field(None, ge=1, description="Longest output in tokens; default 24 for QA "
                                                                   "answers, 64 for generation tasks.")
+    shots: int = Field(0, ge=0, description=(
+        "Few-shot QA, as causal LMs are evaluated (no fine-tuning): each prompt holds this many solved questions of "
+        "the dataset's train split (lm-evaluation-harness's nq_open prompt), and the answer is the first line "
+        "written, up to a full stop or comma. Results go under the name `MODEL.Kshot`. 0: the question alone, as "
+        "a fine-tuned model is asked."))
+    shots_seed: Seed = Field(0, description="Seed that draws the few-shot examples (the same for every question).")
 
 
 class ReportConfig(ModelStageConfig):
@@ -391,8 +397,9 @@ class ReportConfig(ModelStageConfig):
     kformer: Optional[str] = Field("base.kformer", description="The base fine-tuned with Kformer (a fine-tuned model).")
     concat: Optional[str] = Field("base.concat", description="The base fine-tuned on questions with their retrieved "
                                                              "documents appended (a fine-tuned model).")
-    finetuned_suffix: str = Field(".qa", description="Each row's fine-tuned model is `MODEL` + this suffix (Kformer "
-                                                     "and concat name their fine-tuned model directly).")
+    finetuned_suffix: str = Field(".qa", description="Each row's evaluated model is `MODEL` + this suffix: `.qa` "
+                                                     "fine-tuned, `.Kshot` asked K-shot (Kformer and concat name "
+                                                     "their fine-tuned model directly).")
     split: Name = Field("validation", description="Split whose EM is reported.")
     generation_tasks: list[str] = Field(default_factory=lambda: ["summaries", "translation"],
                                         description="General-generation tasks whose scores of base, base+NKB and "

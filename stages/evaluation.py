@@ -1,9 +1,12 @@
 """The evaluate stage: a model's answers to a split's questions scored by exact match, or its outputs on a
-general-generation task scored by ROUGE-L or SacreBLEU."""
+general-generation task scored by ROUGE-L or SacreBLEU. A causal LM can be asked few-shot instead of fine-tuned
+(`shots`), as such models are evaluated."""
 
 from __future__ import annotations
 
 import time
+
+import pyarrow.compute as pc
 
 from stages.configs import EvaluateConfig
 from stages.inputs import (gen_examples, gen_inputs, gen_lineage, qa_inputs, questions_lineage, read_questions,
@@ -13,13 +16,20 @@ from warehouse import StagedRun, StageResult, Warehouse, fingerprint, run_stage
 
 
 def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> StageResult:
-    """QA: greedy answers for every question of the split, EM (SQuAD normalisation, max over gold answers).
-    A generation task: beam search, ROUGE-L (summarisation) or SacreBLEU (translation)."""
+    """QA: greedy answers for every question of the split, EM (SQuAD normalisation, max over gold answers);
+    with `shots`, each question after K solved ones of its dataset's train split. A generation task: beam search,
+    ROUGE-L (summarisation) or SacreBLEU (translation)."""
+    from nkb_model.fewshot import answer_of
     from nkb_model.generation import generate
     from nkb_model.metrics import bleu, exact_match, rouge_l
     from nkb_model.train import choose_device
     source = source_model(wh, config.model)
     name, task = source.name, config.task or source.info.get("task")
+    if config.shots and task:
+        raise ValueError(f"evaluate: shots ({config.shots}) asks questions few-shot; {config.model} is evaluated on "
+                         f"the generation task {task!r}")
+    if config.shots:
+        name = f"{name}.{config.shots}shot"
     if task:
         examples = gen_examples(wh, task, config.split)
         groups = [task]
@@ -30,6 +40,8 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
         lineage = questions_lineage(wh, groups, config.split)
         if source.info.get("knowledge", "none") != "none":
             lineage += retrievals_lineage(wh, groups)
+        if config.shots:
+            lineage += questions_lineage(wh, groups, "train")
     num_beams = config.num_beams or (4 if task else 1)
     max_new_tokens = config.max_new_tokens or (64 if task else 24)
     fp = fingerprint("evaluate", config.identity() | {"task": task}, source.lineage + lineage)
@@ -40,10 +52,15 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
         model, tokenizer, info = source.load(device)
         if task:
             texts, knowledge_ids = gen_inputs(examples), None
+        elif config.shots:
+            texts, knowledge_ids = fewshot_inputs(wh, examples, model, config), None
         else:
             texts, knowledge_ids = qa_inputs(wh, examples, tokenizer, info)
-        outputs = generate(model, tokenizer, texts, device, config.batch_size, info.get("max_input_len", 256),
-                           max_new_tokens, num_beams, knowledge_ids)
+        outputs = generate(model, tokenizer, texts, device, config.batch_size,
+                           None if config.shots else info.get("max_input_len", 256), max_new_tokens, num_beams,
+                           knowledge_ids)
+        if config.shots:
+            outputs = [answer_of(o) for o in outputs]
         if task:
             ids, ds = examples.column("example_id").to_pylist(), [task] * examples.num_rows
             references = examples.column("target").to_pylist()
@@ -63,8 +80,9 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
                 run.metric("em", scores[dataset], dataset=dataset, split=config.split)
         if source.directory.is_relative_to(wh.files_dir):  # this warehouse's model: its card gets the scores
             from stages.model_card import model_card
+            em = f"em {config.shots}-shot" if config.shots else "em"
             new_scores = {(task, config.split, metric): score for metric, score in scores.items()} if task else \
-                {(dataset, config.split, "em"): score for dataset, score in scores.items()}
+                {(dataset, config.split, em): score for dataset, score in scores.items()}
             card = model_card(wh, info, model_lineage(wh, info), new_scores=new_scores)
             run.publish_file(source.directory / "README.md", lambda path: path.write_text(card))
         run.write("predictions", f"{name}.{config.split}", {
@@ -75,3 +93,19 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
 
     return run_stage(wh, "evaluate", config.model_dump() | {"model_name": name, "task": task}, fp, body, force=force,
                      device=device.name)
+
+
+def fewshot_inputs(wh: Warehouse, examples, model, config: EvaluateConfig) -> list[str]:
+    """Each question's few-shot prompt: K solved questions of its own dataset's train split, drawn once."""
+    from nkb_model.fewshot import fewshot_prompt, pick_shots
+    if model.config.is_encoder_decoder:
+        raise ValueError(f"evaluate: shots is for decoder-only models; {config.model} is an encoder-decoder model, "
+                         "which is fine-tuned (finetune) and then asked with shots: 0")
+    datasets = examples.column("dataset").to_pylist()
+    pool = read_questions(wh, sorted(set(datasets)), "train")
+    shots = {}
+    for dataset in sorted(set(datasets)):
+        mine = pool.filter(pc.equal(pool.column("dataset"), dataset))
+        shots[dataset] = pick_shots(mine.column("question").to_pylist(), mine.column("answers").to_pylist(),
+                                    config.shots, config.shots_seed)
+    return [fewshot_prompt(shots[d], q) for d, q in zip(datasets, examples.column("question").to_pylist())]

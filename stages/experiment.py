@@ -54,7 +54,7 @@ OVERRIDABLE: dict[str, type[StageConfig]] = {
 # Fields the plan sets itself (which corpus, which model, which row): an override of them would break the rows.
 PLANNED = {"corpus", "source", "name", "model", "base_model", "variant", "task", "knowledge", "pretrain_corpus",
            "general_corpus", "transformer", "base", "nkb", "nkb_a", "large", "kformer", "concat",
-           "generation_tasks", "probes", "facts", "edits"}
+           "generation_tasks", "probes", "facts", "edits", "shots", "finetuned_suffix"}
 
 
 class ExperimentError(ValueError):
@@ -171,6 +171,10 @@ class Experiment(StageConfig):
         f"Settings of the stages: {', '.join(OVERRIDABLE)} (nkb-a: the base+NKB-a injection, over inject's; "
         "generation: fine-tuning on the generation tasks, over finetune's)."))
     device: DeviceChoice = Field("auto", description="The device of every model stage; auto leaves each its own.")
+    shots: int = Field(0, ge=0, description=(
+        "0: every QA row is fine-tuned on the train split, then asked (the paper's). K: a decoder-only base's rows "
+        "are asked few-shot instead, K solved train questions in each prompt and no fine-tuning, as LLMs are "
+        "evaluated (Kformer and concat stay fine-tuned)."))
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -353,7 +357,9 @@ class Experiment(StageConfig):
             steps.append(("inject", InjectConfig(**{**self._stage("inject", **inject).model_dump(), **nkb_a,
                                                    "variant": "nkb-a", "name": "base+nkb-a"})))
         for name in ("transformer", "base", "base+nkb", "base+nkb-a", "large"):
-            if name in rows:
+            if name in rows and self.shots:
+                steps.append(("evaluate", self._stage("evaluate", model=name, shots=self.shots)))
+            elif name in rows:
                 steps.append(("finetune", self._stage("finetune", model=name, name=f"{name}.qa")))
                 steps.append(("evaluate", self._stage("evaluate", model=f"{name}.qa")))
         tasks = list(dict.fromkeys(g.task for g in self.generation))
@@ -373,8 +379,9 @@ class Experiment(StageConfig):
                    "kformer": "base.kformer", "concat": "base.concat"}
         report = {field: name if (name.split(".")[-1] if name.startswith("base.") else name) in rows else None
                   for field, name in present.items()}
-        steps.append(("report", self._stage("report", **report, generation_tasks=tasks, probes=self.probes)))
-        if "base+nkb" in rows:  # what the slots hold, and editing them (the paper's sections 5 and 6)
+        asked = {"finetuned_suffix": f".{self.shots}shot"} if self.shots else {}
+        steps.append(("report", self._stage("report", **report, **asked, generation_tasks=tasks, probes=self.probes)))
+        if "base+nkb" in rows and not self.shots:  # what the slots hold, and editing them (sections 5 and 6)
             steps.append(("analyze", self._stage("analyze", model="base+nkb.qa", facts=self.facts)))
             steps.append(("surgery", self._stage("surgery", model="base+nkb.qa")))
             if self.edits:

