@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-INSTRUCTION = "Answer these questions:\n"
+INSTRUCTION = "Answer these questions:\n\n"
 STOPS = ("\n", ".", ",")  # where the answer ends, as the harness's nq_open cuts it
 
 

@@ -330,6 +330,10 @@ class FinetuneConfig(TrainingConfig):
     epochs: int = Field(30, ge=1, description="Passes over the training questions.")
     max_input_len: int = Field(256, ge=8, description="Input tokens (the paper: 256).")
     freeze_nkb: bool = Field(False, description="Keep the NKB slots fixed while fine-tuning the rest.")
+    train_blocks: Optional[int] = Field(None, ge=1, description=(
+        "Train only the top N blocks of the decoder (their slots included), everything else frozen: fine-tuning "
+        "a real model on a CPU at a fraction of the cost (the backward pass stops at block -N). null: every "
+        "parameter, as the paper fine-tunes."))
     answer_format: Literal["plain", "sentinel", "prompt"] = Field(
         "plain", description="plain: question → answer (the paper's); sentinel: the answer asked for like a masked "
                              "span (`… answer: <extra_id_0>` → `<extra_id_0> answer <extra_id_1>`); prompt: "

@@ -424,8 +424,9 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
             mount_kformer(model, KformerConfig(layers=config.kformer_layers, docs=config.knowledge_docs,
                                                doc_tokens=config.kformer_doc_tokens, rank_by_question=config.kformer_rank))
         model.to(device.device)
+        top = top_block_parameters(model, config.train_blocks)
         for param_name, param in model.named_parameters():
-            param.requires_grad = not (config.freeze_nkb and ".nkb_" in param_name)
+            param.requires_grad = not (config.freeze_nkb and ".nkb_" in param_name) and (top is None or param in top)
         model.train()
         if config.freeze_nkb:  # fixed slots also keep their weights' dropout off
             for layer in mounted_layers(model).values():
@@ -451,6 +452,17 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
 
     return run_stage(wh, "finetune", config.model_dump(), fp, body, force=force, device=device.name,
                      still_valid=model_present)
+
+
+def top_block_parameters(model, blocks: int | None):
+    """The parameters of the decoder's top `blocks` blocks (a set by identity), or None for every parameter."""
+    if blocks is None:
+        return None
+    from nkb_model.mounting import block_stack
+    stack = list(block_stack(model, "decoder"))
+    if blocks > len(stack):
+        raise ValueError(f"train_blocks={blocks} but the model's decoder has {len(stack)} blocks")
+    return {p for block in stack[-blocks:] for p in block.parameters()}
 
 
 def causal_answer_format(config: FinetuneConfig, model) -> str:

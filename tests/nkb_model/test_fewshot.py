@@ -11,11 +11,11 @@ ANSWERS = [[f"answer {i}", f"other {i}"] for i in range(10)]
 def test_the_prompt_is_the_harness_nq_open_one():
     prompt = fewshot_prompt([("who wrote hamlet", "Shakespeare"), ("capital of france?", "Paris")],
                             "where is the eiffel tower? ")
-    assert prompt == ("Answer these questions:\n"
+    assert prompt == ("Answer these questions:\n\n"
                       "Q: who wrote hamlet?\nA: Shakespeare\n"
                       "Q: capital of france?\nA: Paris\n"
                       "Q: where is the eiffel tower?\nA:")
-    assert fewshot_prompt([], "who wrote hamlet") == "Answer these questions:\nQ: who wrote hamlet?\nA:"
+    assert fewshot_prompt([], "who wrote hamlet") == "Answer these questions:\n\nQ: who wrote hamlet?\nA:"
 
 
 def test_shots_are_distinct_first_answers_drawn_the_same_way_for_a_seed():

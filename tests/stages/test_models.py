@@ -512,6 +512,18 @@ def test_a_decoder_only_model_is_asked_few_shot_without_fine_tuning_and_reported
     assert all(r["heldout_loss"] is not None for r in table)  # measured on the model asked, not on a fine-tuned one
 
 
+def test_fine_tuning_the_top_blocks_leaves_everything_below_as_it_was(world):
+    training.pretrain_base_model(world, TINY)
+    base = load_model(find_model(world, "base"))[0]
+    before, last = base.state_dict(), base.config.num_decoder_layers - 1
+    training.finetune(world, FinetuneConfig(model="base", name="base.top", epochs=1, batch_size=16, train_blocks=1))
+    after = load_model(find_model(world, "base.top"))[0].state_dict()
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    assert changed and all(n.startswith(f"decoder.block.{last}.") for n in changed)
+    with pytest.raises(ValueError, match=f"train_blocks=9 but the model's decoder has {last + 1} blocks"):
+        training.finetune(world, FinetuneConfig(model="base", name="base.top9", epochs=1, train_blocks=9))
+
+
 def test_a_copied_warehouse_finds_loads_and_exports_its_own_models(world, tmp_path):
     import shutil
     from nkb_model.checkpoint import hf_dir

@@ -1,0 +1,131 @@
+"""Few-shot QA EM side by side with EleutherAI's lm-evaluation-harness, on the same model, questions and examples.
+
+Our side is the evaluate stage itself (`shots: K`) on a warehouse's model. The harness (`lm-eval`, a dev
+dependency) runs its own `nq_open` task, as installed, pointed at local files: its prompt, stop strings, answer
+filter and exact-match settings are the task's own; only the data source changes, and its few-shot sampler is set
+to `first_n` over a training file that holds exactly the K examples our stage drew, so that both ask every question
+after the same examples. The model is the same object in memory (the harness's `HFLM` wraps it), NKB slots included.
+
+    python -m bench.fewshot --home WAREHOUSE --model base+nkb [--shots 5] [--split validation] [--limit 200]
+
+Prints both EMs, the agreement question by question and the first disagreements, and records `metrics` rows in
+the benchmark warehouse (`bench/results/fewshot` unless --results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+
+def harness_task(folder: Path, name: str, train: list[dict], questions: list[dict]) -> None:
+    """The installed `nq_open` task's settings, pointed at JSONL files in `folder` and sampling its first examples."""
+    import lm_eval
+    task = yaml.safe_load((Path(lm_eval.__file__).parent / "tasks" / "nq_open" / "nq_open.yaml").read_text())
+    for split, rows in (("train", train), ("validation", questions)):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task |= {"task": name, "dataset_path": "json", "fewshot_config": {"sampler": "first_n"},
+             "dataset_kwargs": {"data_files": {s: str(folder / f"{s}.jsonl") for s in ("train", "validation")}}}
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump(task, sort_keys=False))
+
+
+def harness_em(model, tokenizer, shots: list[tuple[str, str]], questions: list[dict], batch_size: int) -> dict:
+    """The harness's per-question exact match and its prompt for the first question."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+    with tempfile.TemporaryDirectory() as tmp:
+        harness_task(Path(tmp), "nkb_nq_open", [{"question": q, "answer": [a]} for q, a in shots], questions)
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, add_bos_token=True)
+        out = simple_evaluate(model=lm, tasks=["nkb_nq_open"], num_fewshot=len(shots), log_samples=True,
+                              task_manager=TaskManager(include_path=tmp), bootstrap_iters=0)
+    samples = sorted(out["samples"]["nkb_nq_open"], key=lambda s: s["doc_id"])
+    return {"em": [float(s["exact_match"]) for s in samples],
+            "answers": [s["filtered_resps"][0] for s in samples],
+            "prompt": samples[0]["arguments"][0][0]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--home", required=True, help="warehouse holding the model and the questions")
+    parser.add_argument("--model", default="base", help="a decoder-only model of that warehouse, by name")
+    parser.add_argument("--shots", type=int, default=5, help="solved examples in each prompt")
+    parser.add_argument("--split", default="validation", help="split asked")
+    parser.add_argument("--dataset", default=None, help="dataset asked (default: the split's only one)")
+    parser.add_argument("--limit", type=int, default=None, help="ask only the first N questions")
+    parser.add_argument("--batch-size", type=int, default=16, help="questions per generation batch, both sides")
+    parser.add_argument("--results", default="bench/results/fewshot", help="benchmark warehouse for the figures")
+    args = parser.parse_args(argv)
+
+    import pyarrow.compute as pc
+
+    from nkb_model.checkpoint import load_model
+    from nkb_model.fewshot import pick_shots
+    from stages.configs import EvaluateConfig
+    from stages.evaluation import evaluate
+    from stages.inputs import read_questions
+    from stages.models import find_model
+    from warehouse import Warehouse, run_stage
+
+    wh = Warehouse(args.home)
+    asked = read_questions(wh, [args.dataset] if args.dataset else None, args.split)
+    datasets = sorted(set(asked.column("dataset").to_pylist()))
+    if len(datasets) != 1:
+        parser.error(f"the split holds datasets {datasets}: choose one with --dataset")
+    if args.limit:
+        asked = asked.slice(0, args.limit)
+    pool = read_questions(wh, datasets, "train")
+    shots = pick_shots(pool.column("question").to_pylist(), pool.column("answers").to_pylist(), args.shots, 0)
+
+    started = time.perf_counter()
+    ours = evaluate(wh, EvaluateConfig(model=args.model, shots=args.shots, split=args.split, datasets=datasets,
+                                       batch_size=args.batch_size), force=True)
+    ours_s = time.perf_counter() - started
+    predictions = wh.read("predictions", ["question_id", "prediction", "exact_match"],
+                          partitions=[f"{ours.run.config['model_name']}.{args.split}"])
+    wanted = pc.is_in(predictions.column("question_id"), asked.column("question_id"))
+    predictions = predictions.filter(wanted).sort_by("question_id")
+
+    model, tokenizer, _ = load_model(find_model(wh, args.model))
+    # NQ-open's questions carry no question mark (the harness's template adds one); a sample-world question that
+    # does is given without it, so that both prompts end `…?` once, as ours does.
+    questions = [{"question": q.strip().rstrip("?").strip(), "answer": a}
+                 for q, a in zip(asked.column("question").to_pylist(), asked.column("answers").to_pylist())]
+    shots = [(q.strip().rstrip("?").strip(), a) for q, a in shots]
+    started = time.perf_counter()
+    theirs = harness_em(model.eval(), tokenizer, shots, questions, args.batch_size)
+    theirs_s = time.perf_counter() - started
+
+    mine = [float(x) for x in predictions.column("exact_match").to_pylist()]
+    answers = predictions.column("prediction").to_pylist()
+    differ = [i for i, (a, b) in enumerate(zip(mine, theirs["em"])) if a != b]
+    result = {"model": args.model, "shots": args.shots, "questions": len(mine), "dataset": datasets[0],
+              "em_ours": round(100 * sum(mine) / len(mine), 2),
+              "em_harness": round(100 * sum(theirs["em"]) / len(theirs["em"]), 2),
+              "same_answer": sum(a.strip() == b.strip() for a, b in zip(answers, theirs["answers"])),
+              "same_em": len(mine) - len(differ), "seconds_ours": round(ours_s, 1),
+              "seconds_harness": round(theirs_s, 1),
+              "disagreements": [{"question": questions[i]["question"], "ours": answers[i],
+                                 "harness": theirs["answers"][i], "gold": questions[i]["answer"]}
+                                for i in differ[:5]],
+              "harness_prompt": theirs["prompt"]}
+    result["em_difference"] = round(result["em_ours"] - result["em_harness"], 2)
+    print(json.dumps(result, indent=1, ensure_ascii=False))
+
+    def body(run):
+        for key in ("em_ours", "em_harness", "em_difference", "same_answer", "same_em", "seconds_ours",
+                    "seconds_harness"):
+            run.metric(f"bench.fewshot.{key}", result[key], dataset=datasets[0], split=args.split)
+    config = {"model": args.model, "shots": args.shots, "split": args.split, "limit": args.limit, "home": args.home}
+    run_stage(Warehouse(args.results), "bench-fewshot", config, "bench", body, force=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
