@@ -187,10 +187,12 @@ def cmd_pipeline(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from stages.experiment import FULL_DEMO, SAMPLE_WORLD, Experiment, decoder_only_demo
-    sets = (FULL_DEMO if args.full else []) + (decoder_only_demo(args.arch) if args.arch != "t5" else []) + (
+    from stages.experiment import FULL_DEMO, SAMPLE_WORLD, SAMPLE_WORLD_SMOLLM2, Experiment, decoder_only_demo
+    real = args.arch == "smollm2"
+    sets = (FULL_DEMO if args.full and not real else []) + (
+        decoder_only_demo(args.arch) if args.arch in ("llama", "gpt2") else []) + (
         args.set or []) + ([f"sample_world.people={args.people}"] if args.people else [])
-    return run_experiment(Experiment.load(SAMPLE_WORLD, sets), args)
+    return run_experiment(Experiment.load(SAMPLE_WORLD_SMOLLM2 if real else SAMPLE_WORLD, sets), args)
 
 
 def run_experiment(experiment, args) -> int:
@@ -507,9 +509,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--full", action="store_true", help="every row of the paper's Tables 3 and 4 (adds the "
                       "Transformer, larger-base, Kformer and concat rows to the default's base, base+NKB and "
                       "base+NKB-a, and NKB-a to the generation check; what the default built is reused)")
-    demo.add_argument("--arch", choices=["t5", "llama", "gpt2"], default="t5", help=(
+    demo.add_argument("--arch", choices=["t5", "llama", "gpt2", "smollm2"], default="t5", help=(
         "the base: a T5 (default), or a decoder-only Llama or GPT-2 of the same size and budget, with slots on "
-        "every block (no Kformer or concat rows: they are T5 baselines)"))
+        "every block (no Kformer or concat rows: they are T5 baselines); smollm2: the real pretrained "
+        "SmolLM2-135M-Instruct, asked few-shot (experiments/sample-world-smollm2.yaml)"))
     for p, func in ((pipe, cmd_pipeline), (demo, cmd_demo)):
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help=experiment_help)
         p.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")

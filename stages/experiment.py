@@ -31,6 +31,7 @@ from stages.configs import (AnalyzeConfig, BaseModelConfig, DeviceChoice, Evalua
                             SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig, EditConfig, is_list)
 
 SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-world.yaml"  # what `nkb demo` runs
+SAMPLE_WORLD_SMOLLM2 = SAMPLE_WORLD.with_name("sample-world-smollm2.yaml")  # `nkb demo --arch smollm2`
 ROWS: tuple[Row, ...] = ("transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat")
 BUILT_ROWS = {"transformer", "large"}  # rows that only a base built here has
 # What `nkb demo --full` sets over the sample world's file: every row of the paper's Tables 3 and 4 that applies

