@@ -66,9 +66,8 @@ def main(argv=None) -> int:
     import pyarrow.compute as pc
 
     from nkb_model.checkpoint import load_model
-    from nkb_model.fewshot import pick_shots
     from stages.configs import EvaluateConfig
-    from stages.evaluation import evaluate
+    from stages.evaluation import dataset_shots, evaluate
     from stages.inputs import read_questions
     from stages.models import find_model
     from warehouse import Warehouse, run_stage
@@ -80,8 +79,7 @@ def main(argv=None) -> int:
         parser.error(f"the split holds datasets {datasets}: choose one with --dataset")
     if args.limit:
         asked = asked.slice(0, args.limit)
-    pool = read_questions(wh, datasets, "train")
-    shots = pick_shots(pool.column("question").to_pylist(), pool.column("answers").to_pylist(), args.shots, 0)
+    shots = dataset_shots(wh, datasets, args.shots, EvaluateConfig.model_fields["shots_seed"].default)[datasets[0]]
 
     started = time.perf_counter()
     ours = evaluate(wh, EvaluateConfig(model=args.model, shots=args.shots, split=args.split, datasets=datasets,

@@ -97,15 +97,21 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
 
 def fewshot_inputs(wh: Warehouse, examples, model, config: EvaluateConfig) -> list[str]:
     """Each question's few-shot prompt: K solved questions of its own dataset's train split, drawn once."""
-    from nkb_model.fewshot import fewshot_prompt, pick_shots
+    from nkb_model.fewshot import fewshot_prompt
     if model.config.is_encoder_decoder:
         raise ValueError(f"evaluate: shots is for decoder-only models; {config.model} is an encoder-decoder model, "
                          "which is fine-tuned (finetune) and then asked with shots: 0")
     datasets = examples.column("dataset").to_pylist()
-    pool = read_questions(wh, sorted(set(datasets)), "train")
-    shots = {}
-    for dataset in sorted(set(datasets)):
-        mine = pool.filter(pc.equal(pool.column("dataset"), dataset))
-        shots[dataset] = pick_shots(mine.column("question").to_pylist(), mine.column("answers").to_pylist(),
-                                    config.shots, config.shots_seed)
+    shots = dataset_shots(wh, sorted(set(datasets)), config.shots, config.shots_seed)
     return [fewshot_prompt(shots[d], q) for d, q in zip(datasets, examples.column("question").to_pylist())]
+
+
+def dataset_shots(wh: Warehouse, datasets: list[str], k: int, seed: int) -> dict[str, list[tuple[str, str]]]:
+    """The K (question, answer) examples each dataset's questions are asked after, from its train split."""
+    from nkb_model.fewshot import pick_shots
+    pool = read_questions(wh, datasets, "train")
+    shots = {}
+    for dataset in datasets:
+        mine = pool.filter(pc.equal(pool.column("dataset"), dataset))
+        shots[dataset] = pick_shots(mine.column("question").to_pylist(), mine.column("answers").to_pylist(), k, seed)
+    return shots
