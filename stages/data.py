@@ -214,23 +214,27 @@ def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> Stag
 
 
 def index_files(directory: Path) -> dict[str, list]:
-    """[size, SHA-256] of each file Lucene wrote: what `index_problem` checks the index against."""
-    return {f.name: [f.stat().st_size, file_digest(f)] for f in sorted(directory.iterdir()) if f.is_file()}
+    """[size, SHA-256, modification time] of each file Lucene wrote: what `index_problem` checks the index against."""
+    return {f.name: [f.stat().st_size, file_digest(f), f.stat().st_mtime_ns]
+            for f in sorted(directory.iterdir()) if f.is_file()}
 
 
 def index_problem(directory: Path) -> str | None:
-    """What is wrong with a built index's files, checked against the digests recorded when it was built (before
-    Lucene opens it, whose own error would be a Java stack trace), or None. Indexes built before the digests were
-    recorded are only checked for their metadata."""
+    """What is wrong with a built index's files, checked against what was recorded when it was built (before
+    Lucene opens it, whose own error would be a Java stack trace), or None. A file with its recorded size and
+    modification time is taken as written; any other is hashed, so that a whole-Wikipedia index is not read through
+    at every skip check and retrieval (a write that damages a file moves its time; a copied index is hashed once
+    per check). Indexes built before the digests were recorded are only checked for their metadata."""
     meta_path = directory / INDEX_META
     if not meta_path.exists():
         return "it is missing or incomplete"
     recorded = json.loads(meta_path.read_text()).get("files", {})
-    for name, (size, digest) in recorded.items():
+    for name, (size, digest, *mtime) in recorded.items():
         path = directory / name
         if not path.exists():
             return f"its file {name} is missing"
-        if path.stat().st_size != size or file_digest(path) != digest:
+        stat = path.stat()
+        if stat.st_size != size or ([stat.st_mtime_ns] != mtime and file_digest(path) != digest):
             return f"its file {name} differs from what was built"
     return None
 

@@ -281,7 +281,8 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
                                 causal=causal)
 
         def examples(epoch: int) -> tuple[list[str], list[str]]:
-            return drawn(epoch).column("input").to_pylist(), drawn(epoch).column("target").to_pylist()
+            ex = drawn(epoch)
+            return ex.column("input").to_pylist(), ex.column("target").to_pylist()
 
         torch.manual_seed(config.seed)
         mount_nkb(model, NKBConfig(layers=config.layers, slots=config.slots))
