@@ -68,13 +68,14 @@ def causal_step_flops(model: nn.Module, variant: str, batch: int, seq: int) -> i
 
 
 def measure(build, flops, device, batch: int, prompt: int, target: int, steps: int, peak: float | None,
-            compile: bool = False) -> dict:
+            compile: bool = False, hold: bool = True) -> dict:
     """Injection (nkb) and fine-tuning (every parameter, as nkb-a trains) steps of `build(variant)`; with `compile`,
-    through `torch.compile` (its compilation happens in the untimed warm-up step)."""
+    through `torch.compile` (its compilation happens in the untimed warm-up step); with `hold`, the frozen base
+    stored in bf16 as the inject stage holds it (`Device.hold`)."""
     from bench.inject import time_steps
     out = {}
     for name, variant in (("inject", "nkb"), ("finetune", "nkb-a")):
-        model = build(variant)
+        model = device.hold(build(variant)) if hold else build(variant)
         cuda = device.device.type == "cuda"
         if cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -150,6 +151,8 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-tests", action="store_true", help="leave out the CUDA tests")
     parser.add_argument("--only", choices=("t5_base", "smollm2_135m"), help="measure one model only")
     parser.add_argument("--compile", action="store_true", help="time the training steps through torch.compile")
+    parser.add_argument("--frozen-fp32", action="store_true", help="keep the frozen base in fp32 under bf16 autocast "
+                                                                   "(before: the inject stage holds it in bf16)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench.gpu: skipped: no CUDA GPU on this machine (torch.cuda.is_available() is False)")
@@ -171,9 +174,10 @@ def main(argv=None) -> int:
     if args.only in (None, "t5_base"):
         result["t5_base"] = {"model": "t5-base config, random weights, slots on decoder.-1 (3,072)",
                              "batch": f"{batch} x (512 in + 16 out)", "compiled": args.compile,
+                             "frozen_base": "fp32" if args.frozen_fp32 else "bf16",
                              **measure(lambda v: model_for(T5_BASE, v, device),
                                        lambda m, v: step_flops(m, v, batch, 512, 16), device, batch, 512, 16,
-                                       args.steps, peak, args.compile)}
+                                       args.steps, peak, args.compile, not args.frozen_fp32)}
         t5 = model_for(T5_BASE, "nkb", device)
         result["t5_base"]["greedy"] = greedy_throughput(t5, device, 512, 32, 8)
         del t5
@@ -185,8 +189,9 @@ def main(argv=None) -> int:
     if args.only in (None, "smollm2_135m"):
         result["smollm2_135m"] = {"model": "SmolLM2-135M config, random weights, slots on layers.-1",
                                   "batch": f"{batch} x (496 prompt + 16 target)", "compiled": args.compile,
+                                  "frozen_base": "fp32" if args.frozen_fp32 else "bf16",
                                   **measure(smollm2, lambda m, v: causal_step_flops(m, v, batch, 512), device,
-                                            batch, 496, 16, args.steps, peak, args.compile)}
+                                            batch, 496, 16, args.steps, peak, args.compile, not args.frozen_fp32)}
         model = smollm2("nkb")
         result["smollm2_135m"]["greedy"] = greedy_throughput(model, device, 512, 32, 8)
         del model
@@ -204,7 +209,8 @@ def main(argv=None) -> int:
     def body(run):
         for metric, value in flat.items():
             run.metric(f"bench.gpu.{metric}", value)
-    config = {"steps": args.steps, "batch": batch, "only": args.only, "compile": args.compile}
+    config = {"steps": args.steps, "batch": batch, "only": args.only, "compile": args.compile,
+              "frozen_fp32": args.frozen_fp32}
     run_stage(Warehouse(args.home), "bench-gpu", config, "bench", body, force=True)
     tests = result["tests"]
     return 1 if tests.get("failed") or tests.get("error") or tests.get("returncode", 0) not in (0, 5) else 0

@@ -52,6 +52,9 @@ LearningRate = Annotated[float, Field(gt=0, description="Learning rate after war
 WarmupSteps = Annotated[int, Field(ge=0, description="Linear warm-up steps.")]
 LrDecay = Annotated[bool, Field(description="After warm-up, decay the learning rate linearly to zero at the last "
                                             "step instead of keeping it constant.")]
+Compile = Annotated[bool, Field(description="Run the training steps through torch.compile: on a GPU about 1.7x "
+                                            "faster steps after a minute of compiling (docs/results.md); on a CPU "
+                                            "rarely worth it.")]
 Seed = Annotated[int, Field(description="Seed for initialisation, data order and masking.")]
 
 
@@ -79,7 +82,7 @@ class ModelStageConfig(StageConfig):
 
 class TrainingConfig(ModelStageConfig):
     """A stage that trains: the training loop's settings."""
-    volatile = frozenset({"device", "devices", "micro_batch_size"})
+    volatile = frozenset({"device", "devices", "micro_batch_size", "compile"})
 
     batch_size: BatchSize = 32
     micro_batch_size: MicroBatchSize = None
@@ -88,13 +91,14 @@ class TrainingConfig(ModelStageConfig):
     warmup_steps: WarmupSteps = 0
     lr_decay: LrDecay = False
     devices: Devices = 1
+    compile: Compile = False
 
     def train_config(self, steps: int, batch_size: int | None = None):
         """The training loop's settings for `steps` steps (batch_size: a smaller batch than configured)."""
         from nkb_model.train import TrainConfig
         return TrainConfig(steps=steps, batch_size=batch_size or self.batch_size,
                            micro_batch_size=self.micro_batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
-                           decay=self.lr_decay, optimizer=self.optimizer)
+                           decay=self.lr_decay, optimizer=self.optimizer, compile=self.compile)
 
 
 # ---- data stages ---------------------------------------------------------------------------------

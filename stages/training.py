@@ -288,7 +288,6 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         mount_nkb(model, NKBConfig(layers=config.layers, slots=config.slots))
         if previous:
             load_nkb_weights(model, previous.directory / "nkb")
-        model.to(device.device)
         if config.variant == "nkb":
             trainable = mark_only_nkb_trainable(model)
             model.eval()  # frozen parts run without dropout
@@ -299,6 +298,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
                 p.requires_grad = True
             trainable = sum(p.numel() for p in model.parameters())
             model.train()
+        device.hold(model)  # only the slots are saved: a frozen base may be held in bf16
         ssm = batches = PairBatches(examples, tokenizer, config.batch_size, config.seed, config.max_input_len,
                                     causal=causal, target_eos=False)
         trained = model

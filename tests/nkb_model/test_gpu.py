@@ -79,3 +79,13 @@ def test_the_export_equals_the_mounted_model_on_cuda(tmp_path):
             a, b = stock(**inputs).logits.float(), model(**inputs).logits.float()
     ulp = 2.0 ** -7 * exact.abs().max().item()  # bf16 keeps 8 significant bits
     assert (a - b).abs().max().item() <= 3 * ulp
+
+
+def test_compiled_steps_on_a_bf16_held_base_follow_the_eager_fp32_ones_on_cuda():
+    device = choose_device("cuda")
+    config = TrainConfig(steps=4, batch_size=4, lr=1e-2)
+    eager = train(nkb_model().to(device.device), batch_for_step, config, device)
+    held = device.hold(nkb_model())
+    compiled = train(held, batch_for_step, TrainConfig(**{**config.__dict__, "compile": True}), device)
+    assert all(abs(a - b) < 0.02 * abs(a) for (_, a), (_, b) in zip(eager, compiled))
+    assert all(p.dtype == torch.float32 for p in held.parameters() if p.requires_grad)

@@ -85,3 +85,28 @@ def test_the_progress_bar_redraws_about_once_a_second_not_every_step(monkeypatch
     draws = [d for d in capsys.readouterr().err.split("\r") if d.startswith("bar:")]
     assert "200/200" in draws[-1] and "loss=" in draws[-1] and "tok_s=" in draws[-1]
     assert len(draws) < steps // 4
+
+
+def test_a_frozen_base_held_in_bf16_trains_only_the_fp32_slots():
+    device = Device(torch.device("cpu"), torch.bfloat16)   # what choose_device gives on a GPU, here on the CPU
+    full, held = nkb_model(), nkb_model()
+    base = {n: p.detach().clone() for n, p in held.named_parameters() if not p.requires_grad}
+    device.hold(held)
+    assert all(p.dtype == (torch.float32 if p.requires_grad else torch.bfloat16) for p in held.parameters())
+    config = TrainConfig(steps=3, batch_size=4, lr=1e-2, optimizer="adamw")
+    reference = train(full, batch_for_step, config, device)
+    losses = train(held, batch_for_step, config, device)
+    # the same training within bf16's rounding of the base's weights
+    assert all(abs(a - b) < 0.02 * abs(a) for (_, a), (_, b) in zip(reference, losses))
+    frozen = dict(held.named_parameters())
+    assert all(torch.equal(frozen[n], w.to(torch.bfloat16)) for n, w in base.items())
+
+
+@pytest.mark.slow
+def test_compiled_steps_give_the_eager_losses():
+    device = choose_device("cpu")
+    config = TrainConfig(steps=3, batch_size=4, lr=1e-2, optimizer="adamw")
+    eager = train(nkb_model(), batch_for_step, config, device)
+    compiled = train(nkb_model(), batch_for_step, TrainConfig(**{**config.__dict__, "compile": True}), device)
+    assert [s for s, _ in compiled] == [1, 2, 3]
+    assert all(abs(a - b) < 1e-4 * max(1.0, abs(a)) for (_, a), (_, b) in zip(eager, compiled))
