@@ -68,7 +68,7 @@ def causal_step_flops(model: nn.Module, variant: str, batch: int, seq: int) -> i
 
 
 def measure(build, flops, device, batch: int, prompt: int, target: int, steps: int, peak: float | None,
-            compile: bool = False, hold: bool = True) -> dict:
+            compile: bool = False, hold: bool = True, mode: str | None = None) -> dict:
     """Injection (nkb) and fine-tuning (every parameter, as nkb-a trains) steps of `build(variant)`; with `compile`,
     through `torch.compile` (its compilation happens in the untimed warm-up step); with `hold`, the frozen base
     stored in bf16 as the inject stage holds it (`Device.hold`)."""
@@ -80,12 +80,13 @@ def measure(build, flops, device, batch: int, prompt: int, target: int, steps: i
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         step_flops = flops(model, variant)
-        seconds = time_steps(torch.compile(model) if compile else model, device, batch, prompt, target, steps)
+        seconds = time_steps(torch.compile(model, mode=mode) if compile else model, device, batch, prompt, target, steps)
         out[name] = {"step_s": round(seconds, 4), "tokens_per_s": round(batch * (prompt + target) / seconds),
                      "tflops_per_s": round(step_flops / seconds / 1e12, 3),
                      "mfu": round(step_flops / seconds / peak, 4) if peak else None,
                      "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
                      "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+        print(f"bench.gpu: {name}: {out[name]}", file=sys.stderr, flush=True)  # kept if a later part times out
         del model
         if cuda:
             torch.cuda.empty_cache()
@@ -151,6 +152,8 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-tests", action="store_true", help="leave out the CUDA tests")
     parser.add_argument("--only", choices=("t5_base", "smollm2_135m"), help="measure one model only")
     parser.add_argument("--compile", action="store_true", help="time the training steps through torch.compile")
+    parser.add_argument("--mode", choices=("default", "max-autotune-no-cudagraphs", "reduce-overhead"),
+                        help="torch.compile's mode, with --compile")
     parser.add_argument("--frozen-fp32", action="store_true", help="keep the frozen base in fp32 under bf16 autocast "
                                                                    "(before: the inject stage holds it in bf16)")
     args = parser.parse_args(argv)
@@ -177,7 +180,7 @@ def main(argv=None) -> int:
                              "frozen_base": "fp32" if args.frozen_fp32 else "bf16",
                              **measure(lambda v: model_for(T5_BASE, v, device),
                                        lambda m, v: step_flops(m, v, batch, 512, 16), device, batch, 512, 16,
-                                       args.steps, peak, args.compile, not args.frozen_fp32)}
+                                       args.steps, peak, args.compile, not args.frozen_fp32, args.mode)}
         t5 = model_for(T5_BASE, "nkb", device)
         result["t5_base"]["greedy"] = greedy_throughput(t5, device, 512, 32, 8)
         del t5
@@ -191,7 +194,7 @@ def main(argv=None) -> int:
                                   "batch": f"{batch} x (496 prompt + 16 target)", "compiled": args.compile,
                                   "frozen_base": "fp32" if args.frozen_fp32 else "bf16",
                                   **measure(smollm2, lambda m, v: causal_step_flops(m, v, batch, 512), device,
-                                            batch, 496, 16, args.steps, peak, args.compile, not args.frozen_fp32)}
+                                            batch, 496, 16, args.steps, peak, args.compile, not args.frozen_fp32, args.mode)}
         model = smollm2("nkb")
         result["smollm2_135m"]["greedy"] = greedy_throughput(model, device, 512, 32, 8)
         del model
@@ -210,7 +213,7 @@ def main(argv=None) -> int:
         for metric, value in flat.items():
             run.metric(f"bench.gpu.{metric}", value)
     config = {"steps": args.steps, "batch": batch, "only": args.only, "compile": args.compile,
-              "frozen_fp32": args.frozen_fp32}
+              "frozen_fp32": args.frozen_fp32, "mode": args.mode}
     run_stage(Warehouse(args.home), "bench-gpu", config, "bench", body, force=True)
     tests = result["tests"]
     return 1 if tests.get("failed") or tests.get("error") or tests.get("returncode", 0) not in (0, 5) else 0
