@@ -71,3 +71,63 @@ def test_markup_mwparserfromhell_leaves_unparsed_is_cut_before_parsing(name):
     text = wikitext_to_text(wikitext)
     assert text == expected
     assert not any(mark in text for mark in ("<ref", "{{", "[[", "|}", "<!--"))
+
+
+# ---- the token renderer renders as mwparserfromhell's tree would -------------------------------------------------
+
+def tree_text(wikitext: str) -> str:
+    """The reference: mwparserfromhell's node tree, rendered node by node (as the reader did before it rendered the
+    token stream without building the tree)."""
+    import mwparserfromhell as mwp
+    from mwparserfromhell.nodes import ExternalLink, Heading, HTMLEntity, Tag, Text, Wikilink
+
+    from corpus.wikitext import _DROPPED_TAGS, _LINE_BREAK_TAGS, _LIST_MARKERS, _is_dropped_link
+
+    def render(code) -> str:
+        out = []
+        for node in code.nodes if code is not None else []:
+            if isinstance(node, Text):
+                out.append(node.value)
+            elif isinstance(node, Wikilink) and not _is_dropped_link(str(node.title)):
+                out.append(render(node.text) if node.text is not None else str(node.title).strip().lstrip(":"))
+            elif isinstance(node, ExternalLink):
+                out.append(render(node.title) if node.title is not None else "")
+            elif isinstance(node, Tag):
+                tag = str(node.tag).strip().lower()
+                if tag in _LINE_BREAK_TAGS:
+                    out.append("\n")
+                elif tag not in _DROPPED_TAGS and tag not in _LIST_MARKERS:
+                    out.append(render(node.contents))
+            elif isinstance(node, Heading):
+                out.append("\n" + render(node.title) + "\n")
+            elif isinstance(node, HTMLEntity):
+                out.append(node.normalize())
+        return "".join(out)
+    return render(mwp.parse(wikitext))
+
+
+EVERY_CONSTRUCT = [
+    "A [[painter|''Painter'' of [[Velmora]]]] and [[:Category:Talk|a colon link]] and [[:fr:Ada]] [[:Ada Lovelace]] [[Ada]]s.",
+    "A link whose title holds markup: [[Tom &amp; Jerry]] and [[AT&T|the company]] and [[a<nowiki>b</nowiki>c]].",
+    "See [http://x.org the ''site''], [http://y.org] and http://z.org/path, and [[mailto:a@b.c]].",
+    "== Early ''life'' ==\nText.\n=== Sub &ndash; part ===\n==Unclosed heading",
+    "A<br>B<br/>C<p>D</p>E\n----\nF <hr /> G",
+    "<div style=\"x\" class='y' data-z=w>Inside <span title=\"a [[b]]\">span</span></div> "
+    "<sup>1</sup><small>s</small> <nowiki>[[not a link]]</nowiki> <code>c</code> <blockquote>q</blockquote>",
+    "* one\n** ''two''\n# three\n; term : definition\n: indented\n;term2\n:def2",
+    "Tom &amp; Jerry&nbsp;go &#8212; &#x2014; &bogus; &amp &lt;b&gt; 5 &times; 3",
+    "Keep<!-- hidden [[link]] --> this {{template|a=[[b]]|{{nested}}}} and {{{argument|default}}} end.",
+    "'''Bold ''both''''' and ''italic '''both''''' and l'''apostrophe''' and ''unclosed\nnext line",
+    "<ref name=\"a\">cut</ref> <math>x^2</math> <gallery>File:a.jpg</gallery> <references/> after",
+    "Unbalanced ]] and [[ and }} and {{ and </div> and <span> end",
+    "[[File:A.jpg|thumb|A caption with [[a link]]]] [[Image:B.png]] [[Category:X|sort]] [[de:X]] text",
+    "__NOTOC__ Spaces\t\ttabs \u00a0nbsp , before . punctuation ; here ! (and) ?",
+]
+
+
+@pytest.mark.parametrize("wikitext", EVERY_CONSTRUCT)
+def test_the_token_stream_renders_as_the_tree_would(wikitext):
+    from corpus.wikitext import _Renderer, _tidy, _Tokenizer
+    tokens = _Tokenizer().tokenize(wikitext, 0, False)  # uncut: templates and comments reach the renderer
+    assert _Renderer(tokens).render()[0] == tree_text(wikitext)
+    assert wikitext_to_text(wikitext) == _tidy(tree_text(cut_before_parsing(wikitext)))
