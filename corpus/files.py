@@ -9,16 +9,43 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import glob
 import gzip
 import io
 import json
 import os
+import re
 import zlib
 from typing import BinaryIO, Iterator
 
 from corpus.errors import InputFileError, require_file
 
 COMPRESSED = (".gz", ".bz2")
+
+
+GLOB_CHARACTERS = "*?["
+
+
+def is_pattern(path: str) -> bool:
+    """Whether `path` is a glob pattern (`*`, `?`, `[…]`) rather than one file's name."""
+    return any(c in str(path) for c in GLOB_CHARACTERS)
+
+
+def _natural(path: str) -> list:
+    """Sort key that reads the numbers in a name as numbers: a split dump's `articles2` before `articles10`."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
+
+
+def matching_files(path: str) -> list[str]:
+    """The files `path` names: itself, or the files a glob pattern matches, in natural order (the parts of a split
+    dump: `enwiki-latest-pages-articles*.xml-p*.bz2`). A pattern that matches nothing is an error naming it."""
+    if not is_pattern(path):
+        require_file(path)
+        return [str(path)]
+    found = sorted((p for p in glob.glob(os.path.expanduser(path)) if os.path.isfile(p)), key=_natural)
+    if not found:
+        raise InputFileError(path, None, "no file matches this pattern")
+    return found
 
 
 def without_compression(name: str) -> str:

@@ -23,17 +23,17 @@ _Tokenizer = CTokenizer if use_c and CTokenizer else Tokenizer  # the C one wher
 # Link namespaces whose links are media or metadata, not prose.
 _DROPPED_LINK_PREFIXES = {"file", "image", "media", "category"}
 # Tags whose content is not prose.
-_DROPPED_TAGS = {"ref", "references", "table", "gallery", "math", "chem", "score", "timeline", "syntaxhighlight",
+DROPPED_TAGS = {"ref", "references", "table", "gallery", "math", "chem", "score", "timeline", "syntaxhighlight",
                  "source", "templatedata", "imagemap", "graph", "mapframe"}
-_LINE_BREAK_TAGS = {"br", "p", "hr"}
-_LIST_MARKERS = {"li", "dt", "dd"}  # the `*`, `#`, `;`, `:` at line starts
+LINE_BREAK_TAGS = {"br", "p", "hr"}
+LIST_MARKERS = {"li", "dt", "dd"}  # the `*`, `#`, `;`, `:` at line starts
 _MAGIC_WORD = re.compile(r"__[A-Z]+__")
 _INTERLANGUAGE = re.compile(r"^[a-z]{2,3}(-[a-z]+)?:")
 # Cut before parsing, each in one linear scan: comments, footnotes and the other tags that are never prose,
 # templates, wiki tables and media links. mwparserfromhell hands back what it cannot parse (a quote mark or a template inside a
 # footnote, an unclosed link in a table cell) as plain text, markup and all; and what is cut is not parsed at all.
 _COMMENT = re.compile(r"<!--.*?(-->|$)", re.S)
-_TAG_NAMES = "|".join(sorted(_DROPPED_TAGS))
+_TAG_NAMES = "|".join(sorted(DROPPED_TAGS))
 _DROPPED_ELEMENT = re.compile(rf"<({_TAG_NAMES})\b[^>]*?/\s*>|<({_TAG_NAMES})\b[^>]*>.*?</\2\s*>", re.S | re.I)
 _MEDIA_LINK = re.compile(r"\[\[\s*(?:file|image|media)\s*:", re.I)
 
@@ -110,7 +110,7 @@ def cut_before_parsing(wikitext: str) -> str:
     return _without_media_links(_without_tables(_without_templates(_DROPPED_ELEMENT.sub("", _COMMENT.sub("", wikitext)))))
 
 
-def _is_dropped_link(target: str) -> bool:
+def is_dropped_link(target: str) -> bool:
     """Media, category and interlanguage links: not prose. `target` is the link's title as written."""
     target = target.strip().lstrip(":")
     prefix = target.split(":", 1)[0].strip().lower() if ":" in target else ""
@@ -182,7 +182,7 @@ class _Renderer:
         _, stop = self.render((_T.WikilinkSeparator, _T.WikilinkClose))
         target = self.source(start, self.i - 1)
         label = self.render((_T.WikilinkClose,))[0] if type(stop) is _T.WikilinkSeparator else None
-        if _is_dropped_link(target):
+        if is_dropped_link(target):
             return ""
         return label if label is not None else target.strip().lstrip(":")
 
@@ -195,9 +195,9 @@ class _Renderer:
             contents = self.render((_T.TagOpenClose,))[0]
             self.render((_T.TagCloseClose,))  # the closing tag's name
         tag = name.strip().lower()
-        if tag in _LINE_BREAK_TAGS:
+        if tag in LINE_BREAK_TAGS:
             return "\n"
-        return "" if tag in _DROPPED_TAGS or tag in _LIST_MARKERS else contents
+        return "" if tag in DROPPED_TAGS or tag in LIST_MARKERS else contents
 
     def entity(self) -> str:
         token = self.tokens[self.i]
@@ -211,13 +211,22 @@ class _Renderer:
         return node.normalize()
 
 
+def tokenize(wikitext: str) -> list:
+    """mwparserfromhell's tokens of `wikitext` (as `mwparserfromhell.parse` reads it, before building its tree)."""
+    return _Tokenizer().tokenize(wikitext, 0, False)
+
+
+def render_tokens(tokens: list) -> str:
+    """The prose of a token stream, as its tree would render (see `_Renderer`)."""
+    return _Renderer(tokens).render()[0]
+
+
 def wikitext_to_text(wikitext: str) -> str:
     """Plain text of one article's wikitext: one paragraph, heading or list item per line."""
-    tokens = _Tokenizer().tokenize(cut_before_parsing(wikitext), 0, False)
-    return _tidy(_Renderer(tokens).render()[0])
+    return tidy(render_tokens(tokenize(cut_before_parsing(wikitext))))
 
 
-def _tidy(text: str) -> str:
+def tidy(text: str) -> str:
     """One paragraph, heading or list item per line: each run of white space one space, lines stripped, empty ones
     dropped, no space before punctuation. String methods, not patterns: matching at every space was half the
     time it took."""
@@ -236,4 +245,4 @@ def is_disambiguation(wikitext: str, title: str) -> bool:
     return any(marker in lowered for marker in ("{{disambiguation", "{{disambig", "{{dab", "{{hndis", "{{geodis"))
 
 
-__all__ = ["wikitext_to_text", "cut_before_parsing", "is_disambiguation"]
+__all__ = ["wikitext_to_text", "cut_before_parsing", "is_disambiguation", "tokenize", "render_tokens", "tidy"]

@@ -15,7 +15,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.deployments import flow_attribute
 from flows.errors import tidy_run_logs
-from stages.data import NerShard, ner_shard
+from stages.data import ingest_part, ner_shard
 from stages.experiment import Experiment, ExperimentError
 from stages.inputs import world_dir
 from stages.registry import STAGES, Stage, run_subject
@@ -23,27 +23,26 @@ from stages.runner import run_stage, summarize
 from warehouse import Warehouse, resolve_home
 
 
-@task(name="ner-shard")
-def ner_shard_task(job: NerShard) -> int:
-    return ner_shard(job)
+# The work a stage spreads over Dask, one Prefect task a shard: NER over segments, cleaning a corpus's file.
+SHARD_TASKS = {work.__name__: task(name=work.__name__.replace("_", "-"))(work) for work in (ner_shard, ingest_part)}
 
 
-@flow(name="salient-spans-shards", description="NER shards of a salient-spans run, one task each.")
-def ner_shards_flow(jobs: list[NerShard]) -> list[int]:
-    futures = ner_shard_task.map(jobs)
+@flow(name="stage-shards", description="A stage's shards (NER shards, a corpus's files), one task each.")
+def shards_flow(work: str, jobs: list) -> list[int]:
+    futures = SHARD_TASKS[work].map(jobs)
     return [future.result() for future in futures]
 
 
 def dask_shard_mapper(address: str):
-    """Runs NER shards as Prefect tasks on Dask: `address` is a scheduler (tcp://...), 'local' (a local
-    cluster with one single-threaded worker process per core) or 'local:N' (N workers)."""
+    """`map_shards(work, jobs)` running each job as a Prefect task on Dask: `address` is a scheduler (tcp://...),
+    'local' (a local cluster with one single-threaded worker process per core) or 'local:N' (N workers)."""
     from prefect_dask import DaskTaskRunner
     if address == "local" or address.startswith("local:"):
         workers = int(address.partition(":")[2] or os.cpu_count() or 1)
         runner = DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1})
     else:
         runner = DaskTaskRunner(address=address)
-    return lambda jobs: ner_shards_flow.with_options(task_runner=runner)(jobs) if jobs else []
+    return lambda work, jobs: shards_flow.with_options(task_runner=runner)(work.__name__, jobs) if jobs else []
 
 
 HOME_HELP = "home: The warehouse directory; default `$NKB_HOME`, else `.nkb` in the project directory."

@@ -17,6 +17,8 @@ from typing import Annotated, Any, ClassVar, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from corpus.files import is_pattern
+
 ModelSize = Literal["tiny", "mini", "small", "large"]  # nkb_model.base_model.SIZES
 
 # Corpora, datasets, splits, tasks and models name files in the warehouse: letters, digits and a few marks, and at
@@ -55,6 +57,11 @@ LrDecay = Annotated[bool, Field(description="After warm-up, decay the learning r
 Compile = Annotated[bool, Field(description="Run the training steps through torch.compile: on a GPU about 1.7x "
                                             "faster steps after a minute of compiling (docs/results.md); on a CPU "
                                             "rarely worth it.")]
+DaskAddress = Annotated[Optional[str], Field(
+    pattern=r"^(local(:[1-9][0-9]*)?|tcp://.+|tls://.+)$",
+    description="Run the stage's shards (NER shards; a corpus's files) on a Dask cluster: a scheduler address "
+                "(tcp://host:8786), 'local' (a local cluster, one worker per core) or 'local:N'; the result is the same "
+                "as in-process. Workers must see the warehouse path and the input files.")]
 Seed = Annotated[int, Field(description="Seed for initialisation, data order and masking.")]
 
 
@@ -118,17 +125,28 @@ class SampleWorldConfig(StageConfig):
 
 class IngestConfig(StageConfig):
     """Read a Wikipedia-like corpus into the `documents` table (one partition per corpus)."""
-    volatile = frozenset({"workers"})
+    volatile = frozenset({"workers", "dask"})
 
     path: str = Field(description="Corpus file: a MediaWiki XML dump (.xml), DPR passages (.tsv), KILT's knowledge "
-                                  "source or {id, title, text} JSON Lines (.jsonl/.json); plain, .gz or .bz2.")
+                                  "source or {id, title, text} JSON Lines (.jsonl/.json); plain, .gz or .bz2. A glob "
+                                  "pattern (`dumps/enwiki-*-pages-articles*.bz2`) reads every file it matches, in "
+                                  "natural order, into one corpus: the parts of a split dump.")
     format: Optional[Literal["mediawiki", "dpr_tsv", "kilt", "jsonl"]] = Field(
         None, description="File format; inferred from the file name (and a JSON file's first record) when not given.")
-    corpus: Optional[Name] = Field(None,
-                                  description="Name of the corpus (the partition it replaces); default: the file name without extensions.")
+    corpus: Optional[Name] = Field(None, description="Name of the corpus (the partition it replaces); default: the "
+                                                     "file name without extensions (a pattern needs one).")
     limit: Optional[int] = Field(None, ge=1, description="Stop after this many documents (for trials).")
     workers: Optional[int] = Field(None, ge=1, description="Processes cleaning wikitext; default: one per CPU core "
                                                            "for files over 1 MB, else 1. Does not change the output.")
+    dask: DaskAddress = None
+
+    @model_validator(mode="after")
+    def _one_place(self) -> "IngestConfig":
+        if self.dask and self.limit:
+            raise ValueError("limit is for a trial in one process; leave out dask")
+        if self.corpus is None and is_pattern(self.path):
+            raise ValueError(f"path {self.path!r} is a pattern: name the corpus (corpus=NAME)")
+        return self
 
     def corpus_name(self) -> str:
         if self.corpus:
@@ -223,9 +241,7 @@ class SalientSpansConfig(StageConfig):
                                      "(workers cost ~2 s to start and ~1.5 ms a segment to ship).")
     shard_size: int = Field(5000, ge=1, description="Segments per Parquet shard; a crash loses at most one shard.")
     model: Optional[str] = Field(None, description="spaCy model name; default en_core_web_sm, else its re-upload.")
-    dask: Optional[str] = Field(None, pattern=r"^(local(:[1-9][0-9]*)?|tcp://.+|tls://.+)$", description="Run the NER shards on a Dask cluster: a scheduler address "
-                                "(tcp://host:8786), 'local' (a local cluster, one worker per core) or 'local:N'; the result "
-                                "is the same as in-process. Workers must see the warehouse path.")
+    dask: DaskAddress = None
 
 
 # ---- training stages -----------------------------------------------------------------------------

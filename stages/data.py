@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import pyarrow.compute as pc
 from pydantic import BaseModel
@@ -23,7 +23,7 @@ from corpus import documents as docs
 from corpus import qa
 from corpus import sample_world
 from corpus.errors import InputFileError, require_file
-from corpus.files import repeats
+from corpus.files import matching_files, repeats
 from stages.configs import (GenerationDataConfig, IndexConfig, IngestConfig, QuestionsConfig, RetrieveConfig,
                             SalientSpansConfig, SampleWorldConfig)
 from stages.inputs import PRETRAINING, corpus_lineage, one_corpus, world_dir
@@ -59,14 +59,18 @@ def generate_sample_world(wh: Warehouse, config: SampleWorldConfig, force: bool 
 
 # ---- stages that read one input file --------------------------------------------------------------
 
-def file_input(stage: str, config, **resolved) -> tuple[str, dict, str]:
-    """(absolute path, config to record, inputs fingerprint) of a stage reading the file `config.path`.
-    `resolved`: settings the stage derived (e.g. the format from the name), recorded and fingerprinted too.
-    The file's content, not its path, identifies the input: a moved file is not read again."""
-    require_file(config.path)
+def file_input(stage: str, config, paths: Sequence[str] | None = None, **resolved) -> tuple[str, dict, str]:
+    """(absolute path, config to record, inputs fingerprint) of a stage reading the file `config.path` (or the
+    `paths` a pattern matched, recorded as `files`). `resolved`: settings the stage derived (e.g. the format from
+    the name), recorded and fingerprinted too. The files' content, not their paths, identifies the input: a moved
+    file is not read again."""
+    if paths is None:
+        require_file(config.path)
+        paths = [config.path]
     path = os.path.abspath(config.path)
-    fp = fingerprint(stage, config.identity() | resolved | {"path": None}, [file_digest(path)])
-    return path, config.model_dump() | resolved | {"path": path}, fp
+    fp = fingerprint(stage, config.identity() | resolved | {"path": None}, [file_digest(p) for p in paths])
+    files = {"files": [os.path.abspath(p) for p in paths]} if len(paths) > 1 or paths[0] != config.path else {}
+    return path, config.model_dump() | resolved | {"path": path} | files, fp
 
 
 def refuse_repeated_ids(path: str, records, what: str) -> None:
@@ -79,39 +83,80 @@ def refuse_repeated_ids(path: str, records, what: str) -> None:
 
 # ---- ingest -------------------------------------------------------------------------------
 
-def ingest(wh: Warehouse, config: IngestConfig, force: bool = False) -> StageResult:
-    """Stream a corpus file into `documents`, partition = corpus name."""
-    require_file(config.path)
-    fmt = config.format or docs.infer_format(config.path)
+class IngestPart(BaseModel):
+    """One file of a corpus as plain values: what a Dask worker receives (paths, never data). It cleans the file into
+    a part that the ingest run copies into the corpus's partition, in file order."""
+    path: str
+    format: str
+    corpus: str
+    target: dict  # ShardTarget fields
+
+
+def document_rows(pages: Iterator[docs.Document], corpus: str) -> Iterator[dict[str, list]]:
+    """`documents` rows a Parquet row group at a time: memory is bounded by one group's text."""
+    for batch in docs.batched_documents(pages, BATCH_DOCS, BATCH_CHARS):
+        yield {"doc_id": [d.doc_id for d in batch], "title": [d.title for d in batch], "text": [d.text for d in batch],
+               "corpus": [corpus] * len(batch)}
+
+
+def ingest_part(job: IngestPart) -> int:
+    """Clean one file of a corpus into its part, in one process (a Dask worker's own); returns its documents."""
+    return ShardTarget(**job.target).write(document_rows(docs.read_documents(job.path, job.format), job.corpus))
+
+
+def corpus_format(paths: Sequence[str], given: Optional[str]) -> str:
+    """The one format of a corpus's files: `given`, else inferred from each file, which must agree."""
+    if given:
+        return given
+    formats = {p: docs.infer_format(p) for p in paths}
+    first = formats[paths[0]]
+    for path, fmt in formats.items():
+        if fmt != first:
+            raise InputFileError(path, None, f"reads as {fmt} where {paths[0]} reads as {first}: one corpus is one "
+                                             "format (or set format=)")
+    return first
+
+
+def ingest(wh: Warehouse, config: IngestConfig, force: bool = False,
+           map_shards: Optional[Callable[[Callable, list], list[int]]] = None) -> StageResult:
+    """Stream a corpus file, or every file a pattern matches in natural order, into `documents`, partition = corpus
+    name. `map_shards(ingest_part, parts)` cleans the files elsewhere, one part each (the flow passes a Dask-backed
+    one when `config.dask` is set); the parts are copied into the partition in file order: the same result."""
+    paths = matching_files(config.path)
+    fmt = corpus_format(paths, config.format)
     corpus = config.corpus_name()
-    path, params, fp = file_input("ingest", config, format=fmt, corpus=corpus)
+    path, params, fp = file_input("ingest", config, paths, format=fmt, corpus=corpus)
     # Worker processes cost about a second to start: worth it from roughly 10 MB of XML (1 MB of .bz2).
-    workers = config.workers or ((os.cpu_count() or 1) if os.path.getsize(path) > 1e6 else 1)
+    size = sum(os.path.getsize(p) for p in paths)
+    workers = config.workers or ((os.cpu_count() or 1) if size > 1e6 else 1)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
-        size = os.path.getsize(path)
-        pages = docs.read_documents(path, fmt, workers=workers)
-        if config.limit:
-            pages = itertools.islice(pages, config.limit)
-        rows = 0
         with run.writer("documents", corpus) as out, progress(desc=f"ingest {corpus}", unit=" pages") as bar:
-            for batch in docs.batched_documents(pages, BATCH_DOCS, BATCH_CHARS):
-                out.write({"doc_id": [d.doc_id for d in batch], "title": [d.title for d in batch],
-                           "text": [d.text for d in batch], "corpus": [corpus] * len(batch)})
-                rows += len(batch)
-                bar.update(len(batch))
-        if rows == 0:
+            if map_shards:
+                parts = [IngestPart(path=p, format=fmt, corpus=corpus,
+                                    target=asdict(run.part_target("documents", f"{corpus}-{i:05d}")))
+                         for i, p in enumerate(paths)]
+                bar.update(sum(map_shards(ingest_part, parts)))
+                for part in parts:
+                    out.append_file(part.target["path"])
+            else:
+                pages = itertools.chain.from_iterable(docs.read_documents(p, fmt, workers=workers) for p in paths)
+                for rows in document_rows(itertools.islice(pages, config.limit), corpus):
+                    out.write(rows)
+                    bar.update(len(rows["doc_id"]))
+        if out.rows == 0:
             raise InputFileError(path, None, "no documents found (only redirects, disambiguation or other namespaces?)")
         duplicate = run.first_duplicate("documents", corpus, "doc_id")
-        if duplicate is not None:  # found out of core; read the file again to say where (this is rare)
-            places = [d.where for d in docs.read_documents(path, fmt, workers=workers) if d.doc_id == duplicate][:2]
+        if duplicate is not None:  # found out of core; read the files again to say where (this is rare)
+            places = [f"{p}, {d.where}" if len(paths) > 1 else d.where
+                      for p in paths for d in docs.read_documents(p, fmt, workers=workers) if d.doc_id == duplicate][:2]
             raise InputFileError(path, " and ".join(places) or None,
                                  f"doc id {duplicate!r} occurs more than once in corpus {corpus!r}")
         seconds = time.perf_counter() - started
-        run.metric("documents", rows, dataset=corpus)
-        run.metric("pages_per_second", rows / seconds, dataset=corpus)
-        return {"corpus": corpus, "documents": rows, "seconds": seconds, "input_mb": size / 1e6}
+        run.metric("documents", out.rows, dataset=corpus)
+        run.metric("pages_per_second", out.rows / seconds, dataset=corpus)
+        return {"corpus": corpus, "documents": out.rows, "files": len(paths), "seconds": seconds, "input_mb": size / 1e6}
 
     return run_stage(wh, "ingest", params, fp, body, force=force)
 
@@ -364,13 +409,13 @@ def ner_shards_here(jobs: list[NerShard]) -> list[int]:
 
 
 def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = False,
-                       map_shards: Callable[[list[NerShard]], list[int]] = ner_shards_here) -> StageResult:
+                       map_shards: Optional[Callable[[Callable, list[NerShard]], list[int]]] = None) -> StageResult:
     """NER in resumable shards over a corpus's segments: its retrieved documents, each segmented once into the
     `segments` partition <corpus> here, or (source=pretraining) the `segments` partition <corpus>.pretraining
     that the pretraining-data stage wrote.
 
-    map_shards runs the pending shards and returns their row counts: in this process by default, or
-    elsewhere (the flow passes a Dask-backed one when `config.dask` is set); the result is the same."""
+    `map_shards(ner_shard, shards)` runs the pending shards elsewhere and returns their row counts (the flow passes
+    a Dask-backed one when `config.dask` is set); by default they run in this process. The result is the same."""
     from corpus import ner
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
     if config.source == "retrieved":
@@ -405,7 +450,7 @@ def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = 
                          n_process=n_process, model=config.model)
                 for index, lo in enumerate(range(0, len(seg_texts), config.shard_size)) if not shards.is_done(index)]
         t = time.perf_counter()
-        for rows in map_shards(jobs):
+        for rows in map_shards(ner_shard, jobs) if map_shards else ner_shards_here(jobs):
             shards.count(rows)
         if jobs:
             words = sum(len(x.split()) for job in jobs for x in seg_texts[job.start:job.stop])

@@ -19,13 +19,15 @@ Paths are relative to the file; `{sample_world}` stands for the generated sample
 from __future__ import annotations
 
 import copy
+import glob
 from pathlib import Path
 from typing import Any, Iterable, Literal, Optional
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from stages.configs import (AnalyzeConfig, BaseModelConfig, DeviceChoice, EvaluateConfig, FinetuneConfig,
+from corpus.files import is_pattern
+from stages.configs import (AnalyzeConfig, BaseModelConfig, DaskAddress, DeviceChoice, EvaluateConfig, FinetuneConfig,
                             GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig, Name,
                             PretrainingDataConfig, QuestionsConfig, ReportConfig, RetrieveConfig, Row,
                             SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig, EditConfig, is_list)
@@ -125,13 +127,15 @@ def _setting(path: list[str]):
 
 
 class CorpusFile(StageConfig):
-    """A corpus file to ingest."""
+    """A corpus file (or the parts of a split dump) to ingest."""
 
-    path: str = Field(description="The file (relative to the experiment file, or absolute).")
+    path: str = Field(description="The file (relative to the experiment file, or absolute), or a glob pattern whose "
+                                  "files (the parts of a split dump) are read into one corpus.")
     corpus: Name = Field(description="The corpus's name in the warehouse.")
     format: Optional[Literal["mediawiki", "dpr_tsv", "kilt", "jsonl"]] = Field(
         None, description="File format; from the file name when not given.")
     limit: Optional[int] = Field(None, ge=1, description="Stop after this many documents (for trials).")
+    dask: DaskAddress = None
 
 
 class Experiment(StageConfig):
@@ -278,8 +282,8 @@ class Experiment(StageConfig):
                    for i, e in enumerate(getattr(self, name))]
         entries += [(name, getattr(self, name)) for name in ("probes", "facts", "edits")]
         generated = ("{sample_world}",) + ((str(world_dir),) if world_dir else ())
-        missing = [f"{key}: {path}" for key, path in entries
-                   if path and not path.startswith(generated) and not Path(path).is_file()]
+        missing = [f"{key}: {path}" for key, path in entries if path and not path.startswith(generated)
+                   and not (glob.glob(path) if is_pattern(path) else Path(path).is_file())]
         if missing:
             raise ExperimentError(f"experiment {self.name}: no such file for {'; '.join(missing)} (nothing was run)")
 

@@ -91,6 +91,14 @@ class StagedRun:
             w.write(data)
         return w.rows
 
+    def part_target(self, table: str, name: str) -> ShardTarget:
+        """A file of `table`'s rows that another process (a Dask worker) can write, for this run to copy into a
+        partition (`PartitionWriter.append_file`). It lives in this run's staging folder and goes with it: never
+        committed itself."""
+        path = self._staging_path(self.wh.tables_dir / table / f"{check_partition(name)}.part.parquet")
+        return ShardTarget(path=str(path), table=table, run_id=self.run_id,
+                           inputs_fingerprint=self.run.inputs_fingerprint)
+
     def replace_partitions(self, table: str, prefix: str) -> None:
         """At commit, remove the table's existing partitions named `prefix*` that this run did not write."""
         check_partition(prefix)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -39,6 +40,12 @@ class PartitionWriter:
         self._writer.write_table(table)
         self.rows += table.num_rows
 
+    def append_file(self, path: str | Path) -> None:
+        """Copy in the rows of a Parquet file of this table (a part another process wrote), a row group at a time."""
+        source = pq.ParquetFile(path)
+        for group in range(source.num_row_groups):
+            self.write(source.read_row_group(group))
+
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
@@ -54,13 +61,15 @@ class ShardTarget:
     run_id: str
     inputs_fingerprint: str
 
-    def write(self, data: pa.Table | dict[str, list]) -> int:
-        """Write the shard atomically (a crash leaves no half-written shard); returns its rows."""
+    def write(self, data: pa.Table | dict[str, list] | Iterable[pa.Table | dict[str, list]]) -> int:
+        """Write the shard atomically (a crash leaves no half-written shard) from one table or a stream of them (held
+        one at a time); returns its rows."""
         final = Path(self.path)
         tmp = final.with_suffix(".parquet.tmp")
         writer = PartitionWriter(tmp, PARQUET_TABLES[self.table], self.run_id, self.inputs_fingerprint)
         try:
-            writer.write(data)
+            for batch in [data] if isinstance(data, (pa.Table, dict)) else data:
+                writer.write(batch)
         finally:
             writer.close()
         os.replace(tmp, final)

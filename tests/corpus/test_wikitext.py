@@ -81,22 +81,22 @@ def tree_text(wikitext: str) -> str:
     import mwparserfromhell as mwp
     from mwparserfromhell.nodes import ExternalLink, Heading, HTMLEntity, Tag, Text, Wikilink
 
-    from corpus.wikitext import _DROPPED_TAGS, _LINE_BREAK_TAGS, _LIST_MARKERS, _is_dropped_link
+    from corpus.wikitext import DROPPED_TAGS, LINE_BREAK_TAGS, LIST_MARKERS, is_dropped_link
 
     def render(code) -> str:
         out = []
         for node in code.nodes if code is not None else []:
             if isinstance(node, Text):
                 out.append(node.value)
-            elif isinstance(node, Wikilink) and not _is_dropped_link(str(node.title)):
+            elif isinstance(node, Wikilink) and not is_dropped_link(str(node.title)):
                 out.append(render(node.text) if node.text is not None else str(node.title).strip().lstrip(":"))
             elif isinstance(node, ExternalLink):
                 out.append(render(node.title) if node.title is not None else "")
             elif isinstance(node, Tag):
                 tag = str(node.tag).strip().lower()
-                if tag in _LINE_BREAK_TAGS:
+                if tag in LINE_BREAK_TAGS:
                     out.append("\n")
-                elif tag not in _DROPPED_TAGS and tag not in _LIST_MARKERS:
+                elif tag not in DROPPED_TAGS and tag not in LIST_MARKERS:
                     out.append(render(node.contents))
             elif isinstance(node, Heading):
                 out.append("\n" + render(node.title) + "\n")
@@ -127,7 +127,6 @@ EVERY_CONSTRUCT = [
 
 @pytest.mark.parametrize("wikitext", EVERY_CONSTRUCT)
 def test_the_token_stream_renders_as_the_tree_would(wikitext):
-    from corpus.wikitext import _Renderer, _tidy, _Tokenizer
-    tokens = _Tokenizer().tokenize(wikitext, 0, False)  # uncut: templates and comments reach the renderer
-    assert _Renderer(tokens).render()[0] == tree_text(wikitext)
-    assert wikitext_to_text(wikitext) == _tidy(tree_text(cut_before_parsing(wikitext)))
+    from corpus.wikitext import render_tokens, tidy, tokenize
+    assert render_tokens(tokenize(wikitext)) == tree_text(wikitext)  # uncut: templates and comments reach it too
+    assert wikitext_to_text(wikitext) == tidy(tree_text(cut_before_parsing(wikitext)))

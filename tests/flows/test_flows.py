@@ -212,3 +212,17 @@ def test_an_input_error_through_prefect_is_one_line_not_a_traceback(tmp_path):
                            "--set", f"path={bad}", "--prefect"], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr
     assert f"error: {bad}, line 1: not valid JSON" in done.stderr
+
+
+def test_a_split_dump_cleaned_on_a_local_dask_cluster_equals_the_in_process_ingest(tmp_path):
+    from flows.flows import ingest_flow
+    from stages import data
+    from stages.configs import IngestConfig
+    from tests.stages.test_data import split_dump
+    folder = split_dump(tmp_path / "dump", parts=4)
+    config = IngestConfig(path=str(folder / "*.bz2"), corpus="wiki")
+    data.ingest(Warehouse(tmp_path / "here"), config)
+    row = ingest_flow(config.model_copy(update={"dask": "local:2"}), str(tmp_path / "dask"))
+    assert not row["skipped"] and row["files"] == 4 and row["documents"] == 16
+    table = "SELECT * EXCLUDE (run_id) FROM documents"
+    assert query(Warehouse(tmp_path / "dask"), table).to_pylist() == query(Warehouse(tmp_path / "here"), table).to_pylist()

@@ -239,3 +239,74 @@ def test_repeated_page_ids_of_a_dump_are_named_by_page(tmp_path, wh):
                                     mediawiki_page("C", "Cy.", 1)]))
     with pytest.raises(InputFileError, match="dump.xml, page 1 and page 3: doc id '1' occurs more than once"):
         data.ingest(wh, IngestConfig(path=str(path)))
+
+
+# ---- a split dump: the files a pattern matches read into one corpus ----------------------------------------------
+
+def split_dump(folder, parts: int = 3, pages: int = 4):
+    """A dump split the way Wikipedia splits its own (`pages-articles1.xml-p1p4.bz2`, ...): consecutive pages in
+    numbered parts, each a whole MediaWiki export."""
+    import bz2
+
+    from tests.conftest import mediawiki_dump, mediawiki_page
+    folder.mkdir(parents=True, exist_ok=True)
+    for part in range(parts):
+        first = part * pages + 1
+        body = mediawiki_dump([mediawiki_page(f"Page {i}", f"Page {i} is about [[topic {i}]].", i)
+                               for i in range(first, first + pages)])
+        (folder / f"wiki-pages-articles{part + 1}.xml-p{first}p{first + pages - 1}.bz2").write_bytes(
+            bz2.compress(body.encode()))
+    return folder
+
+
+def test_a_pattern_reads_every_part_of_a_split_dump_into_one_corpus_in_order(tmp_path, wh):
+    folder = split_dump(tmp_path / "dump", parts=11, pages=2)  # parts 1..11: natural order puts 10 and 11 last
+    config = IngestConfig(path=str(folder / "wiki-pages-articles*.xml-p*.bz2"), corpus="wiki")
+    result = data.ingest(wh, config)
+    assert result.value["files"] == 11 and result.run.outputs == {"documents": 22}
+    assert result.run.config["files"][-1].endswith("wiki-pages-articles11.xml-p21p22.bz2")
+    rows = query(wh, "SELECT doc_id, text FROM documents WHERE corpus = 'wiki'").to_pylist()
+    assert [r["doc_id"] for r in rows] == [str(i) for i in range(1, 23)]  # file order, then page order
+    assert rows[0]["text"] == "Page 1 is about topic 1."
+    assert data.ingest(wh, config).skipped
+    (folder / "wiki-pages-articles3.xml-p5p6.bz2").unlink()  # a part less: other input
+    assert data.ingest(wh, config).run.outputs == {"documents": 20}
+
+
+def test_a_pattern_needs_a_corpus_name_and_a_match_and_one_format(tmp_path, wh):
+    folder = split_dump(tmp_path / "dump", parts=2)
+    with pytest.raises(ValueError, match="is a pattern: name the corpus"):
+        IngestConfig(path=str(folder / "*.bz2"))
+    with pytest.raises(InputFileError, match=r"nothing\*.bz2: no file matches this pattern"):
+        data.ingest(wh, IngestConfig(path=str(folder / "nothing*.bz2"), corpus="wiki"))
+    (folder / "wiki-pages-articles3.jsonl").write_text('{"id": "9", "title": "T", "text": "x"}\n')
+    with pytest.raises(InputFileError, match="articles3.jsonl: reads as jsonl where .*articles1.* reads as mediawiki"):
+        data.ingest(wh, IngestConfig(path=str(folder / "wiki-pages-articles*"), corpus="wiki"))
+    assert query(wh, "SELECT count(*) AS n FROM documents").to_pylist() == [{"n": 0}]
+
+
+def test_a_page_id_in_two_parts_is_named_by_file_and_page(tmp_path, wh):
+    folder = split_dump(tmp_path / "dump", parts=2, pages=2)
+    import bz2
+
+    from tests.conftest import mediawiki_dump, mediawiki_page
+    (folder / "wiki-pages-articles2.xml-p3p4.bz2").write_bytes(bz2.compress(mediawiki_dump(
+        [mediawiki_page("Other", "Other text.", 3), mediawiki_page("Again", "Again text.", 2)]).encode()))
+    with pytest.raises(InputFileError, match=r"articles1.xml-p1p2.bz2, page 2 and .*articles2.xml-p3p4.bz2, page 2: "
+                                             r"doc id '2' occurs more than once in corpus 'wiki'"):
+        data.ingest(wh, IngestConfig(path=str(folder / "*.bz2"), corpus="wiki"))
+
+
+def test_cleaning_in_parts_as_dask_workers_do_gives_the_same_documents(tmp_path):
+    """`map_shards` as the flow's Dask mapper calls it (here in this process): each file cleaned into a part, the
+    parts copied into the partition in file order."""
+    folder = split_dump(tmp_path / "dump", parts=3)
+    config = IngestConfig(path=str(folder / "*.bz2"), corpus="wiki")
+    whole, parted = Warehouse(tmp_path / "a"), Warehouse(tmp_path / "b")
+    data.ingest(whole, config)
+    calls = []
+    result = data.ingest(parted, config, map_shards=lambda work, jobs: calls.append(len(jobs)) or list(map(work, jobs)))
+    assert calls == [3] and result.run.outputs == {"documents": 12}
+    table = "SELECT * EXCLUDE (run_id) FROM documents"
+    assert query(parted, table).to_pylist() == query(whole, table).to_pylist()
+    assert not list(parted.tables_dir.rglob("*.part.parquet"))  # the parts went with the staging folder

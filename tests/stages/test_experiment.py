@@ -212,3 +212,18 @@ def test_every_missing_input_file_is_named_before_anything_runs(tmp_path):
         (tmp_path / entry["path"]).write_text("")
     experiment.require_files()
     Experiment.load(SAMPLE_WORLD).require_files()  # the sample world's files are made by its first stage
+
+
+def test_the_knowledge_may_be_the_parts_of_a_split_dump(tmp_path):
+    parts = {"knowledge": [{"path": "dump/wiki-pages-articles*.bz2", "corpus": "wiki", "dask": "local:2"}]}
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(MINIMAL | parts))
+    experiment = Experiment.load(tmp_path / "mine.yaml")
+    with pytest.raises(ExperimentError, match=r"no such file for knowledge\[0\]: .*dump/wiki-pages-articles\*.bz2"):
+        experiment.require_files()
+    for entry in MINIMAL["questions"]:
+        (tmp_path / entry["path"]).write_text("")
+    (tmp_path / "dump").mkdir()
+    (tmp_path / "dump" / "wiki-pages-articles1.xml-p1p9.bz2").write_text("")
+    experiment.require_files()
+    ingest = dict(experiment.plan(train_models=False))["ingest"]
+    assert ingest.path == str(tmp_path / "dump" / "wiki-pages-articles*.bz2") and ingest.dask == "local:2"
