@@ -586,7 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     ed.add_argument("--edits", metavar="FILE.jsonl", help="many edits instead of --question/--answer: a JSON object "
                     "a line with question, answer and optionally paraphrases (a list of other wordings)")
     ed.add_argument("--strength", type=float, default=DEFAULT_STRENGTH,
-                    help=f"relative edit strength (default {DEFAULT_STRENGTH:g}; the README has the sweep behind it)")
+                    help=f"relative edit strength (default {DEFAULT_STRENGTH:g}; docs/pipeline.md has the sweep behind it)")
     ed.add_argument("--lam", type=float,
                     help="the paper's absolute λ instead of --strength (its best on T5-base: 0.07)")
     ed.add_argument("--name", help="name of the edited model (default <model>.edit-<digest>)")

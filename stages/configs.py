@@ -448,7 +448,7 @@ class AnalyzeConfig(ModelStageConfig):
 
 
 # Relative edit strengths (an edit s times as long as the residual stream at the step edited): from no effect to
-# always flipping the first answer token, on the sample world's tiny models as on larger ones. The README has the
+# always flipping the first answer token, on the sample world's tiny models as on larger ones. docs/pipeline.md has the
 # measured sweep behind the default.
 STRENGTHS = (0.125, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0)
 DEFAULT_STRENGTH = 0.5
