@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from flows.errors import USER_ERRORS, describe_error
-from stages.configs import DEFAULT_STRENGTH, is_list, validation_problems
+from stages.configs import DEFAULT_STRENGTH, is_list, set_value, validation_problems
 from warehouse import Warehouse, WarehouseError, list_runs, query, resolve_home, row_counts
 from warehouse.sql import FORMATTERS
 
@@ -83,16 +83,13 @@ def _config_epilog(config: type) -> str:
 
 
 def _set_value(fields: dict, key: str, value: str, command: str):
-    """The value `--set key=value` gives a field: a list takes a,b,c; an empty value gives an optional field
-    None and a list no items."""
+    """The value `--set key=value` gives a field (`stages.configs.set_value`: the experiments' rules)."""
     if key not in fields:
         raise SystemExit(f"error: `{command}` has no config field {key!r}; fields: {', '.join(fields)}")
-    annotation = fields[key].annotation
-    if value == "" and type(None) in typing.get_args(annotation):
-        return None
-    if is_list(annotation):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    return value
+    try:
+        return set_value(value, fields[key])
+    except ValueError as exc:
+        raise SystemExit(f"error: --set {key}: {exc}") from None
 
 
 def parse_sets(config: type, pairs: list[str], command: str):

@@ -15,6 +15,7 @@ import typing
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from corpus.files import is_pattern
@@ -37,6 +38,35 @@ def is_list(annotation) -> bool:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return any(is_list(a) for a in typing.get_args(annotation))
     return typing.get_origin(annotation) is list
+
+
+def _is_text(annotation) -> bool:
+    """Whether a field holds text only (str, a constrained str, or an optional one)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        kinds = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return len(kinds) == 1 and _is_text(kinds[0])
+    if typing.get_origin(annotation) is Annotated:
+        return _is_text(typing.get_args(annotation)[0])
+    return annotation is str
+
+
+def set_value(text: str, field=None) -> Any:
+    """The value `--set key=TEXT` gives a setting, the same for `nkb run` and for experiments: YAML (`500`, `true`,
+    `[a, b]`); a list also takes `a,b,c`; a text field takes the text as it is (`0.10` stays `0.10`); an empty value
+    empties a list and unsets anything else. `field`: the setting's pydantic FieldInfo (None: unknown)."""
+    annotation = field.annotation if field is not None else None
+    listed = annotation is not None and is_list(annotation)
+    if not text.strip():
+        return [] if listed else None
+    if annotation is not None and _is_text(annotation):
+        return text
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"the value is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if listed and isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
 
 
 # ---- settings shared by several stages, declared once ---------------------------------------------

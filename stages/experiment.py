@@ -30,7 +30,8 @@ from corpus.files import is_pattern
 from stages.configs import (AnalyzeConfig, BaseModelConfig, DaskAddress, DeviceChoice, EvaluateConfig, FinetuneConfig,
                             GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig, Name,
                             PretrainingDataConfig, QuestionsConfig, ReportConfig, RetrieveConfig, Row,
-                            SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig, EditConfig, is_list)
+                            SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig, EditConfig,
+                            set_value)
 
 SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-world.yaml"  # what `nkb demo` runs
 SAMPLE_WORLD_SMOLLM2 = SAMPLE_WORLD.with_name("sample-world-smollm2.yaml")  # `nkb demo --arch smollm2`
@@ -95,15 +96,10 @@ def apply_sets(data: dict, pairs: Iterable[str]) -> dict:
         path = [part.strip() for part in key.split(".")]
         if not sep or not all(path):
             raise ExperimentError(f"--set expects key=value (a stage's setting: stages.STAGE.KEY=value), got {pair!r}")
-        setting = _setting(path)
-        listed = setting is not None and is_list(setting.annotation)
         try:
-            value = yaml.safe_load(text) if text.strip() else ([] if listed else None)
-        except yaml.YAMLError as exc:
-            problem = getattr(exc, "problem", exc)
-            raise ExperimentError(f"--set {key}: the value is not valid YAML ({problem})") from None
-        if listed and isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
+            value = set_value(text, _setting(path))
+        except ValueError as exc:
+            raise ExperimentError(f"--set {key}: {exc}") from None
         node = data
         for part in path[:-1]:
             node = node.setdefault(part, {})

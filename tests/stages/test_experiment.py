@@ -227,3 +227,18 @@ def test_the_knowledge_may_be_the_parts_of_a_split_dump(tmp_path):
     experiment.require_files()
     ingest = dict(experiment.plan(train_models=False))["ingest"]
     assert ingest.path == str(tmp_path / "dump" / "wiki-pages-articles*.bz2") and ingest.dask == "local:2"
+
+
+def test_nkb_run_and_an_experiment_read_a_set_value_alike():
+    from flows.cli import parse_sets
+    from stages.configs import IngestConfig, SalientSpansConfig
+    pairs = ["labels=PERSON,ORG", "max_words=20", "model=", "corpus=1984"]
+    run = parse_sets(SalientSpansConfig, pairs, "nkb run salient-spans")
+    planned = apply_sets({}, [f"stages.salient-spans.{p}" for p in pairs])["stages"]["salient-spans"]
+    assert SalientSpansConfig(**planned) == run
+    assert run.labels == ["PERSON", "ORG"] and run.max_words == 20 and run.model is None and run.corpus == "1984"
+    assert parse_sets(IngestConfig, ["path=v0.10", "corpus=c"], "nkb run ingest").path == "v0.10"  # text stays text
+    with pytest.raises(ExperimentError, match=r"--set stages.inject.steps: the value is not valid YAML"):
+        apply_sets({}, ["stages.inject.steps=[1,"])
+    with pytest.raises(SystemExit, match=r"--set steps: the value is not valid YAML"):
+        parse_sets(InjectConfig, ["steps=[1,"], "nkb run inject")
