@@ -50,7 +50,7 @@ def generate_sample_world(wh: Warehouse, config: SampleWorldConfig, force: bool 
         started = time.perf_counter()
         files = run.publish_folder(target, lambda d: sample_world.generate(d, **params))
         n_facts = sum(1 for _ in open(files.facts, encoding="utf-8"))
-        run.run.outputs["files"] = len(files.all_paths())
+        run.output("files", len(files.all_paths()))
         run.metric("facts", n_facts)
         return {"dir": str(target), "facts": n_facts, "seconds": time.perf_counter() - started}
 
@@ -243,8 +243,8 @@ def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> Stag
             return seconds
 
         seconds = run.publish_folder(target, fill)
-        run.run.checkpoint = str(target)
-        run.run.outputs["indexed_documents"] = n
+        run.record.checkpoint = str(target)
+        run.output("indexed_documents", n)
         run.metric("index_docs_per_second", n / seconds, dataset=config.corpus)
         return {"index_id": fp[:12], "corpus": config.corpus, "documents": n, "seconds": seconds,
                 "docs_per_second": round(n / seconds, 1)}

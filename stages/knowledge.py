@@ -262,13 +262,14 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
         rates = {k: None if done[k] is None else round(100 * done[k], 1)
                  for k in ("success", "generalization", "locality")}
         run.metric("edit_count", len(requests))
-        run.run.outputs["slots_edited"] = sum(s["slot"] is not None for d in done["edits"] for s in d["steps"])
+        slots_edited = sum(s["slot"] is not None for d in done["edits"] for s in d["steps"])
+        run.output("slots_edited", slots_edited)
         for key, value in rates.items():
             if value is not None:
                 run.metric(f"edit_{key}", value)
         first = done["edits"][0]
         return {"model": name, "edits": len(requests), **rates,
-                "slots_edited": run.run.outputs["slots_edited"],
+                "slots_edited": slots_edited,
                 **({} if batch else {"old_answer": first["old_answer"], "new_answer": first["new_answer"],
                                      "whole_answer": first["success"]}),
                 "seconds": time.perf_counter() - started}

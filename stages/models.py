@@ -108,10 +108,10 @@ def publish_model(run: StagedRun, target: Path, write: Callable[[Path], None]) -
         write(directory)
         from stages.model_card import model_card
         info = read_info(directory)
-        (directory / "README.md").write_text(model_card(run.wh, info, model_lineage(run.wh, info, run.run)))
+        (directory / "README.md").write_text(model_card(run.wh, info, model_lineage(run.wh, info, run.record)))
 
     run.publish_folder(target, write_with_card, drop=work_dir(target))
-    run.run.checkpoint = str(target)
+    run.record.checkpoint = str(target)
 
 
 def model_lineage(wh: Warehouse, info: dict, building: RunRecord | None = None) -> list[RunRecord]:

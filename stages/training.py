@@ -66,7 +66,7 @@ def prepare_pretraining_data(wh: Warehouse, config: PretrainingDataConfig, force
             (directory / PRETRAINING_META).write_text(json.dumps(meta, indent=1))
 
         run.publish_folder(target, write)
-        run.run.checkpoint = str(target)
+        run.record.checkpoint = str(target)
         return meta | {"sentences": len(pieces), "seconds": time.perf_counter() - started}
 
     return run_stage(wh, "pretraining-data", config.model_dump(), fp, body, force=force,
@@ -139,7 +139,7 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
             (directory / INFO).write_text(json.dumps(info, indent=1))
 
         publish_model(run, target, write)
-        run.run.outputs["model_params"] = n_params
+        run.output("model_params", n_params)
         run.metric("params_total", n_params)
         return {"model": str(target), "params": n_params, "final_loss": round(losses[-1][1], 4) if losses else None,
                 "sequences": len(train_rows), "seconds": time.perf_counter() - started, "device": device.name}
@@ -199,7 +199,7 @@ def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fals
             (directory / INFO).write_text(json.dumps(info, indent=1))
 
         publish_model(run, target, write)
-        run.run.outputs["model_params"] = n_params
+        run.output("model_params", n_params)
         run.metric("params_total", n_params)
         return {"model": str(target), "source": config.source, "params": n_params,
                 "held_out": 0 if held_out is None else len(held_out), "seconds": time.perf_counter() - started}
@@ -328,7 +328,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
                 "started_from": previous.info["built_by"] if previous else None,
                 "layers": model.nkb_config.layers, "slots": model.nkb_config.slots}
         publish_model(run, target, lambda d: save_model(model, tokenizer, d, info, config.variant == "nkb-a"))
-        run.run.outputs["params_injected"] = trainable
+        run.output("params_injected", trainable)
         run.metric("params_total", total)
         run.metric("params_injected", trainable)
         return {"model": name, "started_from": info["started_from"], "params_total": total,
@@ -447,7 +447,7 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
                 "params": sum(p.numel() for p in model.parameters()), "built_by": run.run_id,
                 "final_loss": losses[-1][1], "datasets": datasets, **knowledge}
         publish_model(run, target, lambda d: save_model(model, tokenizer, d, info, weights_changed=True))
-        run.run.outputs["steps"] = steps
+        run.output("steps", steps)
         return {"model": name, "questions": len(texts), "steps": steps, "final_loss": round(losses[-1][1], 4),
                 "seconds": time.perf_counter() - started, "device": device.name}
 

@@ -37,7 +37,7 @@ class StagedRun:
 
     def __init__(self, wh: Warehouse, run: RunRecord):
         self.wh = wh
-        self.run = run
+        self.record = run  # the run's row: its id, config, fingerprint and outputs
         self.run_id = run.run_id
         self._staged: list[tuple[Path, Path]] = []  # (staging file, final path)
         self._metrics: list[tuple] = []
@@ -74,12 +74,20 @@ class StagedRun:
     def writer(self, table: str, partition: str) -> Iterator[PartitionWriter]:
         """Stream record batches into one partition of `table` (memory stays flat)."""
         staged, _ = self._staging_file(table, partition)
-        w = PartitionWriter(staged, self.wh.schema(table), self.run_id, self.run.inputs_fingerprint)
+        w = PartitionWriter(staged, self.wh.schema(table), self.run_id, self.record.inputs_fingerprint)
         try:
             yield w
         finally:
             w.close()
-        self.run.outputs[table] = self.run.outputs.get(table, 0) + w.rows
+        self.count(table, w.rows)
+
+    def output(self, name: str, value: Any) -> None:
+        """Record a figure of what the run produced in its row's `outputs` (e.g. a model's parameter count)."""
+        self.record.outputs[name] = value
+
+    def count(self, table: str, rows: int) -> None:
+        """Add `rows` written to `table` to the run row's outputs."""
+        self.output(table, self.record.outputs.get(table, 0) + rows)
 
     def staged_path(self, table: str, partition: str) -> Path:
         """Where this run staged a partition it wrote (readable by other processes until commit)."""
@@ -97,7 +105,7 @@ class StagedRun:
         committed itself."""
         path = self._staging_path(self.wh.tables_dir / table / f"{check_partition(name)}.part.parquet")
         return ShardTarget(path=str(path), table=table, run_id=self.run_id,
-                           inputs_fingerprint=self.run.inputs_fingerprint)
+                           inputs_fingerprint=self.record.inputs_fingerprint)
 
     def replace_partitions(self, table: str, prefix: str) -> None:
         """At commit, remove the table's existing partitions named `prefix*` that this run did not write."""
@@ -183,21 +191,21 @@ class StagedRun:
                 self.wh.record_partitions(con, records)
                 if self._metrics:
                     con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)", self._metrics)
-                self.run.status = "success"
-                self.run.finished_at = now()
-                insert_run(con, self.run, self.wh.home)
+                self.record.status = "success"
+                self.record.finished_at = now()
+                insert_run(con, self.record, self.wh.home)
         except BaseException:
             for step in reversed(undo):
                 with contextlib.suppress(OSError):
                     step()
-            self.run.status = "running"
+            self.record.status = "running"
             raise
         self._cleanup()
         for folder in self._dropped:
             shutil.rmtree(folder, ignore_errors=True)
         for shard_set in self._shard_sets:
             shutil.rmtree(shard_set.directory, ignore_errors=True)
-        _resume_marker(self.wh, self.run).unlink(missing_ok=True)
+        _resume_marker(self.wh, self.record).unlink(missing_ok=True)
 
     def _set_aside(self, path: Path, undo: list) -> Path:
         """Move `path` into this run's staging area (gone with it at cleanup), undoably."""
@@ -220,13 +228,13 @@ class StagedRun:
         and record the failure if the warehouse can still be written (not on a full disk: the error that stopped
         the run is what the user needs to see)."""
         self._cleanup()
-        self.run.status = "failed"
-        self.run.finished_at = now()
-        self.run.error = f"{type(error).__name__}: {error}"
-        self.run.outputs = {}
+        self.record.status = "failed"
+        self.record.finished_at = now()
+        self.record.error = f"{type(error).__name__}: {error}"
+        self.record.outputs = {}
         with contextlib.suppress(duckdb.Error, OSError):
             with self.wh.write_connection() as con:
-                insert_run(con, self.run, self.wh.home)
+                insert_run(con, self.record, self.wh.home)
 
     def _cleanup(self) -> None:
         for d in self._staging_dirs:
@@ -272,7 +280,7 @@ class ShardSet:
     def target(self, index: int) -> ShardTarget:
         """Where shard `index` goes, as plain values: another process (a Dask worker) can write it."""
         return ShardTarget(path=str(self.directory / f"{self.name(index)}.parquet"), table=self.table,
-                           run_id=self.run.run_id, inputs_fingerprint=self.run.run.inputs_fingerprint)
+                           run_id=self.run.run_id, inputs_fingerprint=self.run.record.inputs_fingerprint)
 
     def write(self, index: int, data: pa.Table | dict[str, list]) -> int:
         rows = self.target(index).write(data)
@@ -281,7 +289,7 @@ class ShardSet:
 
     def count(self, rows: int) -> None:
         """Add rows written through a `target` elsewhere to the run's outputs."""
-        self.run.run.outputs[self.table] = self.run.run.outputs.get(self.table, 0) + rows
+        self.run.count(self.table, rows)
 
     def files(self) -> list[tuple[Path, Path]]:
         """(staged, final) for every finished shard."""
