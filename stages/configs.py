@@ -11,12 +11,13 @@ are left out of the inputs fingerprint, so changing them does not rerun a stage.
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
 import typing
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, field_validator, model_validator
 
 from corpus.files import is_pattern
 
@@ -440,17 +441,47 @@ class EvaluateConfig(ModelStageConfig):
     shots_seed: Seed = Field(0, description="Seed that draws the few-shot examples (the same for every question).")
 
 
-class ReportConfig(ModelStageConfig):
+@dataclass(frozen=True)
+class ReportRow:
+    """One row of the report (the paper's Table 3), defined here once: the experiment's plan builds it, the report
+    reads it, and `ReportConfig` has a setting naming its model."""
+    key: str                  # its name in an experiment's `rows`
+    field: str                # ReportConfig's setting that names the model the row reads
+    label: str                # how the report shows it
+    model: str                # the model that setting names by default
+    description: str
+    built_here: bool = False  # only a base pretrained here has it
+    t5_only: bool = False     # a T5 baseline
+    finetuned: bool = False   # its model exists only fine-tuned: no probe or held-out loss of its own
+    generation: bool = False  # fine-tuned on the generation tasks too (the general-generation check)
+
+
+REPORT_ROWS = (
+    ReportRow("transformer", "transformer", "Transformer", "transformer",
+              "Randomly initialised model of the base's architecture.", built_here=True),
+    ReportRow("base", "base", "base", "base", "The base model.", generation=True),
+    ReportRow("base+nkb", "nkb", "base+NKB", "base+nkb", "The base with NKB slots injected.", generation=True),
+    ReportRow("base+nkb-a", "nkb_a", "base+NKB-a", "base+nkb-a", "The base with NKB injected while training everything.",
+              generation=True),
+    ReportRow("large", "large", "large", "large", "The larger base model.", built_here=True),
+    ReportRow("kformer", "kformer", "Kformer", "base.kformer", "The base fine-tuned with Kformer (a fine-tuned model).",
+              t5_only=True, finetuned=True),
+    ReportRow("concat", "concat", "concat", "base.concat", "The base fine-tuned on questions with their retrieved "
+              "documents appended (a fine-tuned model).", t5_only=True, finetuned=True),
+)
+Row = Literal[tuple(r.key for r in REPORT_ROWS)]
+GenerationRow = Literal[tuple(r.key for r in REPORT_ROWS if r.generation)]
+
+
+# A setting per row naming the model it reads (None leaves the row out; the base is always there).
+_ReportRows = create_model("_ReportRows", __base__=ModelStageConfig, __module__=__name__, **{
+    r.field: (str if r.key == "base" else Optional[str], Field(r.model, description=r.description))
+    for r in REPORT_ROWS})
+
+
+class ReportConfig(_ReportRows):
     """The paper's Table 3: EM per dataset for each model row, with the knowledge probe and the no-forgetting check."""
 
-    transformer: Optional[str] = Field("transformer", description="Randomly initialised model of the base's architecture.")
-    base: str = Field("base", description="The base model.")
-    nkb: Optional[str] = Field("base+nkb", description="The base with NKB slots injected.")
-    nkb_a: Optional[str] = Field("base+nkb-a", description="The base with NKB injected while training everything.")
-    large: Optional[str] = Field("large", description="The larger base model.")
-    kformer: Optional[str] = Field("base.kformer", description="The base fine-tuned with Kformer (a fine-tuned model).")
-    concat: Optional[str] = Field("base.concat", description="The base fine-tuned on questions with their retrieved "
-                                                             "documents appended (a fine-tuned model).")
     finetuned_suffix: str = Field(".qa", description="Each row's evaluated model is `MODEL` + this suffix: `.qa` "
                                                      "fine-tuned, `.Kshot` asked K-shot (Kformer and concat name "
                                                      "their fine-tuned model directly).")
@@ -540,7 +571,3 @@ class EditConfig(SlotEditConfig):
             raise ValueError("give question and answer, or edits (a JSONL file), not both")
         return self
 
-
-# ---- the report's rows -----------------------------------------------------------------------
-
-Row = Literal["transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat"]

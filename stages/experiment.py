@@ -28,15 +28,16 @@ from pydantic import Field, ValidationError, model_validator
 
 from corpus.files import is_pattern
 from stages.configs import (AnalyzeConfig, BaseModelConfig, DaskAddress, DeviceChoice, EvaluateConfig, FinetuneConfig,
+                            GenerationRow,
                             GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig, Name,
-                            PretrainingDataConfig, QuestionsConfig, ReportConfig, RetrieveConfig, Row,
+                            PretrainingDataConfig, QuestionsConfig, REPORT_ROWS, ReportConfig, RetrieveConfig, Row,
                             SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig, EditConfig,
                             set_value)
 
 SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-world.yaml"  # what `nkb demo` runs
 SAMPLE_WORLD_SMOLLM2 = SAMPLE_WORLD.with_name("sample-world-smollm2.yaml")  # `nkb demo --arch smollm2`
-ROWS: tuple[Row, ...] = ("transformer", "base", "base+nkb", "base+nkb-a", "large", "kformer", "concat")
-BUILT_ROWS = {"transformer", "large"}  # rows that only a base built here has
+BUILT_ROWS = {r.key for r in REPORT_ROWS if r.built_here}  # rows that only a base built here has
+T5_ROWS = {r.key for r in REPORT_ROWS if r.t5_only}
 # What `nkb demo --full` sets over the sample world's file: every row of the paper's Tables 3 and 4 that applies
 # (rows emptied: the default, every row the base allows).
 FULL_DEMO = ["rows=", "generation_rows=base,base+nkb,base+nkb-a"]
@@ -57,8 +58,8 @@ OVERRIDABLE: dict[str, type[StageConfig]] = {
     "report": ReportConfig, "analyze": AnalyzeConfig, "surgery": SurgeryConfig, "edit": EditConfig}
 # Fields the plan sets itself (which corpus, which model, which row): an override of them would break the rows.
 PLANNED = {"corpus", "source", "name", "model", "base_model", "variant", "task", "knowledge", "pretrain_corpus",
-           "general_corpus", "transformer", "base", "nkb", "nkb_a", "large", "kformer", "concat",
-           "generation_tasks", "probes", "facts", "edits", "shots", "finetuned_suffix"}
+           "general_corpus", "generation_tasks", "probes", "facts", "edits", "shots", "finetuned_suffix"} | {
+           r.field for r in REPORT_ROWS}
 
 
 class ExperimentError(ValueError):
@@ -166,7 +167,7 @@ class Experiment(StageConfig):
     rows: Optional[list[Row]] = Field(None, description=(
         "Report rows to train and evaluate; default every row that applies (transformer and large need a base "
         "built here)."))
-    generation_rows: Optional[list[Literal["base", "base+nkb", "base+nkb-a"]]] = Field(None, description=(
+    generation_rows: Optional[list[GenerationRow]] = Field(None, description=(
         "Rows fine-tuned on each generation task (of those in rows); default base, base+nkb and base+nkb-a."))
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
         f"Settings of the stages: {', '.join(OVERRIDABLE)} (nkb-a: the base+NKB-a injection, over inject's; "
@@ -184,8 +185,8 @@ class Experiment(StageConfig):
         if self.base_model and self.rows and BUILT_ROWS & set(self.rows):
             raise ValueError(f"rows {sorted(BUILT_ROWS & set(self.rows))} need a base built here (pretrain), "
                              "not base_model")
-        if self.decoder_only and self.rows and {"kformer", "concat"} & set(self.rows):
-            raise ValueError(f"rows {sorted({'kformer', 'concat'} & set(self.rows))} are T5 baselines; "
+        if self.decoder_only and self.rows and T5_ROWS & set(self.rows):
+            raise ValueError(f"rows {sorted(T5_ROWS & set(self.rows))} are T5 baselines; "
                              f"pretrain.arch is {self.pretrain['arch']}")
         _refuse_repeats("questions", self.questions, "dataset split")
         _refuse_repeats("generation", self.generation, "task split")
@@ -327,8 +328,8 @@ class Experiment(StageConfig):
             raise ExperimentError(f"stages.{stage}.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
     def _model_steps(self, knowledge: str, general: Optional[str]) -> list[tuple[str, StageConfig]]:
-        rows = self.rows or [r for r in ROWS if not (self.base_model and r in BUILT_ROWS)
-                             and not (self.decoder_only and r in ("kformer", "concat"))]
+        rows = self.rows or [r.key for r in REPORT_ROWS if not (self.base_model and r.built_here)
+                             and not (self.decoder_only and r.t5_only)]
         steps: list[tuple[str, StageConfig]] = []
         if self.pretrain is not None:
             corpus = general or knowledge
@@ -357,7 +358,7 @@ class Experiment(StageConfig):
             nkb_a = {**self.stages.get("inject", {}), **self.stages.get("nkb-a", {})}
             steps.append(("inject", InjectConfig(**{**self._stage("inject", **inject).model_dump(), **nkb_a,
                                                    "variant": "nkb-a", "name": "base+nkb-a"})))
-        for name in ("transformer", "base", "base+nkb", "base+nkb-a", "large"):
+        for name in (r.key for r in REPORT_ROWS if not r.finetuned):
             if name in rows and self.shots:
                 steps.append(("evaluate", self._stage("evaluate", model=name, shots=self.shots)))
             elif name in rows:
@@ -365,21 +366,18 @@ class Experiment(StageConfig):
                 steps.append(("evaluate", self._stage("evaluate", model=f"{name}.qa")))
         tasks = list(dict.fromkeys(g.task for g in self.generation))
         generation = {**self.stages.get("finetune", {}), **self.stages.get("generation", {}), "answer_format": "plain"}
-        for name in ("base", "base+nkb", "base+nkb-a"):
+        for name in (r.key for r in REPORT_ROWS if r.generation):
             if name in rows and name in (self.generation_rows or [name]):
                 for task in tasks:
                     made = {"model": name, "name": f"{name}.{task}", "task": task}
                     steps.append(("finetune", FinetuneConfig(**{**self._stage("finetune").model_dump(), **generation,
                                                                 **made})))
                     steps.append(("evaluate", self._stage("evaluate", model=f"{name}.{task}")))
-        for mode in ("kformer", "concat"):  # the base with retrieved documents, on the same fine-tuning budget
-            if mode in rows:
-                steps.append(("finetune", self._stage("finetune", model="base", name=f"base.{mode}", knowledge=mode)))
-                steps.append(("evaluate", self._stage("evaluate", model=f"base.{mode}")))
-        present = {"transformer": "transformer", "nkb": "base+nkb", "nkb_a": "base+nkb-a", "large": "large",
-                   "kformer": "base.kformer", "concat": "base.concat"}
-        report = {field: name if (name.split(".")[-1] if name.startswith("base.") else name) in rows else None
-                  for field, name in present.items()}
+        for row in (r for r in REPORT_ROWS if r.finetuned and r.key in rows):
+            # the base with retrieved documents, on the same fine-tuning budget
+            steps.append(("finetune", self._stage("finetune", model="base", name=row.model, knowledge=row.key)))
+            steps.append(("evaluate", self._stage("evaluate", model=row.model)))
+        report = {r.field: r.model if r.key in rows else None for r in REPORT_ROWS if r.key != "base"}
         asked = {"finetuned_suffix": f".{self.shots}shot"} if self.shots else {}
         steps.append(("report", self._stage("report", **report, **asked, generation_tasks=tasks, probes=self.probes)))
         if "base+nkb" in rows and not self.shots:  # what the slots hold, and editing them (sections 5 and 6)

@@ -12,12 +12,12 @@ import numpy as np
 import pyarrow as pa
 
 from corpus.files import iter_jsonl
-from stages.configs import ReportConfig
+from stages.configs import REPORT_ROWS, ReportConfig
 from warehouse import (StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs, query, run_metrics,
                        run_stage)
 
 GENERATION_METRICS = ("rougeL", "bleu")
-GENERATION_ROWS = ("base", "base+NKB", "base+NKB-a")  # rows fine-tuned on the generation tasks
+GENERATION_ROWS = {r.label for r in REPORT_ROWS if r.generation}  # rows fine-tuned on the generation tasks
 
 
 def latest_metrics(wh: Warehouse, model_name: str, split: str) -> list[dict]:
@@ -79,9 +79,8 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
     # (label, model before fine-tuning, its fine-tuned model); Kformer and concat exist only fine-tuned: they
     # have no probe or held-out loss of their own (their model before fine-tuning is the base).
     suffix = config.finetuned_suffix
-    rows_spec = [("Transformer", config.transformer, None), ("base", config.base, None), ("base+NKB", config.nkb, None),
-                 ("base+NKB-a", config.nkb_a, None), ("large", config.large, None),
-                 ("Kformer", config.kformer, config.kformer), ("concat", config.concat, config.concat)]
+    rows_spec = [(r.label, getattr(config, r.field), getattr(config, r.field) if r.finetuned else None)
+                 for r in REPORT_ROWS]
     available = []
     for label, name, finetuned in rows_spec:
         if name:

@@ -242,3 +242,17 @@ def test_nkb_run_and_an_experiment_read_a_set_value_alike():
         apply_sets({}, ["stages.inject.steps=[1,"])
     with pytest.raises(SystemExit, match=r"--set steps: the value is not valid YAML"):
         parse_sets(InjectConfig, ["steps=[1,"], "nkb run inject")
+
+
+def test_the_report_rows_are_defined_once_and_everything_reads_them():
+    import typing
+
+    from stages.configs import REPORT_ROWS, ReportConfig, Row
+    from stages.experiment import PLANNED
+    assert typing.get_args(Row) == tuple(r.key for r in REPORT_ROWS)
+    assert {r.field: r.model for r in REPORT_ROWS} == {r.field: getattr(ReportConfig(), r.field) for r in REPORT_ROWS}
+    assert {r.field for r in REPORT_ROWS} <= PLANNED  # the plan sets which model each row reads
+    plan = Experiment.load(SAMPLE_WORLD, ["rows=base,base+nkb,concat"]).plan()
+    report = [c for name, c in plan if name == "report"][0]
+    assert (report.nkb, report.concat, report.nkb_a, report.kformer) == ("base+nkb", "base.concat", None, None)
+    assert ("finetune", "base.concat") in [(name, getattr(c, "name", None)) for name, c in plan]
