@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from flows.errors import USER_ERRORS, describe_error
+from flows.error_lines import USER_ERRORS, describe_error
 from stages.configs import DEFAULT_STRENGTH, is_list, set_value, validation_problems
 from warehouse import Warehouse, WarehouseError, list_runs, query, resolve_home, row_counts
 from warehouse.sql import FORMATTERS

@@ -14,7 +14,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.deployments import flow_attribute
-from flows.errors import tidy_run_logs
+from flows.error_lines import tidy_run_logs
 from stages.data import ingest_part, ner_shard
 from stages.experiment import Experiment, ExperimentError
 from stages.inputs import world_dir

@@ -21,7 +21,7 @@ from torch import nn
 
 from nkb_model.mounting import (ffn_maps, final_norm, get_ffn, is_gated, key_layer, linear_layer, resolve_layers, rows,
                                 value_layer)
-from nkb_model.generation import teacher_forced
+from nkb_model.decoding import teacher_forced
 from nkb_model.nkb import NKBFeedForward, mounted_layers
 
 CATEGORIES = {"PERSON": "Person", "GPE": "Place", "LOC": "Place", "FAC": "Place", "ORG": "Organisation",

@@ -9,7 +9,7 @@ the families and their maps):
                                                                            style (gate_proj, up_proj, down_proj)
 
 so that a slot is exactly one more FFN neuron (a row of each input map, with its bias where the FFN's map has
-one, and a column of the output map): merging the slots into the FFN (`nkb_model.export`) gives the same
+one, and a column of the output map): merging the slots into the FFN (`nkb_model.merge`) gives the same
 function. It sits inside the same residual branch (on T5 the same layer norm and outer dropout; on GPT-2 after
 the MLP's own output dropout), with no dropout of its own by default. `NKBFeedForward` wraps the original module
 as `base_layer` and is swapped in with `setattr`, so the model's code is untouched and unmounting restores the

@@ -188,7 +188,7 @@ def load_questions(wh: Warehouse, config: QuestionsConfig, force: bool = False) 
 
 def load_generation_data(wh: Warehouse, config: GenerationDataConfig, force: bool = False) -> StageResult:
     """Read one summarisation or translation split into `gen_examples`, partition = `<task>.<split>`."""
-    from corpus import generation
+    from corpus import generation_data as generation
     path, params, fp = file_input("generation-data", config)
 
     def body(run: StagedRun) -> dict:

@@ -20,7 +20,7 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
     with `shots`, each question after K solved ones of its dataset's train split. A generation task: beam search,
     ROUGE-L (summarisation) or SacreBLEU (translation)."""
     from nkb_model.fewshot import answer_of
-    from nkb_model.generation import generate
+    from nkb_model.decoding import generate
     from nkb_model.metrics import bleu, exact_match, rouge_l
     from nkb_model.train import choose_device
     source = source_model(wh, config.model)

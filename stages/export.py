@@ -20,7 +20,7 @@ def export_model(wh: Warehouse, name: str, target: Path, adapter: bool = False) 
     merged into the FFNs. `adapter`: the base's folder plus the slots apart (`nkb/`), with the base's name and
     content hash."""
     from nkb_model.checkpoint import INFO
-    from nkb_model.export import merge_nkb
+    from nkb_model.merge import merge_nkb
     from nkb_model.nkb import mounted_layers, save_nkb, unmount_nkb
     target = Path(target)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):

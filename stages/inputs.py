@@ -133,7 +133,7 @@ def gen_examples(wh: Warehouse, task: str, split: str) -> pa.Table:
 
 
 def gen_inputs(table: pa.Table) -> list[str]:
-    from corpus.generation import model_input
+    from corpus.generation_data import model_input
     return [model_input(k, s, a, b) for k, s, a, b in zip(*(table.column(c).to_pylist() for c in
                                                              ("kind", "source", "source_lang", "target_lang")))]
 

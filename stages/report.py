@@ -50,7 +50,7 @@ def _generation_scores(wh: Warehouse, available, config: ReportConfig) -> dict[s
 def _probe(run: StagedRun, name: str, model, tokenizer, probes: list[dict], split: str, device) -> list[float | None]:
     """EM of the probe in unseen and in seen (article) wording. Every fill goes to `predictions`, so that a
     low probe can be read fact by fact: question_id `<model>/<fact_id>/<probe>`, dataset `probe-<wording>`."""
-    from nkb_model.evaluation import probe
+    from nkb_model.checks import probe
     ems, out = [], {"question_id": [], "dataset": [], "split": [], "prediction": [], "exact_match": []}
     for wording in ("unseen", "seen"):
         mine = [p for p in probes if p.get("wording", "unseen") == wording]
@@ -72,7 +72,7 @@ def _probe(run: StagedRun, name: str, model, tokenizer, probes: list[dict], spli
 def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageResult:
     """Collect EM of each row's fine-tuned model; probe and held-out loss of each row's model before fine-tuning."""
     from nkb_model.checkpoint import load_model, read_info
-    from nkb_model.evaluation import heldout_loss
+    from nkb_model.checks import heldout_loss
     from nkb_model.nkb import unmount_nkb
     from nkb_model.train import choose_device
     from stages.models import base_dir_of, find_model  # here: `nkb report` only reads tables

@@ -9,7 +9,7 @@ import pytest
 
 from corpus.documents import read_documents
 from corpus.errors import InputFileError
-from corpus.generation import read_examples
+from corpus.generation_data import read_examples
 from corpus.qa import read_questions
 from tests.conftest import mediawiki_dump, mediawiki_page
 

@@ -8,7 +8,7 @@ from transformers import (BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, Ll
                           Qwen2ForCausalLM)
 
 from nkb_model.analysis import memories, output_logits
-from nkb_model.export import merge_nkb
+from nkb_model.merge import merge_nkb
 from nkb_model.mounting import get_ffn, resolve_layers
 from nkb_model.nkb import NKBConfig, NKBFeedForward, load_nkb, mount_nkb, save_nkb, unmount_nkb
 from tests.nkb_model.test_nkb import tiny_t5

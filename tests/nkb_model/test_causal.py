@@ -13,8 +13,8 @@ from nkb_model.analysis import first_step_weights
 from nkb_model.base_model import new_causal, train_tokenizer
 from nkb_model.batches import PairBatches
 from nkb_model.causal import cloze_prefix, encode_pairs, pad_causal, probe_fill
-from nkb_model.evaluation import heldout_loss, probe
-from nkb_model.generation import generate, teacher_forced
+from nkb_model.checks import heldout_loss, probe
+from nkb_model.decoding import generate, teacher_forced
 from nkb_model.nkb import NKBConfig, mount_nkb, mounted_layers
 from nkb_model.train import TrainConfig, choose_device, train
 

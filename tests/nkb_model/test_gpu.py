@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM
 
-from nkb_model.export import merge_nkb
+from nkb_model.merge import merge_nkb
 from nkb_model.nkb import NKBConfig, mount_nkb, nkb_state_dict, unmount_nkb
 from nkb_model.train import TrainConfig, choose_device, train
 from tests.nkb_model.test_nkb import batch, tiny_t5

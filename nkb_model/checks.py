@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from nkb_model.base_model import SpanCorruptionBatches
-from nkb_model.generation import generate
+from nkb_model.decoding import generate
 from nkb_model.metrics import exact_match
 from nkb_model.train import Device
 

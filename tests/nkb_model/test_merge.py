@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM
 
-from nkb_model.export import merge_nkb
+from nkb_model.merge import merge_nkb
 from nkb_model.nkb import NKBConfig, mount_nkb
 from tests.nkb_model.test_nkb import VARIANTS, batch, tiny_t5
 

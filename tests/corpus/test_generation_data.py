@@ -5,7 +5,7 @@ import json
 import pytest
 
 from corpus.errors import InputFileError
-from corpus.generation import model_input, read_examples, read_summaries, read_translations, translation_languages
+from corpus.generation_data import model_input, read_examples, read_summaries, read_translations, translation_languages
 from corpus.sample_world import GENERATION_TASKS, generate
 
 

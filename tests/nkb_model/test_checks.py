@@ -1,8 +1,8 @@
 import numpy as np
 import torch
 
-from nkb_model.evaluation import heldout_loss
-from nkb_model.generation import filled_span
+from nkb_model.checks import heldout_loss
+from nkb_model.decoding import filled_span
 from nkb_model.base_model import new_t5, pack, train_tokenizer
 from nkb_model.nkb import NKBConfig, mount_nkb, mounted_layers, unmount_nkb
 from nkb_model.train import choose_device
