@@ -1,4 +1,4 @@
-"""Reading NKB slots (and any supported FFN) as key-value memories (editing them is `nkb_model.surgery`).
+"""Reading NKB slots (and any supported FFN) as key-value memories (editing them is `nkb_model.slot_edits`).
 
 A FFN (or the NKB) computes `Σ_i act(x·k_i) v_i`: key i decides how strongly slot i fires, value i is
 what it adds to the residual stream (Geva et al.; the NKB paper's sections 5 and 6).

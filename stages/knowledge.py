@@ -131,15 +131,15 @@ def _category_plot(shares: dict[str, float], title: str, path: Path) -> None:
 def _site(wh: Warehouse, config: SlotEditConfig, model, tokenizer, info: dict):
     """Where a surgery or an edit goes: the configured block (default the last decoder NKB), the decoder ids before
     the model's answers, and for slot=specific each slot's usual activation on the reference questions."""
-    from nkb_model import surgery as knife
-    layer = config.layer or knife.default_layer(model)
+    from nkb_model import slot_edits
+    layer = config.layer or slot_edits.default_layer(model)
     prefix, end = answer_frame(tokenizer, info.get("answer_format", "plain"))
     typical = None
     if config.slot == "specific":
         reference = read_questions(wh, None, config.reference)
         answers = [a[0] for a in reference.column("answers").to_pylist()]
-        typical = knife.slot_profile(model, tokenizer, _model_texts(reference, info), answers, layer, prefix, end)
-    return knife.Site(layer, tuple(prefix), typical)
+        typical = slot_edits.slot_profile(model, tokenizer, _model_texts(reference, info), answers, layer, prefix, end)
+    return slot_edits.Site(layer, tuple(prefix), typical)
 
 
 def _site_lineage(wh: Warehouse, config: SlotEditConfig) -> list[str]:
@@ -149,7 +149,7 @@ def _site_lineage(wh: Warehouse, config: SlotEditConfig) -> list[str]:
 def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageResult:
     """For questions the model gets wrong at the first answer token: edit a slot toward the gold first token, at
     every strength; record success and how many other answers changed; undo each edit."""
-    from nkb_model import surgery as knife
+    from nkb_model import slot_edits
     from nkb_model.train import choose_device
     source = source_model(wh, config.model)
     questions = read_questions(wh, None, config.split)
@@ -164,7 +164,7 @@ def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageR
         model, tokenizer, info = source.load(device)
         site = _site(wh, config, model, tokenizer, info)
         gold = [a[0] for a in questions.column("answers").to_pylist()]
-        rows, wrong = knife.sweep(model, tokenizer, _model_texts(questions, info), gold, site, grid,
+        rows, wrong = slot_edits.sweep(model, tokenizer, _model_texts(questions, info), gold, site, grid,
                                   config.questions, config.others, config.seed, absolute)
         qids = questions.column("question_id").to_pylist()
         run.write("edits", f"{source.name}.surgery", {
@@ -217,7 +217,7 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
     """Edit a slot (the site's choice) at each step of each wanted answer (multi-token answers: one slot per
     token), then save the NKB as a new model that shares the source's T5 weights, with the edit log. A batch of edits is measured
     for success, generalisation (paraphrases) and locality (unedited validation questions)."""
-    from nkb_model import surgery as knife
+    from nkb_model import slot_edits
     from nkb_model.checkpoint import hf_dir, relative_base, save_model
     from nkb_model.train import choose_device
     batch = read_edits(config.edits) if config.edits else None
@@ -242,9 +242,9 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
 
         def text(question: str) -> str:
             return qa_pair(question, None, answer_format)[0]
-        asked = [knife.Request(text(r["question"]), r["answer"], [text(p) for p in r["paraphrases"]]) for r in requests]
+        asked = [slot_edits.Request(text(r["question"]), r["answer"], [text(p) for p in r["paraphrases"]]) for r in requests]
         strength, absolute = (config.lam, True) if config.lam else (config.strength, False)
-        done = knife.edit_many(model, tokenizer, asked, _locality_texts(wh, config, requests, info) if batch else [],
+        done = slot_edits.edit_many(model, tokenizer, asked, _locality_texts(wh, config, requests, info) if batch else [],
                                site, strength, device, absolute, end)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         log = list(source.info.get("edits", [])) + [

@@ -8,7 +8,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from corpus.ssm import ssm_examples
-from nkb_model import surgery
+from nkb_model import slot_edits
 from nkb_model.analysis import first_step_weights
 from nkb_model.base_model import new_causal, train_tokenizer
 from nkb_model.batches import PairBatches
@@ -122,15 +122,15 @@ def test_the_held_out_loss_of_a_decoder_only_model_is_its_next_token_loss(tokeni
 def test_slots_of_a_decoder_only_model_are_read_and_edited_at_the_answers_first_step(tokenizer, arch):
     model = new_causal(tokenizer, arch, "tiny").eval()
     mount_nkb(model, NKBConfig(layers=["decoder.-1"]))
-    layer = surgery.default_layer(model)
+    layer = slot_edits.default_layer(model)
     assert layer == ("layers.3" if arch == "llama" else "h.3")
     weights = first_step_weights(model, tokenizer, QUESTIONS, layer)
-    _, step_weights, _ = surgery.read_step(model, tokenizer, QUESTIONS, (), layer)
+    _, step_weights, _ = slot_edits.read_step(model, tokenizer, QUESTIONS, (), layer)
     torch.testing.assert_close(weights, step_weights)  # both at the step that writes the first answer token
-    profile = surgery.slot_profile(model, tokenizer, QUESTIONS, ANSWERS, layer)
+    profile = slot_edits.slot_profile(model, tokenizer, QUESTIONS, ANSWERS, layer)
     assert profile.shape == (mounted_layers(model)[layer].nkb_values.in_features,) and (profile > 0).all()
-    first = surgery.first_token(model, tokenizer, QUESTIONS[:1])[0]
+    first = slot_edits.first_token(model, tokenizer, QUESTIONS[:1])[0]
     target = (first + 5) % len(tokenizer)
-    firing = surgery.fired(model, tokenizer, QUESTIONS[0], surgery.Site(layer))
-    surgery.strong_edit(model, firing, layer, target, first, strength=4.0)
-    assert surgery.first_token(model, tokenizer, QUESTIONS[:1]) == [target]
+    firing = slot_edits.fired(model, tokenizer, QUESTIONS[0], slot_edits.Site(layer))
+    slot_edits.strong_edit(model, firing, layer, target, first, strength=4.0)
+    assert slot_edits.first_token(model, tokenizer, QUESTIONS[:1]) == [target]
