@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from flows.error_lines import USER_ERRORS, describe_error
-from stages.configs import DEFAULT_STRENGTH, is_list, set_value, validation_problems
+from stages.configs import EditConfig, is_list, set_value, validation_problems
 from warehouse import Warehouse, WarehouseError, list_runs, query, resolve_home, row_counts
 from warehouse.sql import FORMATTERS
 
@@ -46,7 +46,8 @@ def local_flow_settings():
             yield
 
 
-def _field_help(name: str, field) -> str:
+def _kind(field) -> tuple[str, list | None]:
+    """How a config field's values look (`int`, `a,b,...`, `specific|top`), and its choices when it has a few."""
     annotation = field.annotation
     args = typing.get_args(annotation)
     if typing.get_origin(annotation) is typing.Union:
@@ -57,13 +58,34 @@ def _field_help(name: str, field) -> str:
         annotation = args[0]
         args = typing.get_args(annotation)
     if typing.get_origin(annotation) is typing.Literal:
-        kind = "|".join(map(str, args))
-    elif is_list(annotation):
-        kind = "a,b,..."
-    else:
-        kind = getattr(annotation, "__name__", str(annotation))
-    shown = "required" if field.is_required() else f"default {field.get_default(call_default_factory=True)!r}"
-    return f"  {name}={kind}  ({shown})\n      {field.description or ''}"
+        return "|".join(map(str, args)), list(args)
+    if is_list(annotation):
+        return "a,b,...", None
+    return getattr(annotation, "__name__", str(annotation)), None
+
+
+def _shown_default(field) -> str:
+    return "required" if field.is_required() else f"default {field.get_default(call_default_factory=True)!r}"
+
+
+def _field_help(name: str, field) -> str:
+    return f"  {name}={_kind(field)[0]}  ({_shown_default(field)})\n      {field.description or ''}"
+
+
+def config_options(parser: argparse.ArgumentParser, config: type) -> None:
+    """An option per field of `config` (`--strength 0.5`), its type, choices, default and help drawn from the field,
+    its value read as `--set` reads one: a command's options are its config model's fields, declared once."""
+    for name, field in config.model_fields.items():
+        kind, choices = _kind(field)
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, required=field.is_required(), choices=choices,
+                            metavar=None if choices else kind.upper(),
+                            type=lambda text, f=field: set_value(text, f),
+                            help=f"{field.description or ''} ({_shown_default(field)})")
+
+
+def config_from_options(config: type, args):
+    """`config` from the options `config_options` added (those not given keep the field's default)."""
+    return config(**{name: getattr(args, name) for name in config.model_fields if getattr(args, name) is not None})
 
 
 def _experiment_epilog() -> str:
@@ -385,12 +407,9 @@ def cmd_report(args) -> int:
 
 
 def cmd_edit(args) -> int:
-    from stages.configs import EditConfig
     from stages.runner import run_stage
     try:
-        config = EditConfig(model=args.model, question=args.question, answer=args.answer, edits=args.edits,
-                            name=args.name, layer=args.layer, slot=args.slot, strength=args.strength, lam=args.lam,
-                            device=args.device)
+        config = config_from_options(EditConfig, args)
     except ValidationError as exc:
         raise SystemExit(f"error: {validation_problems(exc)[0].removeprefix('config: ')}") from None
     if config.edits:  # a wrong file is found before the model is loaded
@@ -401,10 +420,10 @@ def cmd_edit(args) -> int:
     if result.skipped:
         print(f"this edit was already made: model {result.run.checkpoint} (run {result.run.run_id})")
         return 0
-    how = f"λ = {args.lam:g}" if args.lam else f"strength {config.strength:g}"
-    print(f"edited model: {v['model']} (from {args.model}, which is unchanged); {how}, "
+    how = f"λ = {config.lam:g}" if config.lam else f"strength {config.strength:g}"
+    print(f"edited model: {v['model']} (from {config.model}, which is unchanged); {how}, "
           f"{v['slots_edited']} slot(s) edited; the log is in {result.run.checkpoint}/nkb-model.json")
-    if args.edits:
+    if config.edits:
         print(f"  {v['edits']} edits: success {v['success']} %, generalisation (paraphrases) {v['generalization']} %, "
               f"locality (unedited questions unchanged) {v['locality']} %")
         return 0
@@ -577,21 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "The result is a new model (the old one stays selectable by its name) with an "
                                     "edit log. --edits applies many edits and reports success, generalisation to "
                                     "paraphrases and locality.")
-    ed.add_argument("--model", required=True, help="model with an NKB, e.g. base+nkb.qa")
-    ed.add_argument("--question", help="the question, as in the QA data")
-    ed.add_argument("--answer", help="the answer wanted after the edit")
-    ed.add_argument("--edits", metavar="FILE.jsonl", help="many edits instead of --question/--answer: a JSON object "
-                    "a line with question, answer and optionally paraphrases (a list of other wordings)")
-    ed.add_argument("--strength", type=float, default=DEFAULT_STRENGTH,
-                    help=f"relative edit strength (default {DEFAULT_STRENGTH:g}; docs/pipeline.md has the sweep behind it)")
-    ed.add_argument("--lam", type=float,
-                    help="the paper's absolute λ instead of --strength (its best on T5-base: 0.07)")
-    ed.add_argument("--name", help="name of the edited model (default <model>.edit-<digest>)")
-    ed.add_argument("--layer", help="NKB block to edit (default: the last decoder block with an NKB)")
-    ed.add_argument("--slot", choices=["specific", "top"], default="specific",
-                    help="specific (default): the slot that fires most above its usual activation on the training "
-                         "questions; top: the slot that fires most (the paper's)")
-    ed.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (default auto)")
+    config_options(ed, EditConfig)
     ed.set_defaults(func=cmd_edit)
 
     ex = sub.add_parser("export", help="write a model as a folder that stock transformers loads",
