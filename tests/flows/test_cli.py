@@ -130,7 +130,7 @@ def test_runs_of_an_unknown_stage_name_the_stages_that_have_runs(capsys, home, t
 def test_in_process_flows_skip_heartbeats_only_under_the_temporary_server():
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
-    from flows.cli import local_flow_settings
+    from flows.cli_common import local_flow_settings
     default = get_current_settings().flows.heartbeat_frequency
     assert default  # Prefect's own default; a server uses it to tell crashed runs
     with temporary_settings(restore_defaults={PREFECT_API_URL}), local_flow_settings():
@@ -147,7 +147,7 @@ def test_server_down_where_no_server_was_started_fails_says_how_and_creates_noth
 
 
 def test_server_hints_name_the_project_so_they_work_from_anywhere(tmp_path):
-    from flows.cli import server_command
+    from flows.cli_common import server_command
     assert server_command("down", tmp_path).endswith(f"server down --project {tmp_path.resolve()}")
 
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # every test runs flows under a temporary Prefect
 
 @pytest.fixture(scope="module", autouse=True)
 def prefect_harness():
-    # Without heartbeats, as `nkb demo` runs its flows (flows.cli.local_flow_settings): each costs a second.
+    # Without heartbeats, as `nkb demo` runs its flows (flows.cli_common.local_flow_settings): each costs a second.
     with prefect_test_harness(server_startup_timeout=120), \
             temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield

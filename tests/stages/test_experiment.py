@@ -230,7 +230,7 @@ def test_the_knowledge_may_be_the_parts_of_a_split_dump(tmp_path):
 
 
 def test_nkb_run_and_an_experiment_read_a_set_value_alike():
-    from flows.cli import parse_sets
+    from flows.cli_common import parse_sets
     from stages.configs import IngestConfig, SalientSpansConfig
     pairs = ["labels=PERSON,ORG", "max_words=20", "model=", "corpus=1984"]
     run = parse_sets(SalientSpansConfig, pairs, "nkb run salient-spans")

@@ -1,0 +1,144 @@
+"""`nkb pipeline`, `nkb demo` and `nkb run`: experiments end to end, and one stage."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from flows.cli_common import (config_epilog, experiment_epilog, home_flag, prepare_environment, program,
+                              local_flow_settings, parse_sets)
+from flows.cli_warehouse import cmd_report
+from warehouse import Warehouse, resolve_home, row_counts
+
+
+def cmd_run(args) -> int:
+    from stages.registry import STAGES
+    from stages.runner import run_stage, summarize
+    stage = STAGES[args.stage]
+    config = parse_sets(stage.config, args.set or [], f"nkb run {stage.name}")
+    started = time.perf_counter()
+    wh = Warehouse(args.home)  # refused here if it cannot be written, before Prefect starts
+    if args.prefect or os.environ.get("PREFECT_API_URL") or getattr(config, "dask", None):
+        prepare_environment(wh.home)
+        from flows.flows import STAGE_FLOWS
+        with local_flow_settings():
+            row = STAGE_FLOWS[stage.name](config, str(wh.home), args.force)
+    else:
+        row = summarize(stage.name, run_stage(stage.name, wh, config, args.force), time.perf_counter() - started)
+    if row["skipped"]:
+        print(f"{stage.name}: skipped, inputs unchanged since run {row['run_id']} (use --force to rerun)")
+    else:
+        details = ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("stage", "run_id", "skipped", "written"))
+        print(f"{stage.name}: run {row['run_id']} done: {details}")
+    return 0
+
+
+def cmd_pipeline(args) -> int:
+    from stages.experiment import Experiment
+    return run_experiment(Experiment.load(args.experiment, args.set or []), args)
+
+
+def cmd_demo(args) -> int:
+    from stages.experiment import FULL_DEMO, SAMPLE_WORLD, SAMPLE_WORLD_SMOLLM2, Experiment, decoder_only_demo
+    real = args.arch == "smollm2"
+    sets = (FULL_DEMO if args.full and not real else []) + (
+        decoder_only_demo(args.arch) if args.arch in ("llama", "gpt2") else []) + (
+        args.set or []) + ([f"sample_world.people={args.people}"] if args.people else [])
+    return run_experiment(Experiment.load(SAMPLE_WORLD_SMOLLM2 if real else SAMPLE_WORLD, sets), args)
+
+
+def run_experiment(experiment, args) -> int:
+    """Run an experiment's plan through the pipeline flow, then say what ran and where the results are."""
+    home = resolve_home(args.home)
+    experiment.require_files()  # before Prefect starts (the flow checks again, for runs from the UI)
+    wh = Warehouse(home)  # a warehouse that cannot be written is refused here, not by Prefect's own state
+    prepare_environment(home)
+    from flows.flows import pipeline
+    started = time.perf_counter()
+    with local_flow_settings():
+        rows = pipeline(experiment=experiment, home=str(home), force=args.force, train_models=args.models)
+    seconds = time.perf_counter() - started
+    print(f"\nExperiment {experiment.name} finished in {seconds:.0f} s. Stages:")
+    width = max((len(r["for"]) for r in rows), default=0)
+    for r in rows:
+        state = "skipped (unchanged)" if r["skipped"] else f"{r['written'] or 'done'} in {r['seconds']:.1f} s"
+        print(f"  {r['stage']:<16} {r['for']:<{width}}  {state}")
+    models = {r["model"]: r["folder"] for r in rows if r.get("folder")}
+    if models:
+        print("\nModels (each folder has a model card, README.md; `nkb export NAME FOLDER` for stock transformers):")
+        for name, folder in models.items():
+            print(f"  {name:<{max(map(len, models))}}  {folder}")
+    print(f"\nWarehouse: {home}\n  Parquet tables: {wh.tables_dir}\n  DuckDB file:    {wh.db_path}"
+          f"  (open it with the duckdb CLI too)\n\nTables:")
+    filled = [(name, kind, count) for name, kind, count in row_counts(wh) if count]
+    width = max((len(name) for name, _, _ in filled), default=0)
+    for name, kind, count in filled:
+        print(f"  {name:<{width}} {count:>8} rows  ({kind})")
+    h = program() + home_flag(args)
+    print("\nTry:")
+    for sql in ("SELECT label, count(*) AS spans FROM salient_spans GROUP BY label ORDER BY spans DESC",
+                "SELECT dataset, split, round(100 * value, 1) AS recall_at_3 FROM metrics "
+                "WHERE metric = 'answer_recall@3' ORDER BY ALL",
+                "SELECT input, target FROM ssm_examples LIMIT 5"):
+        print(f'  {h} sql "{sql}"')
+    print(f"  {h} runs")
+    if models:
+        example = next((m for m in models if m.endswith("+nkb.qa")), list(models)[-1])
+        print(f"  {h} export {example} exported-model    # a folder stock transformers loads")
+    if not args.models:
+        return 0
+    plot = wh.files_dir / "report.png"
+    code = cmd_report(argparse.Namespace(home=args.home, format="table", output=None, plot=str(plot)))
+    plots = [plot, *sorted((wh.files_dir / "analysis").glob("*.png"))[-1:]]
+    print("\nPlots:\n" + "\n".join(f"  {p}" for p in plots if p.exists()))
+    return code
+
+
+def add_commands(sub) -> None:
+    from stages.registry import STAGES
+    epilog = experiment_epilog()
+    experiment_help = ("set an experiment key (repeatable): stages.STAGE.KEY=value for a stage's setting (listed "
+                       "by `nkb run STAGE --help`), pretrain.KEY, large.KEY, sample_world.KEY, or a top-level key "
+                       "such as rows=base,base+nkb; values are YAML")
+    models_help = ("also build or bring in the base, inject, fine-tune, evaluate and report (about 12 minutes for "
+                   "the sample world on 2 CPU cores); --no-models stops after the data stages")
+    pipe = sub.add_parser("pipeline", help="run an experiment file end to end",
+                          description="Run an experiment: the stages its YAML file plans (ingest its corpora and QA "
+                                      "files, index, retrieve, salient spans, base model, NKB injection, fine-tuning, "
+                                      "evaluation, report, analysis, surgery). Stages whose inputs are unchanged are "
+                                      "skipped, so a rerun after changing a setting reruns only what it affects.",
+                          epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pipe.add_argument("experiment", help="the experiment's YAML file (see experiments/example.yaml)")
+    demo = sub.add_parser("demo", help="run the built-in sample world's experiment end to end",
+                          description="Generate the sample world and run its experiment (experiments/sample-world.yaml) "
+                                      "end to end; `nkb pipeline experiments/sample-world.yaml` does the same. E.g. "
+                                      "`--set rows=base,base+nkb --set generation=` trains only those rows, without "
+                                      "the generation check.",
+                          epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_argument("--people", type=int, help="people in the sample world (sets sample_world.people)")
+    demo.add_argument("--full", action="store_true", help="every row of the paper's Tables 3 and 4 (adds the "
+                      "Transformer, larger-base, Kformer and concat rows to the default's base, base+NKB and "
+                      "base+NKB-a, and NKB-a to the generation check; what the default built is reused)")
+    demo.add_argument("--arch", choices=["t5", "llama", "gpt2", "smollm2"], default="t5", help=(
+        "the base: a T5 (default), or a decoder-only Llama or GPT-2 of the same size and budget, with slots on "
+        "every block (no Kformer or concat rows: they are T5 baselines); smollm2: the real pretrained "
+        "SmolLM2-135M-Instruct, asked few-shot (experiments/sample-world-smollm2.yaml)"))
+    for p, func in ((pipe, cmd_pipeline), (demo, cmd_demo)):
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help=experiment_help)
+        p.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")
+        p.add_argument("--models", action=argparse.BooleanOptionalAction, default=True, help=models_help)
+        p.set_defaults(func=func)
+
+    run = sub.add_parser("run", help="run one stage", description="Run one stage with its config; "
+                         "`nkb run STAGE --help` lists the stage's config fields.")
+    stage_sub = run.add_subparsers(dest="stage", required=True, metavar="STAGE")
+    for stage in STAGES.values():
+        p = stage_sub.add_parser(stage.name, help=stage.summary, description=stage.summary,
+                                 epilog=config_epilog(stage.config), formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config field (repeatable)")
+        p.add_argument("--force", action="store_true", help="rerun even if the same inputs already succeeded")
+        p.add_argument("--prefect", action="store_true",
+                       help="run as a Prefect flow run even without a configured server "
+                            "(automatic when PREFECT_API_URL is set)")
+        p.set_defaults(func=cmd_run)

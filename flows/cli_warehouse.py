@@ -1,0 +1,201 @@
+"""`nkb sql`, `check`, `tables`, `runs` and `report`: reading the warehouse."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from flows.cli_common import emit, home_flag, output_format, program, write_output
+from warehouse import Warehouse, WarehouseError, list_runs, query, row_counts
+from warehouse.sql import FORMATTERS
+
+
+def cmd_sql(args) -> int:
+    table = query(Warehouse(args.home, create=False), args.query, timeout=_sql_timeout(args.timeout))
+    fmt = output_format(args)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+        if not args.output:
+            raise ValueError("--format parquet writes a file: give it with --output FILE.parquet")
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, args.output)
+        print(f"wrote {args.output} ({table.num_rows} rows)", file=sys.stderr)
+        return 0
+    emit(FORMATTERS[fmt](table), args.output)
+    return 0
+
+
+def _sql_timeout(given: float | None) -> float | None:
+    """--timeout, else $NKB_SQL_TIMEOUT (what a shared machine sets for everyone), else 600 s where a Prefect
+    server is shared (PREFECT_API_URL set), else none. 0 means none."""
+    if given is None:
+        given = float(os.environ.get("NKB_SQL_TIMEOUT") or (600 if os.environ.get("PREFECT_API_URL") else 0))
+    return given or None
+
+
+def cmd_check(args) -> int:
+    """Compare every table file with what its run committed; with --repair, move the bad ones aside."""
+    from warehouse.runs import get_run
+    wh = Warehouse(args.home, create=False)
+    if args.repair and not wh.writable:
+        raise WarehouseError(f"--repair moves files and the warehouse {wh.home} cannot be written")
+    problems = wh.check_files()
+    if not problems:
+        print(f"every table file of {wh.home} is as its run committed it")
+        return 0
+    aside = wh.home / "quarantine" / time.strftime("%Y%m%dT%H%M%S") if args.repair else None
+    for path, why, record in problems:
+        where = path.relative_to(wh.home)
+        if record is None:
+            fix = "no run needs it" + (f"; moved to {aside / where}" if aside else "; `nkb check --repair` moves it "
+                                                                                     "aside")
+        else:
+            run = get_run(wh, record.run_id)
+            fix = (f"run {record.run_id} wrote it; rebuild it: {rerun_command(run, args)}" if run
+                   else f"run {record.run_id} wrote it and is gone: rerun the pipeline")
+        print(f"{where}: {why}; {fix}")
+    if aside:
+        wh.quarantine([p for p, _, _ in problems], aside)
+        print(f"\nMoved what was there to {aside} (nothing deleted); each table reads without it now. "
+              "Rerunning the pipeline (or the commands above) rebuilds what is missing.")
+    return 2
+
+
+def rerun_command(run, args) -> str:
+    """The command that reruns `run` as it was configured (its settings that are set, as --set pairs)."""
+    sets = []
+    for key, value in run.config.items():
+        if value is None or value == [] or isinstance(value, dict):
+            continue
+        text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        sets.append(f"--set {shlex.quote(f'{key}={text}')}")
+    return " ".join([program() + home_flag(args), "run", run.stage, *sets, "--force"])
+
+
+def cmd_tables(args) -> int:
+    import pyarrow as pa
+    counts = row_counts(Warehouse(args.home, create=False))
+    table = pa.table({"table": [c[0] for c in counts], "kind": [c[1] for c in counts], "rows": [c[2] for c in counts]})
+    emit(FORMATTERS[args.format](table), None)
+    return 0
+
+
+def cmd_runs(args) -> int:
+    import pyarrow as pa
+
+    from stages.registry import run_subject
+    wh = Warehouse(args.home, create=False)
+    runs = list_runs(wh, stage=args.stage, limit=args.limit)
+    if args.stage and not runs:
+        known = sorted({r.stage for r in list_runs(wh)})
+        raise WarehouseError(f"no runs of stage {args.stage!r}; stages with runs: {', '.join(known) or 'none yet'}")
+    rows = [{"run_id": r.run_id, "stage": r.stage, "for": run_subject(r.stage, r.config), "status": r.status,
+             "started_at": r.started_at.isoformat(sep=" ", timespec="seconds") if r.started_at else None,
+             "seconds": round(r.seconds, 2) if r.seconds is not None else None, "outputs": r.outputs,
+             "inputs_fingerprint": r.inputs_fingerprint, "code_version": r.code_version, "error": r.error or ""}
+            for r in runs]
+    if args.format == "json":  # nested objects stay objects; the config too
+        emit(json.dumps([{**row, "config": r.config} for row, r in zip(rows, runs)], indent=1, default=str), None)
+        return 0
+    for row in rows:
+        row["outputs"] = ", ".join(f"{k}={v}" for k, v in row["outputs"].items())
+    columns = list(rows[0]) if rows else ["run_id", "stage", "for", "status"]
+    emit(FORMATTERS[args.format](pa.table({c: [row[c] for row in rows] for c in columns})), None)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from stages.report import (edits_summary, em_intervals, generation_table, interval_table, refresh_table,
+                               report_rows, report_table, surgery_table)
+    wh = Warehouse(args.home, create=False)
+    rows = report_rows(wh)
+    if not rows:
+        print("no report yet: run `nkb run report` (after base-model, inject, finetune and evaluate)", file=sys.stderr)
+        return 1
+    if args.plot:
+        from stages.report_plot import report_png
+        write_output(args.plot, report_png(wh))
+    fmt = output_format(args)
+    if fmt == "json":
+        keys = ("model", "dataset", "split", "em", "params_total", "params_injected")
+        intervals = em_intervals(wh, rows)
+        emit(json.dumps([{k: r[k] for k in keys} | dict(zip(("em_low", "em_high"),
+                                                               intervals.get((r["model"], r["dataset"]), ())))
+                          for r in rows if r["dataset"] != "average"], indent=1), args.output)
+        return 0
+    if fmt == "table":  # CSV on standard output stays one parseable table
+        print(f"Report {rows[0]['run_id']} ({rows[0]['split']}; EM in %; probe: cloze prompts in unseen wordings, "
+              "before fine-tuning)")
+    emit(FORMATTERS[fmt](report_table(wh, rows)), args.output)
+    if fmt == "table" and not args.output:
+        intervals = interval_table(wh, rows)
+        if intervals is not None:
+            print("\nEM with 95 % bootstrap intervals (each row's validation questions resampled 2,000 times)")
+            print(FORMATTERS[fmt](intervals))
+        generation = generation_table(wh)
+        if generation is not None:
+            print("\nGeneral generation after fine-tuning on each task (ROUGE-L F1 % / SacreBLEU; beam search)")
+            print(FORMATTERS[fmt](generation))
+        surgery = surgery_table(wh)
+        if surgery is not None:
+            print("\nKnowledge surgery, one slot edited per wrong first answer token (the paper's Table 8; strength: "
+                  "the edit's length over the residual stream's at that step; mean_lambda: the paper's λ applied; "
+                  "success and change rate in %)")
+            print(FORMATTERS[fmt](surgery))
+        edits = edits_summary(wh)
+        if edits:
+            print(f"\nBatch edit {edits['model']}: {edits['edits']} facts changed together; "
+                  f"success {edits['success']} %, "
+                  f"generalisation to paraphrases {edits['generalization']} %, locality {edits['locality']} %")
+        refresh = refresh_table(wh)
+        if refresh is not None:
+            print(f"\nThe last refresh: models rebuilt since report {refresh[0]} (EM %, before and after; probe: "
+                  "unseen wordings; questions newly right and newly wrong)")
+            print(FORMATTERS[fmt](refresh[1]))
+    return 0
+
+
+def add_commands(sub) -> None:
+    fmt_help = "output format: aligned table, CSV, or JSON (an array of row objects)"
+    sql = sub.add_parser("sql", help="run a read-only SQL query", description="Run read-only SQL (SELECT, WITH, "
+                         "DESCRIBE, SHOW, SUMMARIZE, EXPLAIN) over the warehouse's tables and views.")
+    sql.add_argument("query", help="the SQL, e.g. \"SELECT count(*) FROM documents\"")
+    sql.add_argument("--format", choices=[*FORMATTERS, "parquet"], help=fmt_help + ", or Parquet (with --output); "
+                     "default: from --output's extension (.csv, .json, .parquet), else table")
+    sql.add_argument("--output", metavar="FILE", help="write the result to FILE instead of standard output")
+    sql.add_argument("--timeout", type=float, metavar="SECONDS", help="stop the query after this long (default: "
+                     "$NKB_SQL_TIMEOUT, else 600 where PREFECT_API_URL names a shared server, else none; 0: none). "
+                     "Ctrl-C stops it at once")
+    sql.set_defaults(func=cmd_sql, formats=[*FORMATTERS, "parquet"])
+
+    check = sub.add_parser("check", help="verify every table file against what its run wrote",
+                           description="Read every Parquet file of the warehouse and compare it with the size and "
+                                       "SHA-256 its run recorded. Lists damaged, missing and foreign files (files no "
+                                       "run wrote) with the command that rebuilds each; exit status 2 if any.")
+    check.add_argument("--repair", action="store_true", help="move damaged and foreign files to "
+                       "HOME/quarantine/TIME/ (nothing is deleted): every table then reads without them, and "
+                       "rerunning the pipeline rebuilds what is missing")
+    check.set_defaults(func=cmd_check)
+
+    tables = sub.add_parser("tables", help="list tables with row counts", description="List tables with row counts.")
+    tables.add_argument("--format", choices=list(FORMATTERS), default="table", help=fmt_help)
+    tables.set_defaults(func=cmd_tables)
+
+    runs = sub.add_parser("runs", help="list stage runs, newest first", description="List stage runs, newest first.")
+    runs.add_argument("--stage", help="only runs of this stage")
+    runs.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50; 0: all)")
+    runs.add_argument("--format", choices=list(FORMATTERS), default="table", help=fmt_help)
+    runs.set_defaults(func=cmd_runs)
+    rep = sub.add_parser("report", help="print the latest report (the paper's Table 3)",
+                         description="Print the latest report: EM per dataset and model, the knowledge probe, "
+                                     "held-out loss (no-forgetting check), parameter counts.")
+    rep.add_argument("--format", choices=list(FORMATTERS),
+                     help="table, csv, or json (rows {model, dataset, split, em, params_total, params_injected}); "
+                          "default: from --output's extension (.csv, .json), else table")
+    rep.add_argument("--output", metavar="FILE", help="write to FILE instead of standard output")
+    rep.add_argument("--plot", metavar="PNG", help="also draw the loss curves and EM per model into this PNG file")
+    rep.set_defaults(func=cmd_report)
