@@ -247,10 +247,8 @@ def pretraining_ssm_batches(wh: Warehouse, tokenizer, config: BaseModelConfig, m
 
 def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageResult:
     """Mount NKB slots on a base model and train them (or everything, nkb-a) on SSM examples."""
-    from corpus.ssm import ssm_examples
-    from nkb_model.batches import PairBatches
     from nkb_model.checkpoint import hf_dir, relative_base, save_model
-    from nkb_model.nkb import NKBConfig, load_nkb_weights, mark_only_nkb_trainable, mount_nkb, mounted_layers
+    from nkb_model.nkb import mounted_layers
     from nkb_model.train import choose_device, train
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
     if config.general_share and not config.general_corpus:
@@ -268,47 +266,14 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
     device = choose_device(config.device)
 
     def body(run: StagedRun) -> dict:
-        import torch
         from nkb_model.causal import is_causal
         started = time.perf_counter()
         segments, spans = segments_with_spans(wh, config.corpus)
         model, tokenizer, _ = base.load()
         causal = is_causal(model)
-
-        @functools.lru_cache(maxsize=2)
-        def drawn(epoch: int):
-            return ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=config.skip_repeated_spans,
-                                causal=causal)
-
-        def examples(epoch: int) -> tuple[list[str], list[str]]:
-            ex = drawn(epoch)
-            return ex.column("input").to_pylist(), ex.column("target").to_pylist()
-
-        torch.manual_seed(config.seed)
-        mount_nkb(model, NKBConfig(layers=config.layers, slots=config.slots))
-        if previous:
-            load_nkb_weights(model, previous.directory / "nkb")
-        if config.variant == "nkb":
-            trainable = mark_only_nkb_trainable(model)
-            model.eval()  # frozen parts run without dropout
-            for layer in mounted_layers(model).values():
-                layer.nkb_dropout.train()
-        else:
-            for p in model.parameters():
-                p.requires_grad = True
-            trainable = sum(p.numel() for p in model.parameters())
-            model.train()
+        trainable = mount_slots(model, config, previous.directory / "nkb" if previous else None)
         device.hold(model)  # only the slots are saved: a frozen base may be held in bf16
-        ssm = batches = PairBatches(examples, tokenizer, config.batch_size, config.seed, config.max_input_len,
-                                    causal=causal, target_eos=False)
-        trained = model
-        if config.cache and config.variant == "nkb" and causal:
-            trained, ssm = cached_injection(model, tokenizer, segments, drawn, ssm, device)
-            batches = ssm
-        if config.general_share:
-            from nkb_model.base_model import Interleaved
-            batches = Interleaved(ssm, general_batches(wh, tokenizer, base.directory, config, causal),
-                                  config.general_share)
+        trained, ssm, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device, causal)
         slots = list(mounted_layers(model).values())
 
         def bound_slots() -> None:
@@ -338,6 +303,55 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
 
     return run_stage(wh, "inject", config.model_dump(), fp, body, force=force, device=device.name,
                      still_valid=model_present)
+
+
+def mount_slots(model, config: InjectConfig, start: Path | None) -> int:
+    """Mount the NKB on `model` (its slots from `start`'s when given) and set what trains: the slots alone, the
+    frozen rest without dropout (nkb), or everything (nkb-a). Returns the trainable parameter count."""
+    import torch
+    from nkb_model.nkb import NKBConfig, load_nkb_weights, mark_only_nkb_trainable, mount_nkb, mounted_layers
+    torch.manual_seed(config.seed)
+    mount_nkb(model, NKBConfig(layers=config.layers, slots=config.slots))
+    if start:
+        load_nkb_weights(model, start)
+    if config.variant == "nkb-a":
+        for p in model.parameters():
+            p.requires_grad = True
+        model.train()
+        return sum(p.numel() for p in model.parameters())
+    trainable = mark_only_nkb_trainable(model)
+    model.eval()  # frozen parts run without dropout
+    for layer in mounted_layers(model).values():
+        layer.nkb_dropout.train()
+    return trainable
+
+
+def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: InjectConfig, base: SourceModel,
+                      device, causal: bool):
+    """(what trains, the SSM batches, every step's batches): salient span masking over the segments, drawn anew each
+    epoch; on a decoder-only base with only slots training, on cached states (the frozen blocks below the slots
+    once per segment); interleaved with general text at `general_share`."""
+    from corpus.ssm import ssm_examples
+    from nkb_model.batches import PairBatches
+
+    @functools.lru_cache(maxsize=2)
+    def drawn(epoch: int):
+        return ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=config.skip_repeated_spans,
+                            causal=causal)
+
+    def examples(epoch: int) -> tuple[list[str], list[str]]:
+        ex = drawn(epoch)
+        return ex.column("input").to_pylist(), ex.column("target").to_pylist()
+
+    trained, ssm = model, PairBatches(examples, tokenizer, config.batch_size, config.seed, config.max_input_len,
+                                      causal=causal, target_eos=False)
+    if config.cache and config.variant == "nkb" and causal:
+        trained, ssm = cached_injection(model, tokenizer, segments, drawn, ssm, device)
+    batches = ssm
+    if config.general_share:
+        from nkb_model.base_model import Interleaved
+        batches = Interleaved(ssm, general_batches(wh, tokenizer, base.directory, config, causal), config.general_share)
+    return trained, ssm, batches
 
 
 def previous_injection(wh: Warehouse, name: str, knowledge_digest: str) -> SourceModel | None:
@@ -384,7 +398,6 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
     """All parameters (optionally not the NKB) trained on `question: …` → first answer, or on a generation task."""
     from nkb_model.batches import PairBatches
     from nkb_model.checkpoint import save_model
-    from nkb_model.nkb import mounted_layers
     from nkb_model.train import choose_device, train
     source = source_model(wh, config.model)
     name = config.model_name()
@@ -404,7 +417,6 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
     device = choose_device(config.device)
 
     def body(run: StagedRun) -> dict:
-        import torch
         from nkb_model.causal import is_causal
         started = time.perf_counter()
         model, tokenizer, source_info = source.load()
@@ -413,25 +425,8 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
         knowledge = {"knowledge": config.knowledge, "knowledge_docs": config.knowledge_docs,
                      "kformer_doc_tokens": config.kformer_doc_tokens, "kformer_rank": config.kformer_rank,
                      "answer_format": answer_format, "max_input_len": config.max_input_len, "task": config.task}
-        if config.task:
-            texts, knowledge_ids, answers = gen_inputs(questions), None, questions.column("target").to_pylist()
-        else:
-            answers = [qa_pair(q, a[0], answer_format)[1] for q, a in
-                       zip(questions.column("question").to_pylist(), questions.column("answers").to_pylist())]
-            texts, knowledge_ids = qa_inputs(wh, questions, tokenizer, knowledge)
-        if config.knowledge == "kformer":
-            from nkb_model.kformer import KformerConfig, mount_kformer
-            torch.manual_seed(config.seed)
-            mount_kformer(model, KformerConfig(layers=config.kformer_layers, docs=config.knowledge_docs,
-                                               doc_tokens=config.kformer_doc_tokens, rank_by_question=config.kformer_rank))
-        model.to(device.device)
-        top = top_block_parameters(model, config.train_blocks)
-        for param_name, param in model.named_parameters():
-            param.requires_grad = not (config.freeze_nkb and ".nkb_" in param_name) and (top is None or param in top)
-        model.train()
-        if config.freeze_nkb:  # fixed slots also keep their weights' dropout off
-            for layer in mounted_layers(model).values():
-                layer.nkb_dropout.eval()
+        texts, knowledge_ids, answers = training_pairs(wh, questions, tokenizer, config, knowledge)
+        prepare_finetuning(model, config, device)
         batches = PairBatches(lambda epoch: (texts, answers), tokenizer, min(config.batch_size, len(texts)),
                               config.seed, config.max_input_len, max_target_len=128 if config.task else 64,
                               knowledge_ids=knowledge_ids, causal=causal)
@@ -453,6 +448,37 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
 
     return run_stage(wh, "finetune", config.model_dump(), fp, body, force=force, device=device.name,
                      still_valid=model_present)
+
+
+def training_pairs(wh: Warehouse, examples, tokenizer, config: FinetuneConfig, knowledge: dict):
+    """(inputs, retrieved documents' ids for Kformer or None, targets) to fine-tune on: a generation task's
+    examples as they are, or questions (with their retrieved documents, as `knowledge` says) and first answers."""
+    if config.task:
+        return gen_inputs(examples), None, examples.column("target").to_pylist()
+    answers = [qa_pair(q, a[0], knowledge["answer_format"])[1] for q, a in
+               zip(examples.column("question").to_pylist(), examples.column("answers").to_pylist())]
+    texts, knowledge_ids = qa_inputs(wh, examples, tokenizer, knowledge)
+    return texts, knowledge_ids, answers
+
+
+def prepare_finetuning(model, config: FinetuneConfig, device) -> None:
+    """Mount Kformer when asked, move the model to the device, and set what trains: everything, or the top
+    `train_blocks` blocks, the NKB slots left out with `freeze_nkb` (their dropout off too)."""
+    import torch
+    from nkb_model.nkb import mounted_layers
+    if config.knowledge == "kformer":
+        from nkb_model.kformer import KformerConfig, mount_kformer
+        torch.manual_seed(config.seed)
+        mount_kformer(model, KformerConfig(layers=config.kformer_layers, docs=config.knowledge_docs,
+                                           doc_tokens=config.kformer_doc_tokens, rank_by_question=config.kformer_rank))
+    model.to(device.device)
+    top = top_block_parameters(model, config.train_blocks)
+    for param_name, param in model.named_parameters():
+        param.requires_grad = not (config.freeze_nkb and ".nkb_" in param_name) and (top is None or param in top)
+    model.train()
+    if config.freeze_nkb:
+        for layer in mounted_layers(model).values():
+            layer.nkb_dropout.eval()
 
 
 def top_block_parameters(model, blocks: int | None):
