@@ -21,7 +21,6 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
     ROUGE-L (summarisation) or SacreBLEU (translation)."""
     from nkb_model.fewshot import answer_of
     from nkb_model.decoding import generate
-    from nkb_model.metrics import bleu, exact_match, rouge_l
     from nkb_model.train import choose_device
     source = source_model(wh, config.model)
     name, task = source.name, config.task or source.info.get("task")
@@ -61,29 +60,15 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
                            knowledge_ids)
         if config.shots:
             outputs = [answer_of(o) for o in outputs]
-        if task:
-            ids, ds = examples.column("example_id").to_pylist(), [task] * examples.num_rows
-            references = examples.column("target").to_pylist()
-            correct = [p.strip() == r.strip() for p, r in zip(outputs, references)]
-            kind = examples.column("kind")[0].as_py()
-            metric, score = ("rougeL", rouge_l(outputs, references)) if kind == "summarization" else \
-                ("bleu", bleu(outputs, references))
-            run.metric(metric, score, dataset=task, split=config.split)
-            scores = {metric: score}
-        else:
-            ids, ds = examples.column("question_id").to_pylist(), examples.column("dataset").to_pylist()
-            correct = [exact_match(p, g) for p, g in zip(outputs, examples.column("answers").to_pylist())]
-            scores = {}
-            for dataset in groups:
-                hits = [c for c, d in zip(correct, ds) if d == dataset]
-                scores[dataset] = 100.0 * sum(hits) / len(hits)
-                run.metric("em", scores[dataset], dataset=dataset, split=config.split)
+        ids, ds, correct, scores = (generation_scores(examples, outputs, task) if task
+                                    else qa_scores(examples, outputs, groups))
+        for key, score in scores.items():  # a task's metric, or a dataset's EM
+            metric, dataset = (key, task) if task else ("em", key)
+            run.metric(metric, score, dataset=dataset, split=config.split)
         if source.directory.is_relative_to(wh.files_dir):  # this warehouse's model: its card gets the scores
-            from stages.model_card import model_card
             em = f"em {config.shots}-shot" if config.shots else "em"
-            new_scores = {(task, config.split, metric): score for metric, score in scores.items()} if task else \
-                {(dataset, config.split, em): score for dataset, score in scores.items()}
-            card = model_card(wh, info, model_lineage(wh, info), new_scores=new_scores)
+            card = model_card_with(wh, info, {(task, config.split, k) if task else (k, config.split, em): v
+                                              for k, v in scores.items()})
             run.publish_file(source.directory / "README.md", lambda path: path.write_text(card))
         run.write("predictions", f"{name}.{config.split}", {
             "question_id": ids, "dataset": ds, "split": [config.split] * len(ds), "prediction": outputs,
@@ -93,6 +78,35 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
 
     return run_stage(wh, "evaluate", config.model_dump() | {"model_name": name, "task": task}, fp, body, force=force,
                      device=device.name)
+
+
+def generation_scores(examples, outputs: list[str], task: str):
+    """(example ids, datasets, exact matches, {metric: score}) of a generation task's outputs: ROUGE-L for
+    summaries, SacreBLEU for translations."""
+    from nkb_model.metrics import bleu, rouge_l
+    references = examples.column("target").to_pylist()
+    correct = [p.strip() == r.strip() for p, r in zip(outputs, references)]
+    summaries = examples.column("kind")[0].as_py() == "summarization"
+    score = {"rougeL": rouge_l(outputs, references)} if summaries else {"bleu": bleu(outputs, references)}
+    return examples.column("example_id").to_pylist(), [task] * examples.num_rows, correct, score
+
+
+def qa_scores(examples, outputs: list[str], datasets: list[str]):
+    """(question ids, datasets, exact matches, {dataset: EM in %}) of answers to the questions."""
+    from nkb_model.metrics import exact_match
+    ds = examples.column("dataset").to_pylist()
+    correct = [exact_match(p, g) for p, g in zip(outputs, examples.column("answers").to_pylist())]
+    scores = {}
+    for dataset in datasets:
+        hits = [c for c, d in zip(correct, ds) if d == dataset]
+        scores[dataset] = 100.0 * sum(hits) / len(hits)
+    return examples.column("question_id").to_pylist(), ds, correct, scores
+
+
+def model_card_with(wh: Warehouse, info: dict, new_scores: dict) -> str:
+    """The model's card with its new scores ({(dataset, split, metric): score})."""
+    from stages.model_card import model_card
+    return model_card(wh, info, model_lineage(wh, info), new_scores=new_scores)
 
 
 def fewshot_inputs(wh: Warehouse, examples, model, config: EvaluateConfig) -> list[str]:
