@@ -62,33 +62,18 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
         lexicon = analysis.SpanLexicon(spans.column("text").to_pylist(), spans.column("label").to_pylist())
         texts = _model_texts(questions, info)
         qids = questions.column("question_id").to_pylist()
-        values_out = {k: [] for k in ("model", "kind", "layer", "slot", "top_tokens", "top_probs", "category")}
-        keys_out = {k: [] for k in ("model", "kind", "layer", "slot", "top_questions", "weights", "relation")}
-        categories: Counter = Counter()
+        values_out: dict[str, list] = {}
+        keys_out: dict[str, list] = {}
         relation_of = [relations.get(q) for q in qids]
         triggers: list[list[int]] = []
         for layer in layers:
-            memory = analysis.memories(model, layer, config.kind)
-            ids, probs = analysis.project_values(model, memory.values, config.top_k)
-            tokens = [tokenizer.convert_ids_to_tokens(row) for row in ids.tolist()]
-            cats = [lexicon.category(row[0]) for row in tokens]
-            categories.update(cats)
-            n = len(cats)
-            for key, column in (("model", [source.name] * n), ("kind", [config.kind] * n),
-                                ("layer", [memory.layer] * n), ("slot", list(range(n))), ("top_tokens", tokens),
-                                ("top_probs", probs.tolist()), ("category", cats)):
-                values_out[key] += column
-            weights = analysis.first_step_weights(model, tokenizer, texts, memory.layer, config.kind)
-            top = weights.T.topk(min(config.top_questions, len(texts)), dim=-1)     # (slots, k)
-            for slot, (rows, w) in enumerate(zip(top.indices.tolist(), top.values.tolist())):
-                fired = [r for r, x in zip(rows, w) if x > 0]     # a slot that never fires has no trigger
-                triggers.append(fired)
-                shared = {relation_of[r] for r in fired}
-                relation = next(iter(shared)) if len(fired) >= 2 and len(shared) == 1 else None
-                for key, value in (("model", source.name), ("kind", config.kind), ("layer", memory.layer),
-                                   ("slot", slot), ("top_questions", [qids[r] for r in fired]),
-                                   ("weights", w[:len(fired)]), ("relation", relation)):
-                    keys_out[key].append(value)
+            values, keys, fired = memory_rows(model, tokenizer, layer, config, texts, qids, relation_of, lexicon,
+                                              source.name)
+            for out, rows in ((values_out, values), (keys_out, keys)):
+                for key, column in rows.items():
+                    out.setdefault(key, []).extend(column)
+            triggers += fired
+        categories = Counter(values_out.get("category", []))
         part = f"{source.name}.{config.kind}"
         run.write("nkb_values", part, values_out)
         run.write("nkb_keys", part, keys_out)
@@ -109,6 +94,34 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
                 "plot": str(plot), "seconds": time.perf_counter() - started}
 
     return run_stage(wh, "analyze", config.model_dump(), fp, body, force=force, device=device.name)
+
+
+def memory_rows(model, tokenizer, layer: str, config: AnalyzeConfig, texts: list[str], qids: list[str],
+                relation_of: list, lexicon, model_name: str) -> tuple[dict, dict, list[list[int]]]:
+    """One block's slots (or FFN neurons) read as memories: its `nkb_values` rows (each value's top tokens on the
+    vocabulary, and the kind of span the first names), its `nkb_keys` rows (the questions that make each slot fire
+    most, and the relation they all share, if one), and each slot's firing questions."""
+    from nkb_model import analysis
+    memory = analysis.memories(model, layer, config.kind)
+    ids, probs = analysis.project_values(model, memory.values, config.top_k)
+    tokens = [tokenizer.convert_ids_to_tokens(row) for row in ids.tolist()]
+    n = len(tokens)
+    values = {"model": [model_name] * n, "kind": [config.kind] * n, "layer": [memory.layer] * n, "slot": list(range(n)),
+              "top_tokens": tokens, "top_probs": probs.tolist(), "category": [lexicon.category(t[0]) for t in tokens]}
+    weights = analysis.first_step_weights(model, tokenizer, texts, memory.layer, config.kind)
+    top = weights.T.topk(min(config.top_questions, len(texts)), dim=-1)     # (slots, k)
+    keys: dict[str, list] = {k: [] for k in ("model", "kind", "layer", "slot", "top_questions", "weights", "relation")}
+    triggers = []
+    for slot, (rows, w) in enumerate(zip(top.indices.tolist(), top.values.tolist())):
+        fired = [r for r, x in zip(rows, w) if x > 0]     # a slot that never fires has no trigger
+        triggers.append(fired)
+        shared = {relation_of[r] for r in fired}
+        relation = next(iter(shared)) if len(fired) >= 2 and len(shared) == 1 else None
+        for key, value in (("model", model_name), ("kind", config.kind), ("layer", memory.layer), ("slot", slot),
+                           ("top_questions", [qids[r] for r in fired]), ("weights", w[:len(fired)]),
+                           ("relation", relation)):
+            keys[key].append(value)
+    return values, keys, triggers
 
 
 def _category_plot(shares: dict[str, float], title: str, path: Path) -> None:
