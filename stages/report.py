@@ -69,13 +69,38 @@ def _probe(run: StagedRun, name: str, model, tokenizer, probes: list[dict], spli
     return ems
 
 
-def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageResult:
-    """Collect EM of each row's fine-tuned model; probe and held-out loss of each row's model before fine-tuning."""
+def model_checks(run: StagedRun, label: str, directory, own_model: bool, probes: list[dict], split: str,
+                 device) -> dict:
+    """A row's measurements on its own model (before fine-tuning; a row that exists only fine-tuned has none): the
+    knowledge probe in unseen and seen wordings, the held-out loss and, for an injected model, the held-out loss with
+    its slots unmounted (a metric: it must equal the base's); with the model's parameter counts and the run that
+    built it."""
     from nkb_model.checkpoint import load_model, read_info
     from nkb_model.checks import heldout_loss
     from nkb_model.nkb import unmount_nkb
+    from stages.models import base_dir_of
+    info = read_info(directory)
+    model, tokenizer, _ = load_model(directory)
+    model.to(device.device)
+    probe_em = probe_seen_em = loss = None
+    if own_model:
+        probe_em, probe_seen_em = _probe(run, info["name"], model, tokenizer, probes, split, device)
+        held_path = base_dir_of(directory) / "held_out.npy"
+        loss = heldout_loss(model, tokenizer, np.load(held_path), device) if held_path.exists() else None
+    if info["kind"] in ("nkb", "nkb-a") and loss is not None:
+        unmount_nkb(model)
+        run.metric("heldout_loss_nkb_unmounted", heldout_loss(model, tokenizer, np.load(held_path), device),
+                   dataset=label)
+    return {"probe_em": probe_em, "probe_seen_em": probe_seen_em, "heldout_loss": loss,
+            "params_total": info.get("params") or sum(p.numel() for p in model.parameters()),
+            "params_injected": info.get("params_injected", 0), "model_run": info.get("built_by")}
+
+
+def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageResult:
+    """Collect EM of each row's fine-tuned model; probe and held-out loss of each row's model before fine-tuning."""
+    from nkb_model.checkpoint import read_info
     from nkb_model.train import choose_device
-    from stages.models import base_dir_of, find_model  # here: `nkb report` only reads tables
+    from stages.models import find_model  # here: `nkb report` only reads tables
     # (label, model before fine-tuning, its fine-tuned model); Kformer and concat exist only fine-tuned: they
     # have no probe or held-out loss of their own (their model before fine-tuning is the base).
     suffix = config.finetuned_suffix
@@ -107,26 +132,15 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
         answers = {k: [] for k in ("model", "dataset", "question_id", "exact_match")}
         summary = []
         for label, name, directory, finetuned in available:
-            info = read_info(directory)
-            model, tokenizer, _ = load_model(directory)
-            model.to(device.device)
-            probe_em = probe_seen_em = loss = None
-            if finetuned != name:
-                probe_em, probe_seen_em = _probe(run, info["name"], model, tokenizer, probes, config.split, device)
-                held_path = base_dir_of(directory) / "held_out.npy"
-                loss = heldout_loss(model, tokenizer, np.load(held_path), device) if held_path.exists() else None
-            if info["kind"] in ("nkb", "nkb-a") and loss is not None:
-                unmount_nkb(model)
-                run.metric("heldout_loss_nkb_unmounted", heldout_loss(model, tokenizer, np.load(held_path), device),
-                           dataset=label)
+            checks = model_checks(run, label, directory, finetuned != name, probes, config.split, device)
+            probe_em, probe_seen_em, loss = checks["probe_em"], checks["probe_seen_em"], checks["heldout_loss"]
             ems = latest_scores(wh, finetuned, config.split)
-            total = info.get("params") or sum(p.numel() for p in model.parameters())
-            injected = info.get("params_injected", 0)
             # A row whose fine-tuned model has not been evaluated still shows its probe and held-out loss.
             em_rows = sorted(ems.items()) + [("average", float(np.mean(list(ems.values()))) if ems else None)]
             for dataset, em in em_rows:
-                for key, value in zip(out, (label, dataset, config.split, em, total, injected, probe_em, probe_seen_em,
-                                            loss, info.get("built_by"))):
+                for key, value in zip(out, (label, dataset, config.split, em, checks["params_total"],
+                                            checks["params_injected"], probe_em, probe_seen_em, loss,
+                                            checks["model_run"])):
                     out[key].append(value)
             if ems:
                 mine = wh.read("predictions", ["dataset", "question_id", "exact_match"],
