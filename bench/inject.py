@@ -28,6 +28,7 @@ from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 
 from nkb_model.base_model import FEED_FORWARD, SIZES, causal_config
+from nkb_model.families import family
 from nkb_model.nkb import NKBConfig, mark_only_nkb_trainable, mount_nkb
 from nkb_model.train import Device, TrainConfig, choose_device, make_optimizer
 
@@ -51,12 +52,12 @@ def model_for(arch: dict, variant: str, device: Device) -> T5ForConditionalGener
                     device)
 
 
-def causal_model_for(family: str, size: str, vocab_size: int, variant: str, device: Device,
+def causal_model_for(arch: str, size: str, vocab_size: int, variant: str, device: Device,
                      layers: tuple[str, ...] = ("decoder.-1",)) -> nn.Module:
     """A random decoder-only base of our `size` (Llama or GPT-2), with slots on `layers`."""
     from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
-    return prepared(AutoModelForCausalLM.from_config(causal_config(family, size, vocab_size, 1, 0)), variant, device,
+    return prepared(AutoModelForCausalLM.from_config(causal_config(arch, size, vocab_size, 1, 0)), variant, device,
                     layers)
 
 
@@ -76,7 +77,7 @@ def time_steps(model, device: Device, batch: int, input_len: int, target_len: in
     x = torch.randint(3, vocab, (batch, input_len), device=device.device)
     y = torch.randint(3, vocab, (batch, target_len), device=device.device)
     inputs = {"input_ids": x, "labels": y}
-    if not model.config.is_encoder_decoder:  # one sequence, the loss on the target's tokens
+    if family(model).decoder_only:  # one sequence, the loss on the target's tokens
         inputs = {"input_ids": torch.cat([x, y], 1), "labels": torch.cat([torch.full_like(x, -100), y], 1)}
     return median_step(model, inputs, device, steps)
 
@@ -146,7 +147,7 @@ def compare(build: Callable[[str], nn.Module], device: Device, batch: int, input
         out[variant] = {"step_s": round(seconds, 4), "tokens_per_s": round(tokens / seconds, 1),
                         "params": sum(p.numel() for p in model.parameters()),
                         "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
-        if model.config.is_encoder_decoder:
+        if not family(model).decoder_only:
             flops = step_flops(model, variant, batch, input_len, target_len)
             out[variant] |= {"flops_per_step": flops, "flops_per_s": round(flops / seconds)}
         del model
@@ -209,12 +210,12 @@ def main(argv=None) -> int:
                      **compare(lambda v: model_for(arch, v, cpu), cpu, 64, 64, 8, args.steps)}
     # Decoder-only bases of the same size: 72-token sequences, the loss on the last 8; slots on the last block, and
     # on every block as `nkb demo --arch` mounts them (the backward then runs through the whole stack).
-    for family in ("llama", "gpt2"):
+    for arch_name in ("llama", "gpt2"):
         for where, layers in (("last", ("decoder.-1",)), ("all", tuple(f"decoder.{i}" for i in range(8)))):
             layers = layers[:SIZES[args.size]["num_layers"] + SIZES[args.size]["num_decoder_layers"]]
-            result[f"cpu_{family}_{where}"] = {
-                "model": f"{args.size} {family}, slots on {', '.join(layers)}", "batch": "64 x (64 prompt + 8 target)",
-                **compare(lambda v: causal_model_for(family, args.size, 4100, v, cpu, layers), cpu, 64, 64, 8,
+            result[f"cpu_{arch_name}_{where}"] = {
+                "model": f"{args.size} {arch_name}, slots on {', '.join(layers)}", "batch": "64 x (64 prompt + 8 target)",
+                **compare(lambda v: causal_model_for(arch_name, args.size, 4100, v, cpu, layers), cpu, 64, 64, 8,
                           args.steps)}
     result["cpu_smollm2_cached"] = cached_vs_uncached(cpu, 16, 56, 8, max(2, args.steps // 2))
     if torch.cuda.is_available():

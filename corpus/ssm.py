@@ -5,7 +5,7 @@ span, and the closing sentinel — T5's span-corruption target format. One span 
 chosen at random per segment from a seed and the epoch number, so each epoch redraws which fact is
 asked for while any (seed, epoch) always gives the same examples.
 
-A decoder-only model has no sentinel to fill: its example (`causal=True`) is the segment's text before the
+A decoder-only model has no sentinel to fill: its example (`decoder_only=True`) is the segment's text before the
 span as input and the span as target, the span recalled from what precedes it (`recall_span`).
 """
 
@@ -60,11 +60,11 @@ def unrepeated_spans(spans: pa.Table, texts: dict[str, str]) -> pa.Table:
 
 
 def ssm_examples(segments: pa.Table, spans: pa.Table, seed: int = 0, epoch: int = 0,
-                 skip_repeated: bool = False, causal: bool = False) -> pa.Table:
+                 skip_repeated: bool = False, decoder_only: bool = False) -> pa.Table:
     """One SSM example per segment that has at least one (maskable) salient span (SSM_SCHEMA).
 
     skip_repeated: mask only spans whose text occurs once in the segment (see `unrepeated_spans`).
-    causal: examples for a decoder-only model (`recall_span`) instead of T5's (`mask_span`).
+    decoder_only: examples for a decoder-only model (`recall_span`) instead of T5's (`mask_span`).
     """
     texts = dict(zip(segments.column("segment_id").to_pylist(), segments.column("text").to_pylist()))
     spans = spans.select(["segment_id", "start_char", "end_char"])
@@ -76,7 +76,7 @@ def ssm_examples(segments: pa.Table, spans: pa.Table, seed: int = 0, epoch: int 
         text = texts.get(seg)
         if text is None:
             continue
-        inp, tgt = (recall_span if causal else mask_span)(text, start, end)
+        inp, tgt = (recall_span if decoder_only else mask_span)(text, start, end)
         for name, value in zip(SSM_SCHEMA.names, (seg, inp, tgt, start, end)):
             rows[name].append(value)
     return pa.table(rows, schema=SSM_SCHEMA)

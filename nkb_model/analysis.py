@@ -22,6 +22,7 @@ from torch import nn
 from nkb_model.mounting import (ffn_maps, final_norm, get_ffn, is_gated, key_layer, linear_layer, resolve_layers, rows,
                                 value_layer)
 from nkb_model.decoding import teacher_forced
+from nkb_model.families import family
 from nkb_model.nkb import NKBFeedForward, mounted_layers
 
 CATEGORIES = {"PERSON": "Person", "GPE": "Place", "LOC": "Place", "FAC": "Place", "ORG": "Organisation",
@@ -109,7 +110,7 @@ def first_step_weights(model: nn.Module, tokenizer, texts: list[str], layer: str
         captured.append((ffn.slot_weights(x) if kind == "nkb" else _neuron_weights(ffn, x)).detach())
 
     handle = ffn.register_forward_hook(hook)
-    decoder_side = not model.config.is_encoder_decoder or memory.layer.startswith("decoder")
+    decoder_side = family(model).decoder_only or memory.layer.startswith("decoder")
     rows = []
     try:
         for lo in range(0, len(texts), batch_size):

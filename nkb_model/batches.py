@@ -2,8 +2,8 @@
 
 `examples_for_epoch(epoch)` supplies the pairs of an epoch (SSM redraws its masks each epoch; QA
 pairs stay the same); each epoch visits them in a seeded random order, in full batches. An encoder-decoder
-reads the input and is trained on the target; a decoder-only model (`causal`) reads both as one sequence,
-trained on the target (`nkb_model.causal`)."""
+reads the input and is trained on the target; a decoder-only model (`decoder_only`) reads both as one sequence,
+trained on the target (`nkb_model.causal`). Stages make them through their model's family (`nkb_model.families`)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import torch
 class PairBatches:
     def __init__(self, examples_for_epoch: Callable[[int], tuple[list[str], list[str]]], tokenizer, batch_size: int,
                  seed: int = 0, max_input_len: int = 512, max_target_len: int = 64,
-                 knowledge_ids: torch.Tensor | None = None, causal: bool = False, target_eos: bool = True):
-        self.examples_for_epoch, self.tokenizer, self.causal = examples_for_epoch, tokenizer, causal
-        self.target_eos = target_eos  # causal: whether targets end with EOS (answers) or not (masked spans)
+                 knowledge_ids: torch.Tensor | None = None, decoder_only: bool = False, target_eos: bool = True):
+        self.examples_for_epoch, self.tokenizer, self.decoder_only = examples_for_epoch, tokenizer, decoder_only
+        self.target_eos = target_eos  # decoder-only: whether targets end with EOS (answers) or not (masked spans)
         self.knowledge_ids = knowledge_ids  # (examples, N, tokens): Kformer's documents of each (fixed) example
         self.batch_size, self.seed = batch_size, seed
         self.max_input_len, self.max_target_len = max_input_len, max_target_len
@@ -34,7 +34,7 @@ class PairBatches:
             inputs, targets = self.examples_for_epoch(epoch)
             if self._pairs != (inputs, targets):  # QA pairs repeat every epoch: tokenise them once
                 self._pairs = (inputs, targets)
-                if self.causal:
+                if self.decoder_only:
                     from nkb_model.causal import encode_pairs
                     self._ids = tuple(zip(*encode_pairs(self.tokenizer, inputs, targets, self.max_input_len,
                                                         self.max_target_len, self.target_eos)))
@@ -53,7 +53,7 @@ class PairBatches:
         enc_in, enc_out, _ = self._encode(step // self.per_epoch)
         rows = self.rows(step)
         pairs = [(enc_in[r], enc_out[r]) for r in rows]
-        if self.causal:
+        if self.decoder_only:
             from nkb_model.causal import pad_causal
             batch = pad_causal(pairs, self.tokenizer.pad_token_id)
         else:

@@ -20,11 +20,6 @@ import numpy as np
 import torch
 
 
-def is_causal(model) -> bool:
-    """Whether a model is a decoder-only LM rather than an encoder-decoder."""
-    return not model.config.is_encoder_decoder
-
-
 def start_ids(tokenizer) -> list[int]:
     first = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     return [first]

@@ -18,9 +18,10 @@ import json
 import os
 from pathlib import Path
 
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from nkb_model.families import family
 from nkb_model.kformer import load_kformer, save_kformer, unmount_kformer
 from nkb_model.nkb import load_nkb, mounted_layers, save_nkb, unmount_nkb
 
@@ -122,7 +123,7 @@ def load_gguf(path: str | Path):
 def model_class(directory: str | Path):
     """The Auto class for a Hugging Face directory or hub name: encoder-decoder (T5) or causal LM (GPT-2, Llama)."""
     config = AutoConfig.from_pretrained(directory)
-    return AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    return family(config).auto_class()
 
 
 def save_model(model, tokenizer, directory: str | Path, info: dict, weights_changed: bool) -> Path:

@@ -7,6 +7,7 @@ import torch
 
 from nkb_model.base_model import SpanCorruptionBatches
 from nkb_model.decoding import generate
+from nkb_model.families import family
 from nkb_model.metrics import exact_match
 from nkb_model.train import Device
 
@@ -15,7 +16,7 @@ def probe(model, tokenizer, prompts: list[str], answers: list[str], device: Devi
           max_new_tokens: int = 16) -> tuple[list[str], list[bool]]:
     """LAMA-style cloze probe: what the model fills `<extra_id_0>` of each prompt with, and whether that is the answer.
     A decoder-only model continues the text before the blank; its first words, as many as the answer's, are the fill."""
-    if model.config.is_encoder_decoder:
+    if not family(model).decoder_only:
         fills = generate(model, tokenizer, prompts, device, batch_size, max_new_tokens=max_new_tokens)
     else:
         from nkb_model.causal import cloze_prefix, probe_fill
@@ -30,7 +31,7 @@ def heldout_loss(model, tokenizer, rows: np.ndarray, device: Device, batch_size:
     """Mean span-corruption loss on held-out text rows, with a fixed noise draw (comparable across models); a
     decoder-only model's next-token loss on them."""
     model.eval()
-    if model.config.is_encoder_decoder:
+    if not family(model).decoder_only:
         batches = SpanCorruptionBatches(rows, tokenizer, min(batch_size, len(rows)), seed)
     else:
         from nkb_model.causal import NextTokenBatches

@@ -8,6 +8,7 @@ import re
 
 import torch
 
+from nkb_model.families import family
 from nkb_model.train import Device
 
 
@@ -30,7 +31,7 @@ def generate(model, tokenizer, texts: list[str], device: Device, batch_size: int
     max_input_len: inputs are cut to this many tokens (None: not cut). knowledge_ids: a Kformer model's
     documents for each text, (texts, N, tokens)."""
     model.eval()
-    if not model.config.is_encoder_decoder:
+    if family(model).decoder_only:
         return causal_generate(model, tokenizer, texts, device, batch_size, max_input_len, max_new_tokens, num_beams)
     outputs = []
     for lo in range(0, len(texts), batch_size):
@@ -70,7 +71,7 @@ def teacher_forced(model, tokenizer, texts: list[str], seen: list[list[int]], ma
     the text with its encoder and `seen` after its decoder's start token (offset 0); a decoder-only model reads
     them as one right-padded sequence (offset: the prompt's last position)."""
     device = next(model.parameters()).device
-    if model.config.is_encoder_decoder:
+    if not family(model).decoder_only:
         enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_input_len)
         width, pad = max(len(s) for s in seen), model.config.pad_token_id
         enc["decoder_input_ids"] = torch.tensor([[model.config.decoder_start_token_id] + s + [pad] * (width - len(s))
@@ -85,7 +86,7 @@ def teacher_forced(model, tokenizer, texts: list[str], seen: list[list[int]], ma
 def answer_ids(model, tokenizer, texts: list[str], answers: list[str]) -> list[list[int]]:
     """Each answer's tokens as the model writes it after its text: a T5's decoder starts afresh; a decoder-only
     model continues the prompt (a GPT-2 token carries its leading space)."""
-    if model.config.is_encoder_decoder:
+    if not family(model).decoder_only:
         return tokenizer(answers, add_special_tokens=False)["input_ids"]
     from nkb_model.causal import encode_pairs
     return [target for _, target in encode_pairs(tokenizer, texts, answers, eos=False)]

@@ -111,8 +111,9 @@ def model_card_with(wh: Warehouse, info: dict, new_scores: dict) -> str:
 
 def fewshot_inputs(wh: Warehouse, examples, model, config: EvaluateConfig) -> list[str]:
     """Each question's few-shot prompt: K solved questions of its own dataset's train split, drawn once."""
+    from nkb_model.families import family
     from nkb_model.fewshot import fewshot_prompt
-    if model.config.is_encoder_decoder:
+    if not family(model).decoder_only:
         raise ValueError(f"evaluate: shots is for decoder-only models; {config.model} is an encoder-decoder model, "
                          "which is fine-tuned (finetune) and then asked with shots: 0")
     datasets = examples.column("dataset").to_pylist()

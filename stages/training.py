@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nkb_model.families import Family, family, family_of_arch
 from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig, PretrainingDataConfig
 from stages.inputs import (PRETRAINING, corpora, corpus_lineage, corpus_texts, gen_examples, gen_inputs, gen_lineage,
                            one_corpus, packed_rows, qa_inputs, qa_pair, questions_lineage, read_questions,
@@ -110,17 +111,12 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
         started = time.perf_counter()
         tokenizer = AutoTokenizer.from_pretrained(data)
         train_rows, held_out = np.load(data / "train_rows.npy"), np.load(data / "held_out.npy")
-        causal = config.arch != "t5"
-        if causal:
-            from nkb_model.causal import NextTokenBatches
-            model = base_model.new_causal(tokenizer, config.arch, config.size, config.dropout, config.seed)
-            batches = NextTokenBatches(train_rows, config.batch_size, config.seed)
-        else:
-            model = base_model.new_t5(tokenizer, config.size, config.dropout, config.seed)
-            batches = base_model.SpanCorruptionBatches(train_rows, tokenizer, config.batch_size, config.seed)
+        kind = family_of_arch(config.arch)
+        model = kind.new_model(tokenizer, config.arch, config.size, config.dropout, config.seed)
+        batches = kind.text_batches(train_rows, tokenizer, config.batch_size, config.seed)
         model.to(device.device).train()
         if config.ssm_share and config.steps:
-            ssm = pretraining_ssm_batches(wh, tokenizer, config, data_meta["seq_len"], causal)
+            ssm = pretraining_ssm_batches(wh, tokenizer, config, data_meta["seq_len"], kind)
             batches = base_model.Interleaved(batches, ssm, config.ssm_share)
         name = f"pretrain {config.name}"
         losses = train(model, batches, config.train_config(config.steps), device, work_dir(target), name, progress) \
@@ -222,25 +218,24 @@ def cached_injection(model, tokenizer, segments, drawn, pairs, device):
         pairs, lambda epoch: [index[s] for s in drawn(epoch).column("segment_id").to_pylist()], cache, model)
 
 
-def pretraining_ssm_batches(wh: Warehouse, tokenizer, config: BaseModelConfig, max_input_len: int,
-                            causal: bool = False):
+def pretraining_ssm_batches(wh: Warehouse, tokenizer, config: BaseModelConfig, max_input_len: int, kind: Family):
     """SSM batches over the pretraining rows' sentences (salient-spans with source=pretraining found their
     entities and dates), one masked per sentence and redrawn every epoch, like the injection corpus's."""
     from corpus.ssm import ssm_examples
-    from nkb_model.batches import PairBatches
     segments, spans = segments_with_spans(wh, config.pretrain_corpus, source=PRETRAINING)
 
     @functools.lru_cache(maxsize=1)  # epoch 0 is asked for by the check below and twice by PairBatches
     def examples(epoch: int) -> tuple[list[str], list[str]]:
-        ex = ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=True, causal=causal)
+        ex = ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=True,
+                          decoder_only=kind.decoder_only)
         return ex.column("input").to_pylist(), ex.column("target").to_pylist()
 
     available = len(examples(0)[0])
     if not available:
         raise ValueError(f"ssm_share={config.ssm_share}, but spaCy found no salient span in the "
                          f"{config.pretrain_corpus!r} pretraining text")
-    return PairBatches(examples, tokenizer, min(config.ssm_batch_size, available), config.seed,
-                       max_input_len=max_input_len, causal=causal, target_eos=False)
+    return kind.pair_batches(examples, tokenizer, min(config.ssm_batch_size, available), config.seed,
+                             max_input_len=max_input_len, target_eos=False)
 
 
 # ---- injection -----------------------------------------------------------------------------------
@@ -266,14 +261,12 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
     device = choose_device(config.device)
 
     def body(run: StagedRun) -> dict:
-        from nkb_model.causal import is_causal
         started = time.perf_counter()
         segments, spans = segments_with_spans(wh, config.corpus)
         model, tokenizer, _ = base.load()
-        causal = is_causal(model)
         trainable = mount_slots(model, config, previous.directory / "nkb" if previous else None)
         device.hold(model)  # only the slots are saved: a frozen base may be held in bf16
-        trained, ssm, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device, causal)
+        trained, ssm, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device)
         slots = list(mounted_layers(model).values())
 
         def bound_slots() -> None:
@@ -327,30 +320,30 @@ def mount_slots(model, config: InjectConfig, start: Path | None) -> int:
 
 
 def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: InjectConfig, base: SourceModel,
-                      device, causal: bool):
+                      device):
     """(what trains, the SSM batches, every step's batches): salient span masking over the segments, drawn anew each
     epoch; on a decoder-only base with only slots training, on cached states (the frozen blocks below the slots
     once per segment); interleaved with general text at `general_share`."""
     from corpus.ssm import ssm_examples
-    from nkb_model.batches import PairBatches
+    kind = family(model)
 
     @functools.lru_cache(maxsize=2)
     def drawn(epoch: int):
         return ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=config.skip_repeated_spans,
-                            causal=causal)
+                            decoder_only=kind.decoder_only)
 
     def examples(epoch: int) -> tuple[list[str], list[str]]:
         ex = drawn(epoch)
         return ex.column("input").to_pylist(), ex.column("target").to_pylist()
 
-    trained, ssm = model, PairBatches(examples, tokenizer, config.batch_size, config.seed, config.max_input_len,
-                                      causal=causal, target_eos=False)
-    if config.cache and config.variant == "nkb" and causal:
+    trained, ssm = model, kind.pair_batches(examples, tokenizer, config.batch_size, config.seed, config.max_input_len,
+                                            target_eos=False)
+    if config.cache and config.variant == "nkb" and kind.decoder_only:
         trained, ssm = cached_injection(model, tokenizer, segments, drawn, ssm, device)
     batches = ssm
     if config.general_share:
         from nkb_model.base_model import Interleaved
-        batches = Interleaved(ssm, general_batches(wh, tokenizer, base.directory, config, causal), config.general_share)
+        batches = Interleaved(ssm, general_batches(wh, tokenizer, base.directory, config, kind), config.general_share)
     return trained, ssm, batches
 
 
@@ -373,12 +366,10 @@ def loss_metric(batches, step: int, first: str, second: str) -> str:
     return second if hasattr(batches, "source") and batches.source(step)[0] else first
 
 
-def general_batches(wh: Warehouse, tokenizer, base_dir: Path, config: InjectConfig, causal: bool = False):
-    """Span-corruption (a decoder-only base: next-token) batches of the general corpus packed as the base's
+def general_batches(wh: Warehouse, tokenizer, base_dir: Path, config: InjectConfig, kind: Family):
+    """The base's own pretraining batches (span corruption, or next-token) of the general corpus packed as its
     pretraining packed it, without the base's held-out rows: the no-forgetting check's text stays unseen by the
     slots."""
-    from nkb_model.base_model import SpanCorruptionBatches
-    from nkb_model.causal import NextTokenBatches
     held_path = base_dir / "held_out.npy"
     held = np.load(held_path) if held_path.exists() else np.zeros((0, GENERAL_SEQ_LEN), dtype=np.int64)
     rows = packed_rows(wh, tokenizer, config.general_corpus, held.shape[1])
@@ -387,16 +378,13 @@ def general_batches(wh: Warehouse, tokenizer, base_dir: Path, config: InjectConf
     if not len(rows):
         raise ValueError(f"general_share={config.general_share}, but corpus {config.general_corpus!r} has no text "
                          f"beyond the base's held-out rows")
-    size = min(config.general_batch_size, len(rows))
-    return NextTokenBatches(rows, size, config.seed) if causal else \
-        SpanCorruptionBatches(rows, tokenizer, size, config.seed)
+    return kind.text_batches(rows, tokenizer, min(config.general_batch_size, len(rows)), config.seed)
 
 
 # ---- fine-tuning ---------------------------------------------------------------------------------
 
 def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> StageResult:
     """All parameters (optionally not the NKB) trained on `question: …` → first answer, or on a generation task."""
-    from nkb_model.batches import PairBatches
     from nkb_model.checkpoint import save_model
     from nkb_model.train import choose_device, train
     source = source_model(wh, config.model)
@@ -417,19 +405,18 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
     device = choose_device(config.device)
 
     def body(run: StagedRun) -> dict:
-        from nkb_model.causal import is_causal
         started = time.perf_counter()
         model, tokenizer, source_info = source.load()
-        causal = is_causal(model)
-        answer_format = causal_answer_format(config, model) if causal else config.answer_format
+        kind = family(model)
+        answer_format = decoder_only_answer_format(config, model) if kind.decoder_only else config.answer_format
         knowledge = {"knowledge": config.knowledge, "knowledge_docs": config.knowledge_docs,
                      "kformer_doc_tokens": config.kformer_doc_tokens, "kformer_rank": config.kformer_rank,
                      "answer_format": answer_format, "max_input_len": config.max_input_len, "task": config.task}
         texts, knowledge_ids, answers = training_pairs(wh, questions, tokenizer, config, knowledge)
         prepare_finetuning(model, config, device)
-        batches = PairBatches(lambda epoch: (texts, answers), tokenizer, min(config.batch_size, len(texts)),
-                              config.seed, config.max_input_len, max_target_len=128 if config.task else 64,
-                              knowledge_ids=knowledge_ids, causal=causal)
+        batches = kind.pair_batches(lambda epoch: (texts, answers), tokenizer, min(config.batch_size, len(texts)),
+                                    config.seed, config.max_input_len, max_target_len=128 if config.task else 64,
+                                    knowledge_ids=knowledge_ids)
         steps = config.epochs * batches.per_epoch
         losses = train(model, batches, config.train_config(steps, batches.batch_size), device, work_dir(target),
                        f"finetune {name}", progress)
@@ -492,7 +479,7 @@ def top_block_parameters(model, blocks: int | None):
     return {p for block in stack[-blocks:] for p in block.parameters()}
 
 
-def causal_answer_format(config: FinetuneConfig, model) -> str:
+def decoder_only_answer_format(config: FinetuneConfig, model) -> str:
     """A decoder-only model's answer format: `prompt`, whichever is asked for. Plain is the question and its answer;
     sentinel asks for the answer the way salient span masking asks for a span, which on a causal LM is as the
     continuation of the text before it: both are a prompt. The retrieval baselines (Kformer, concat) are T5's."""

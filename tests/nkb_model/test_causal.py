@@ -71,7 +71,7 @@ def test_causal_ssm_examples_recall_the_span_from_the_text_before_it():
     import pyarrow as pa
     segments = pa.table({"segment_id": ["a"], "text": ["Ada Lovelace was born in London in 1815."]})
     spans = pa.table({"segment_id": ["a"], "start_char": [25], "end_char": [31]})
-    causal = ssm_examples(segments, spans, causal=True).to_pylist()[0]
+    causal = ssm_examples(segments, spans, decoder_only=True).to_pylist()[0]
     t5 = ssm_examples(segments, spans).to_pylist()[0]
     assert (causal["input"], causal["target"]) == ("Ada Lovelace was born in ", "London")
     assert t5["input"] == "Ada Lovelace was born in <extra_id_0> in 1815."
@@ -81,7 +81,7 @@ def test_causal_ssm_examples_recall_the_span_from_the_text_before_it():
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_a_tiny_decoder_only_model_learns_answers_and_stops_after_them(tokenizer, arch):
     model = new_causal(tokenizer, arch, "tiny").train()
-    batches = PairBatches(lambda epoch: (QUESTIONS, ANSWERS), tokenizer, 4, causal=True)
+    batches = PairBatches(lambda epoch: (QUESTIONS, ANSWERS), tokenizer, 4, decoder_only=True)
     train(model, batches, TrainConfig(steps=60, batch_size=4, lr=3e-3, optimizer="adamw"), CPU)
     assert generate(model, tokenizer, QUESTIONS, CPU, batch_size=3) == ANSWERS  # left-padded batches of 3 and 1
     # the probe asks the text before the blank and reads as many words as the answer has

@@ -39,7 +39,7 @@ def segment_batch(tokenizer, texts: list[str]):
     starts = [t.index(" born in ") + len(" born in ") for t in texts]
     spans = pa.table({"segment_id": segments.column("segment_id"), "start_char": starts,
                       "end_char": [s + len("city 3") for s in starts]})
-    examples = ssm_examples(segments, spans, causal=True)
+    examples = ssm_examples(segments, spans, decoder_only=True)
     pairs = encode_pairs(tokenizer, examples.column("input").to_pylist(), examples.column("target").to_pylist(),
                          eos=False)
     order = {sid: i for i, sid in enumerate(segments.column("segment_id").to_pylist())}
@@ -95,16 +95,16 @@ def test_training_on_the_cache_follows_the_uncached_losses_step_by_step():
     spans = pa.table({"segment_id": [f"s{i}" for i in range(len(texts)) for _ in range(2)],
                       "start_char": [p for t in texts for p in (t.index("city"), t.index("company"))],
                       "end_char": [p for t in texts for p in (t.index("city") + 6, t.index("company") + 9)]})
-    examples = lambda epoch: ssm_examples(segments, spans, seed=0, epoch=epoch, causal=True)  # noqa: E731
+    examples = lambda epoch: ssm_examples(segments, spans, seed=0, epoch=epoch, decoder_only=True)  # noqa: E731
     pairs = lambda epoch: (examples(epoch).column("input").to_pylist(),  # noqa: E731
                            examples(epoch).column("target").to_pylist())
     config = TrainConfig(steps=6, batch_size=8, lr=3e-2, optimizer="adamw")
     plain = injected("llama", len(tokenizer), ["decoder.-1"])
-    expected = train(plain, PairBatches(pairs, tokenizer, 8, causal=True, target_eos=False), config, CPU)
+    expected = train(plain, PairBatches(pairs, tokenizer, 8, decoder_only=True, target_eos=False), config, CPU)
     model = injected("llama", len(tokenizer), ["decoder.-1"])
     cache = SegmentCache(model, tokenizer, texts, 3, CPU)
     index = {s: i for i, s in enumerate(segments.column("segment_id").to_pylist())}
-    batches = CachedBatches(PairBatches(pairs, tokenizer, 8, causal=True, target_eos=False),
+    batches = CachedBatches(PairBatches(pairs, tokenizer, 8, decoder_only=True, target_eos=False),
                             lambda epoch: [index[s] for s in examples(epoch).column("segment_id").to_pylist()],
                             cache, model)
     got = train(CachedTail(model, 3), batches, config, CPU)

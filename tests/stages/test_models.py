@@ -12,6 +12,7 @@ from transformers import AutoTokenizer, T5ForConditionalGeneration
 from corpus.sample_world import WorldFiles
 from nkb_model.checkpoint import load_model
 from nkb_model.nkb import mounted_layers
+from nkb_model.families import ENCODER_DECODER
 from stages import data, evaluation, knowledge, report, training
 from stages.configs import (DEFAULT_STRENGTH, BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig,
                             InjectConfig, PretrainingDataConfig, ReportConfig, RetrieveConfig, SalientSpansConfig,
@@ -81,7 +82,7 @@ def test_salient_span_pretraining_masks_entities_of_the_training_rows(world):
     directory = training.latest_pretraining_data(world, "general")
     tokenizer = AutoTokenizer.from_pretrained(result.run.checkpoint)
     seen = " ".join(tokenizer.batch_decode(np.load(directory / "train_rows.npy"), skip_special_tokens=True))
-    batch = training.pretraining_ssm_batches(world, tokenizer, config, PRETRAINING.seq_len)(0)
+    batch = training.pretraining_ssm_batches(world, tokenizer, config, PRETRAINING.seq_len, ENCODER_DECODER)(0)
     inputs = tokenizer.batch_decode(batch["input_ids"], skip_special_tokens=False)
     targets = tokenizer.batch_decode(batch["labels"].clamp(min=0), skip_special_tokens=False)
     assert len(inputs) == 8 and all(i.count("<extra_id_0>") == 1 for i in inputs)
@@ -134,7 +135,7 @@ def test_injection_mixing_in_general_text_never_shows_the_slots_held_out_text(wo
                                     "general_corpus": "general"})
     _, tokenizer, _ = load_model(base_dir)
     held = np.load(base_dir / "held_out.npy")
-    general = training.general_batches(world, tokenizer, base_dir, config)
+    general = training.general_batches(world, tokenizer, base_dir, config, ENCODER_DECODER)
     assert len(held) and general.rows.shape[1] == held.shape[1] == PRETRAINING.seq_len
     seen = {row.tobytes() for row in general.rows}
     assert not seen & {row.tobytes() for row in held}
