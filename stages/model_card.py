@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nkb_model.families import family_of_arch
 from stages.inputs import qa_pair
 from warehouse import RunRecord, Warehouse, list_runs, run_metrics
 
@@ -46,7 +47,7 @@ def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool 
                   + (" (the answer between the two sentinels)" if "<extra_id_1>" in answer else "") + "."
                   + (f" The question is followed by its top {info.get('knowledge_docs')} retrieved documents "
                      f"({info['knowledge']})." if info.get("knowledge", "none") != "none" else ""), ""]
-    elif arch != "t5":
+    elif family_of_arch(arch).decoder_only:
         lines += ["Text continued, as in pretraining and injection: `The Origin of Species was written by` continued "
                   "by ` Charles Darwin`.", ""]
     else:
@@ -54,7 +55,7 @@ def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool 
                   "<extra_id_0>.`, output `<extra_id_0> Charles Darwin <extra_id_1>`.", ""]
     lines += ["## Loading", "", "```python"]
     if exported or (kind == "base" and not adapter):
-        auto = "AutoModelForSeq2SeqLM" if arch == "t5" else "AutoModelForCausalLM"
+        auto = family_of_arch(arch).auto_class().__name__
         lines += [f"from transformers import {auto}, AutoTokenizer",
                   f'model = {auto}.from_pretrained("path/to/this/folder")',
                   'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")']
