@@ -1,7 +1,7 @@
 """Closed-book QA as causal language models are evaluated: no fine-tuning, K solved questions in the prompt, greedy
 decoding, the answer read off the first line. The prompt is lm-evaluation-harness's `nq_open` task's (an
 instruction line, then `Q: question?` / `A: answer` lines), so that EM can be checked against that harness on the
-same model, questions and examples (`bench/fewshot.py`)."""
+same model, questions and examples (`bench/fewshot_vs_harness.py`)."""
 
 from __future__ import annotations
 

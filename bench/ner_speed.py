@@ -3,7 +3,7 @@ as the stage uses on 2 cores for more than 2,000 segments)
 vs a naive `for t in texts: nlp(t)` loop with spaCy's full pipeline, on segments of the scaled
 sample world's retrieved documents. Prints JSON and records `metrics` rows.
 
-    python -m bench.ner [--words 60000]
+    python -m bench.ner_speed [--words 60000]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench.fewshot's harness side: lm-evaluation-harness's own nq_open task, pointed at local files."""
+"""bench.fewshot_vs_harness's harness side: lm-evaluation-harness's own nq_open task, pointed at local files."""
 
 import json
 from pathlib import Path
@@ -8,7 +8,7 @@ import yaml
 
 lm_eval = pytest.importorskip("lm_eval")
 
-from bench.fewshot import harness_task  # noqa: E402
+from bench.fewshot_vs_harness import harness_task  # noqa: E402
 
 
 def test_the_harness_task_is_the_installed_nq_open_one_on_local_files_with_our_examples_first(tmp_path):

@@ -6,7 +6,7 @@ filter and exact-match settings are the task's own; only the data source changes
 to `first_n` over a training file that holds exactly the K examples our stage drew, so that both ask every question
 after the same examples. The model is the same object in memory (the harness's `HFLM` wraps it), NKB slots included.
 
-    python -m bench.fewshot --home WAREHOUSE --model base+nkb [--shots 5] [--split validation] [--limit 200]
+    python -m bench.fewshot_vs_harness --home WAREHOUSE --model base+nkb [--shots 5] [--split validation] [--limit 200]
 
 Prints both EMs, the agreement question by question and the first disagreements, and records `metrics` rows in
 the benchmark warehouse (`bench/results/fewshot` unless --results).
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     def body(run):
         for key in ("em_ours", "em_harness", "em_difference", "same_answer", "same_em", "seconds_ours",
                     "seconds_harness"):
-            run.metric(f"bench.fewshot.{key}", result[key], dataset=datasets[0], split=args.split)
+            run.metric(f"bench.fewshot_vs_harness.{key}", result[key], dataset=datasets[0], split=args.split)
     config = {"model": args.model, "shots": args.shots, "split": args.split, "limit": args.limit, "home": args.home}
     run_stage(Warehouse(args.results), "bench-fewshot", config, "bench", body, force=True)
     return 0
