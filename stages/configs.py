@@ -454,6 +454,7 @@ class ReportRow:
     t5_only: bool = False     # a T5 baseline
     finetuned: bool = False   # its model exists only fine-tuned: no probe or held-out loss of its own
     generation: bool = False  # fine-tuned on the generation tasks too (the general-generation check)
+    knowledge: str | None = None  # built by fine-tuning the base with its retrieved documents, read this way
 
 
 REPORT_ROWS = (
@@ -465,9 +466,9 @@ REPORT_ROWS = (
               generation=True),
     ReportRow("large", "large", "large", "large", "The larger base model.", built_here=True),
     ReportRow("kformer", "kformer", "Kformer", "base.kformer", "The base fine-tuned with Kformer (a fine-tuned model).",
-              t5_only=True, finetuned=True),
+              t5_only=True, finetuned=True, knowledge="kformer"),
     ReportRow("concat", "concat", "concat", "base.concat", "The base fine-tuned on questions with their retrieved "
-              "documents appended (a fine-tuned model).", t5_only=True, finetuned=True),
+              "documents appended (a fine-tuned model).", t5_only=True, finetuned=True, knowledge="concat"),
 )
 Row = Literal[tuple(r.key for r in REPORT_ROWS)]
 GenerationRow = Literal[tuple(r.key for r in REPORT_ROWS if r.generation)]

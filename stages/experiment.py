@@ -373,9 +373,9 @@ class Experiment(StageConfig):
                     steps.append(("finetune", FinetuneConfig(**{**self._stage("finetune").model_dump(), **generation,
                                                                 **made})))
                     steps.append(("evaluate", self._stage("evaluate", model=f"{name}.{task}")))
-        for row in (r for r in REPORT_ROWS if r.finetuned and r.key in rows):
+        for row in (r for r in REPORT_ROWS if r.knowledge and r.key in rows):
             # the base with retrieved documents, on the same fine-tuning budget
-            steps.append(("finetune", self._stage("finetune", model="base", name=row.model, knowledge=row.key)))
+            steps.append(("finetune", self._stage("finetune", model="base", name=row.model, knowledge=row.knowledge)))
             steps.append(("evaluate", self._stage("evaluate", model=row.model)))
         report = {r.field: r.model if r.key in rows else None for r in REPORT_ROWS if r.key != "base"}
         asked = {"finetuned_suffix": f".{self.shots}shot"} if self.shots else {}
