@@ -12,7 +12,7 @@ from warehouse import Warehouse
 
 
 def cmd_edit(args) -> int:
-    from stages.runner import run_stage
+    from stages.runner import dispatch
     try:
         config = config_from_options(EditConfig, args)
     except ValidationError as exc:
@@ -20,7 +20,7 @@ def cmd_edit(args) -> int:
     if config.edits:  # a wrong file is found before the model is loaded
         from stages.knowledge import read_edits
         read_edits(config.edits)
-    result = run_stage("edit", Warehouse(args.home), config)
+    result = dispatch("edit", Warehouse(args.home), config)
     v = result.value or {}
     if result.skipped:
         print(f"this edit was already made: model {result.run.checkpoint} (run {result.run.run_id})")

@@ -14,7 +14,7 @@ from warehouse import Warehouse, resolve_home, row_counts
 
 def cmd_run(args) -> int:
     from stages.registry import STAGES
-    from stages.runner import run_stage, summarize
+    from stages.runner import dispatch, summarize
     stage = STAGES[args.stage]
     config = parse_sets(stage.config, args.set or [], f"nkb run {stage.name}")
     started = time.perf_counter()
@@ -25,7 +25,7 @@ def cmd_run(args) -> int:
         with local_flow_settings():
             row = STAGE_FLOWS[stage.name](config, str(wh.home), args.force)
     else:
-        row = summarize(stage.name, run_stage(stage.name, wh, config, args.force), time.perf_counter() - started)
+        row = summarize(stage.name, dispatch(stage.name, wh, config, args.force), time.perf_counter() - started)
     if row["skipped"]:
         print(f"{stage.name}: skipped, inputs unchanged since run {row['run_id']} (use --force to rerun)")
     else:

@@ -19,7 +19,7 @@ from stages.data import ingest_part, ner_shard
 from stages.experiment import Experiment, ExperimentError
 from stages.inputs import world_dir
 from stages.registry import STAGES, Stage, run_subject
-from stages.runner import run_stage, summarize
+from stages.runner import dispatch, summarize
 from warehouse import Warehouse, resolve_home
 
 
@@ -59,7 +59,7 @@ def _stage_flow(stage: Stage):
         wh = Warehouse(home)
         dask = getattr(config, "dask", None)
         options = {"map_shards": dask_shard_mapper(dask)} if dask else {}
-        result = run_stage(stage.name, wh, config, force, **options)
+        result = dispatch(stage.name, wh, config, force, **options)
         row = summarize(stage.name, result, time.perf_counter() - started)
         if result.skipped:
             logger.info("skipped: inputs unchanged since run %s (force=true reruns it)", result.run.run_id)

@@ -434,7 +434,7 @@ class EvaluateConfig(ModelStageConfig):
     max_new_tokens: Optional[int] = Field(None, ge=1, description="Longest output in tokens; default 24 for QA "
                                                                   "answers, 64 for generation tasks.")
     shots: int = Field(0, ge=0, description=(
-        "Few-shot QA, as causal LMs are evaluated (no fine-tuning): each prompt holds this many solved questions of "
+        "Few-shot QA, as decoder-only LMs are evaluated (no fine-tuning): each prompt holds this many solved questions of "
         "the dataset's train split (lm-evaluation-harness's nq_open prompt), and the answer is the first line "
         "written, up to a full stop or comma. Results go under the name `MODEL.Kshot`. 0: the question alone, as "
         "a fine-tuned model is asked."))

@@ -1,5 +1,5 @@
 """The evaluate stage: a model's answers to a split's questions scored by exact match, or its outputs on a
-general-generation task scored by ROUGE-L or SacreBLEU. A causal LM can be asked few-shot instead of fine-tuned
+general-generation task scored by ROUGE-L or SacreBLEU. A decoder-only LM can be asked few-shot instead of fine-tuned
 (`shots`), as such models are evaluated."""
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ class Stage:
     publishes_model: bool = False        # its runs publish a model folder that later stages find by name
 
     @property
-    def run(self) -> Callable:
+    def entry(self) -> Callable:
+        """The stage's function, imported now (only the stage that runs is imported)."""
         module, name = self.function.split(":")
         return getattr(importlib.import_module(f"stages.{module}"), name)
 

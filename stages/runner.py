@@ -1,6 +1,6 @@
 """How a stage runs: in this process, or on several devices under torchrun. Stages never decide this.
 
-`run_stage` is the one entry to a stage for the command line and the Prefect flows (which decide before it
+`dispatch` is the one entry to a stage for the command line and the Prefect flows (which decide before it
 whether a stage runs here or on a worker of its pool, through its deployment). A training stage whose
 config asks for `devices` > 1 is launched as `python -m torch.distributed.run --standalone
 --nproc_per_node=N -m stages.runner STAGE ...`: every process joins a process group (NCCL on GPUs, Gloo on
@@ -25,13 +25,13 @@ from stages.registry import STAGES, Stage, model_of, run_subject
 from warehouse import PARQUET_TABLES, StageResult, Warehouse, get_run
 
 
-def run_stage(name: str, wh: Warehouse, config: StageConfig, force: bool = False, **options) -> StageResult:
+def dispatch(name: str, wh: Warehouse, config: StageConfig, force: bool = False, **options) -> StageResult:
     """Run stage `name` with `config`: under torchrun when it asks for several devices, else here.
     `options` go to the stage function (e.g. salient-spans' `map_shards`)."""
     stage = STAGES[name]
     if getattr(config, "devices", 1) > 1:
         return _launch(stage, wh, config, force)
-    return stage.run(wh, config, force, **options)
+    return stage.entry(wh, config, force, **options)
 
 
 def summarize(stage: str, result: StageResult, seconds: float) -> dict[str, Any]:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.distributed.init_process_group("nccl" if use_nccl else "gloo")
     try:
         leader = torch.distributed.get_rank() == 0
-        result = stage.run(Warehouse(args.home, leader=leader), config, args.force)
+        result = stage.entry(Warehouse(args.home, leader=leader), config, args.force)
         if leader:
             Path(args.result).write_text(json.dumps({"run_id": result.run.run_id, "skipped": result.skipped,
                                                      "value": result.value}, default=str))

@@ -481,7 +481,7 @@ def top_block_parameters(model, blocks: int | None):
 
 def decoder_only_answer_format(config: FinetuneConfig, model) -> str:
     """A decoder-only model's answer format: `prompt`, whichever is asked for. Plain is the question and its answer;
-    sentinel asks for the answer the way salient span masking asks for a span, which on a causal LM is as the
+    sentinel asks for the answer the way salient span masking asks for a span, which on a decoder-only LM is as the
     continuation of the text before it: both are a prompt. The retrieval baselines (Kformer, concat) are T5's."""
     if config.knowledge != "none":
         raise ValueError(f"knowledge={config.knowledge} is a T5 baseline; {config.model} is a decoder-only "
