@@ -49,12 +49,7 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
         model, tokenizer, info = source.load(device)
-        if task:
-            texts, knowledge_ids = gen_inputs(examples), None
-        elif config.shots:
-            texts, knowledge_ids = fewshot_inputs(wh, examples, model, config), None
-        else:
-            texts, knowledge_ids = qa_inputs(wh, examples, tokenizer, info)
+        texts, knowledge_ids = evaluation_inputs(wh, examples, model, tokenizer, info, config, task)
         outputs = generate(model, tokenizer, texts, device, config.batch_size,
                            None if config.shots else info.get("max_input_len", 256), max_new_tokens, num_beams,
                            knowledge_ids)
@@ -78,6 +73,17 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
 
     return run_stage(wh, "evaluate", config.model_dump() | {"model_name": name, "task": task}, fp, body, force=force,
                      device=device.name)
+
+
+def evaluation_inputs(wh: Warehouse, examples, model, tokenizer, info: dict, config: EvaluateConfig,
+                      task: str | None) -> tuple[list[str], object]:
+    """(the texts the model is given, Kformer's documents or None): a generation task's sources, each question's
+    few-shot prompt, or the questions as the model was fine-tuned on them (with their retrieved documents)."""
+    if task:
+        return gen_inputs(examples), None
+    if config.shots:
+        return fewshot_inputs(wh, examples, model, config), None
+    return qa_inputs(wh, examples, tokenizer, info)
 
 
 def generation_scores(examples, outputs: list[str], task: str):
