@@ -32,6 +32,11 @@ def recall_span(text: str, start: int, end: int) -> tuple[str, str]:
     return text[:start], text[start:end]
 
 
+def recall_span_and_rest(text: str, start: int, end: int) -> tuple[str, str]:
+    """(input, target) for a causal LM: the text before text[start:end], and the span with the rest of the text."""
+    return text[:start], text[start:]
+
+
 def draw_spans(spans: pa.Table, seed: int, epoch: int) -> pa.Table:
     """One row of `spans` per segment, chosen uniformly at random for this (seed, epoch)."""
     if spans.num_rows == 0:
@@ -60,11 +65,12 @@ def unrepeated_spans(spans: pa.Table, texts: dict[str, str]) -> pa.Table:
 
 
 def ssm_examples(segments: pa.Table, spans: pa.Table, seed: int = 0, epoch: int = 0,
-                 skip_repeated: bool = False, decoder_only: bool = False) -> pa.Table:
+                 skip_repeated: bool = False, decoder_only: bool = False, and_rest: bool = False) -> pa.Table:
     """One SSM example per segment that has at least one (maskable) salient span (SSM_SCHEMA).
 
     skip_repeated: mask only spans whose text occurs once in the segment (see `unrepeated_spans`).
-    decoder_only: examples for a decoder-only model (`recall_span`) instead of T5's (`mask_span`).
+    decoder_only: examples for a decoder-only model (`recall_span`) instead of T5's (`mask_span`); with `and_rest`,
+    its target runs on to the segment's end (`recall_span_and_rest`).
     """
     texts = dict(zip(segments.column("segment_id").to_pylist(), segments.column("text").to_pylist()))
     spans = spans.select(["segment_id", "start_char", "end_char"])
@@ -76,7 +82,8 @@ def ssm_examples(segments: pa.Table, spans: pa.Table, seed: int = 0, epoch: int 
         text = texts.get(seg)
         if text is None:
             continue
-        inp, tgt = (recall_span if decoder_only else mask_span)(text, start, end)
+        example = (recall_span_and_rest if and_rest else recall_span) if decoder_only else mask_span
+        inp, tgt = example(text, start, end)
         for name, value in zip(SSM_SCHEMA.names, (seg, inp, tgt, start, end)):
             rows[name].append(value)
     return pa.table(rows, schema=SSM_SCHEMA)

@@ -329,7 +329,7 @@ class BaseModelConfig(TrainingConfig):
 
 class InjectConfig(TrainingConfig):
     """Inject the salient-span-masked knowledge corpus into NKB slots mounted on a base model."""
-    later_settings = frozenset({"start"})
+    later_settings = frozenset({"start", "span_target"})
     volatile = TrainingConfig.volatile | {"cache"}
 
     base_model: str = Field("base", description="Model name from the base-model stage, or a Hugging Face T5 directory.")
@@ -347,6 +347,11 @@ class InjectConfig(TrainingConfig):
     skip_repeated_spans: bool = Field(
         True, description="Mask only spans whose text occurs once in their segment: a repeated one (the "
                           "article's subject) is copied, not recalled. false: any salient span, as the paper.")
+    span_target: Literal["span", "span_and_rest"] = Field("span", description=(
+        "A decoder-only base's SSM target: the salient span alone, recalled from the text before it; or the span and "
+        "the rest of its segment, so that the slots also learn where a span ends and how the sentence goes on "
+        "(on SmolLM2: well-formed answers without general steps; docs/decisions.md, trials H and H2). "
+        "T5 fills its sentinel either way."))
     general_share: float = Field(0.0, ge=0, lt=1, description=(
         "Share of the steps that train on span corruption of general text (general_corpus) instead of the "
         "knowledge corpus. Wikipedia, the paper's corpus, is general text too; the sample world's knowledge "

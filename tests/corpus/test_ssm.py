@@ -35,3 +35,13 @@ def test_draw_is_seeded_and_redrawn_per_epoch():
     assert draws == [tuple(draw_spans(SPANS, seed=3, epoch=e)["start_char"].to_pylist()) for e in range(30)]
     assert len({d[0] for d in draws}) == 3, "every span of a#0 is masked in some epoch"
     assert all(d[1] == 0 for d in draws)
+
+
+def test_a_decoder_only_example_recalls_the_span_alone_or_with_the_rest_of_its_segment():
+    texts = dict(zip(SEGMENTS["segment_id"].to_pylist(), SEGMENTS["text"].to_pylist()))
+    alone = ssm_examples(SEGMENTS, SPANS, seed=1, decoder_only=True).to_pylist()
+    rest = ssm_examples(SEGMENTS, SPANS, seed=1, decoder_only=True, and_rest=True).to_pylist()
+    for a, r in zip(alone, rest):
+        text = texts[a["segment_id"]]
+        assert a["input"] == r["input"] == text[:a["start_char"]]
+        assert a["target"] == text[a["start_char"]:a["end_char"]] and r["target"] == text[a["start_char"]:]

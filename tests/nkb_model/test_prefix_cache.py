@@ -86,8 +86,10 @@ def test_families_whose_first_block_does_not_read_the_embeddings_as_they_are_are
     assert not supports_cache(model)
 
 
-def test_training_on_the_cache_follows_the_uncached_losses_step_by_step():
-    """The injection loop as the stage runs it: pair batches of the salient-span examples, redrawn each epoch."""
+@pytest.mark.parametrize("and_rest", [False, True])
+def test_training_on_the_cache_follows_the_uncached_losses_step_by_step(and_rest):
+    """The injection loop as the stage runs it: pair batches of the salient-span examples (the span alone, or with
+    the rest of its segment), redrawn each epoch."""
     from nkb_model.batches import PairBatches
     tokenizer = byte_level_bpe()
     texts = TEXTS[:24]
@@ -95,7 +97,8 @@ def test_training_on_the_cache_follows_the_uncached_losses_step_by_step():
     spans = pa.table({"segment_id": [f"s{i}" for i in range(len(texts)) for _ in range(2)],
                       "start_char": [p for t in texts for p in (t.index("city"), t.index("company"))],
                       "end_char": [p for t in texts for p in (t.index("city") + 6, t.index("company") + 9)]})
-    examples = lambda epoch: ssm_examples(segments, spans, seed=0, epoch=epoch, decoder_only=True)  # noqa: E731
+    examples = lambda epoch: ssm_examples(segments, spans, seed=0, epoch=epoch, decoder_only=True,  # noqa: E731
+                                          and_rest=and_rest)
     pairs = lambda epoch: (examples(epoch).column("input").to_pylist(),  # noqa: E731
                            examples(epoch).column("target").to_pylist())
     config = TrainConfig(steps=6, batch_size=8, lr=3e-2, optimizer="adamw")
