@@ -384,6 +384,9 @@ class FinetuneConfig(TrainingConfig):
     datasets: Optional[list[str]] = Field(None, description="Datasets to train on; default: every one with the split.")
     split: Name = Field("train", description="Split to train on.")
     epochs: int = Field(30, ge=1, description="Passes over the training questions.")
+    lr: Optional[float] = Field(None, gt=0, description=(
+        "Learning rate after warm-up; default: 1e-3 (the paper's), but 3e-5 when every parameter of a pretrained model "
+        "brought in (base_model / source) trains, which 1e-3 sets back (docs/decisions.md)."))
     max_input_len: int = Field(256, ge=8, description="Input tokens (the paper: 256).")
     freeze_nkb: bool = Field(False, description="Keep the NKB slots fixed while fine-tuning the rest.")
     train_blocks: Optional[int] = Field(None, ge=1, description=(

@@ -18,8 +18,8 @@ from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig, Pretra
 from stages.inputs import (PRETRAINING, corpora, corpus_lineage, corpus_texts, gen_examples, gen_inputs, gen_lineage,
                            one_corpus, packed_rows, qa_inputs, qa_pair, questions_lineage, read_questions,
                            retrievals_lineage, segments_with_spans, spans_lineage)
-from stages.models import (SourceModel, model_at, model_dir, model_present, publish_model, resolve_source, source_model,
-                           work_dir)
+from stages.models import (SourceModel, base_dir_of, model_at, model_dir, model_present, publish_model, resolve_source,
+                           source_model, work_dir)
 from stages.progress import progress
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, run_stage
 
@@ -388,6 +388,7 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
     from nkb_model.checkpoint import save_model
     from nkb_model.train import choose_device, train
     source = source_model(wh, config.model)
+    config = config.model_copy(update={"lr": config.lr or finetune_lr(source, config.train_blocks)})
     name = config.model_name()
     if config.task:
         questions = gen_examples(wh, config.task, config.split)
@@ -435,6 +436,23 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
 
     return run_stage(wh, "finetune", config.model_dump(), fp, body, force=force, device=device.name,
                      still_valid=model_present)
+
+
+# Fine-tuning's learning rate when none is given, by where the base came from and what trains. The paper's 1e-3 suits
+# the small bases pretrained here. On a pretrained model brought in (SmolLM2-135M, 8 sample-world QA pairs, Adafactor,
+# 3 steps; loss on another 8 pairs): every parameter at 1e-3 sets it back (7.10 → 5.21 → 8.14 → 7.80), at 3e-5 it
+# learns steadily (→ 6.11 → 5.40 → 5.16); its top 2 blocks alone learn at 1e-3 (→ 5.82 → 5.21 → 5.17) and barely
+# move at 3e-5 (→ 6.94 after 3 steps). docs/decisions.md.
+FINETUNE_LR = {("built here", "everything"): 1e-3, ("built here", "top blocks"): 1e-3,
+               ("brought in", "everything"): 3e-5, ("brought in", "top blocks"): 1e-3}
+
+
+def finetune_lr(source: SourceModel, train_blocks: int | None) -> float:
+    """The default fine-tuning rate for `source` (see FINETUNE_LR): its base was pretrained by the base-model stage (its
+    info has a size) or brought in (a Hugging Face folder, a GGUF file, a package)."""
+    from nkb_model.checkpoint import read_info
+    origin = "built here" if "size" in read_info(base_dir_of(source.directory)) else "brought in"
+    return FINETUNE_LR[origin, "everything" if train_blocks is None else "top blocks"]
 
 
 def training_pairs(wh: Warehouse, examples, tokenizer, config: FinetuneConfig, knowledge: dict):

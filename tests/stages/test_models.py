@@ -161,7 +161,8 @@ def test_nkb_a_trains_everything(world):
 def test_inject_finetune_evaluate_end_to_end(world):
     training.pretrain_base_model(world, TINY)
     training.inject(world, INJECT)
-    training.finetune(world, FinetuneConfig(model="base+nkb", epochs=2, batch_size=16))
+    tuned = training.finetune(world, FinetuneConfig(model="base+nkb", epochs=2, batch_size=16))
+    assert tuned.run.config["lr"] == 1e-3  # a base pretrained here: the paper's rate
     result = evaluation.evaluate(world, EvaluateConfig(model="base+nkb.qa"))
     n_validation = query(world, "SELECT count(*) AS n FROM questions WHERE split = 'validation'").to_pylist()[0]["n"]
     rows = query(world, f"SELECT * FROM predictions WHERE run_id = '{result.run.run_id}'").to_pylist()
@@ -470,7 +471,11 @@ def test_a_brought_decoder_only_model_is_injected_fine_tuned_and_exported_with_t
     assert json.loads((Path(base.run.checkpoint) / "nkb-model.json").read_text())["arch"] == "gpt2"
     injected = training.inject(world, INJECT.model_copy(update={"base_model": "gpt2"}))
     assert load_model(injected.run.checkpoint)[2]["layers"] == ["h.3"]  # decoder.-1: the last of its 4 blocks
-    training.finetune(world, FinetuneConfig(model="gpt2+nkb", epochs=2, batch_size=16, answer_format="sentinel"))
+    tuned = training.finetune(world, FinetuneConfig(model="gpt2+nkb", epochs=2, batch_size=16, answer_format="sentinel"))
+    assert tuned.run.config["lr"] == 3e-5  # every parameter of a model brought in: a rate that does not set it back
+    top = training.finetune(world, FinetuneConfig(model="gpt2+nkb", name="gpt2+nkb.top", epochs=1, batch_size=16,
+                                                  train_blocks=1))
+    assert top.run.config["lr"] == 1e-3  # its top block alone learns at the paper's rate
     run = evaluation.evaluate(world, EvaluateConfig(model="gpt2+nkb.qa")).run
     predicted = query(world, f"SELECT p.prediction, q.question FROM predictions p JOIN questions q USING (question_id) "
                              f"WHERE p.run_id = '{run.run_id}' ORDER BY p.question_id").to_pylist()
