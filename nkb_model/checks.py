@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from nkb_model.base_model import SpanCorruptionBatches
 from nkb_model.decoding import generate
 from nkb_model.families import family
 from nkb_model.metrics import exact_match
@@ -31,11 +30,7 @@ def heldout_loss(model, tokenizer, rows: np.ndarray, device: Device, batch_size:
     """Mean span-corruption loss on held-out text rows, with a fixed noise draw (comparable across models); a
     decoder-only model's next-token loss on them."""
     model.eval()
-    if not family(model).decoder_only:
-        batches = SpanCorruptionBatches(rows, tokenizer, min(batch_size, len(rows)), seed)
-    else:
-        from nkb_model.causal import NextTokenBatches
-        batches = NextTokenBatches(rows, min(batch_size, len(rows)), seed)
+    batches = family(model).text_batches(rows, tokenizer, min(batch_size, len(rows)), seed)
     losses, weights = [], []
     for step in range(batches.per_epoch):
         batch = {k: v.to(device.device) for k, v in batches(step).items()}

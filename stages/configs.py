@@ -11,8 +11,8 @@ are left out of the inputs fingerprint, so changing them does not rerun a stage.
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional
 

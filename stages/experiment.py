@@ -27,11 +27,10 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from corpus.files import is_pattern
-from stages.configs import (AnalyzeConfig, BaseModelConfig, DaskAddress, DeviceChoice, EvaluateConfig, FinetuneConfig,
-                            GenerationRow,
-                            GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig, Name,
-                            PretrainingDataConfig, QuestionsConfig, REPORT_ROWS, ReportConfig, RetrieveConfig, Row,
-                            SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig, EditConfig,
+from stages.configs import (REPORT_ROWS, AnalyzeConfig, BaseModelConfig, DaskAddress, DeviceChoice, EditConfig,
+                            EvaluateConfig, FinetuneConfig, GenerationDataConfig, GenerationRow, IndexConfig,
+                            IngestConfig, InjectConfig, Name, PretrainingDataConfig, QuestionsConfig, ReportConfig,
+                            RetrieveConfig, Row, SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig,
                             set_value)
 
 SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-world.yaml"  # what `nkb demo` runs

@@ -86,11 +86,11 @@ def model_checks(run: StagedRun, label: str, directory, own_model: bool, probes:
     if own_model:
         probe_em, probe_seen_em = _probe(run, info["name"], model, tokenizer, probes, split, device)
         held_path = base_dir_of(directory) / "held_out.npy"
-        loss = heldout_loss(model, tokenizer, np.load(held_path), device) if held_path.exists() else None
+        held = np.load(held_path) if held_path.exists() else None
+        loss = heldout_loss(model, tokenizer, held, device) if held is not None else None
     if info["kind"] in ("nkb", "nkb-a") and loss is not None:
         unmount_nkb(model)
-        run.metric("heldout_loss_nkb_unmounted", heldout_loss(model, tokenizer, np.load(held_path), device),
-                   dataset=label)
+        run.metric("heldout_loss_nkb_unmounted", heldout_loss(model, tokenizer, held, device), dataset=label)
     return {"probe_em": probe_em, "probe_seen_em": probe_seen_em, "heldout_loss": loss,
             "params_total": info.get("params") or sum(p.numel() for p in model.parameters()),
             "params_injected": info.get("params_injected", 0), "model_run": info.get("built_by")}
