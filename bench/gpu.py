@@ -68,13 +68,16 @@ def causal_step_flops(model: nn.Module, variant: str, batch: int, seq: int) -> i
 
 
 def measure(build, flops, device, batch: int, prompt: int, target: int, steps: int, peak: float | None,
-            compile: bool = False, hold: bool = True, mode: str | None = None) -> dict:
+            compile: bool = False, hold: bool = True, mode: str | None = None,
+            parts: tuple[str, ...] = ("inject", "finetune")) -> dict:
     """Injection (nkb) and fine-tuning (every parameter, as nkb-a trains) steps of `build(variant)`; with `compile`,
     through `torch.compile` (its compilation happens in the untimed warm-up step); with `hold`, the frozen base
     stored in bf16 as the inject stage holds it (`Device.hold`)."""
     from bench.inject import time_steps
     out = {}
     for name, variant in (("inject", "nkb"), ("finetune", "nkb-a")):
+        if name not in parts:
+            continue
         model = device.hold(build(variant)) if hold else build(variant)
         cuda = device.device.type == "cuda"
         if cuda:
@@ -90,7 +93,8 @@ def measure(build, flops, device, batch: int, prompt: int, target: int, steps: i
         del model
         if cuda:
             torch.cuda.empty_cache()
-    out["paper_injection_hours"] = round(PAPER_STEPS * out["inject"]["step_s"] * PAPER_BATCH / batch / 3600, 2)
+    if "inject" in out:
+        out["paper_injection_hours"] = round(PAPER_STEPS * out["inject"]["step_s"] * PAPER_BATCH / batch / 3600, 2)
     return out
 
 
@@ -154,6 +158,8 @@ def main(argv=None) -> int:
     parser.add_argument("--compile", action="store_true", help="time the training steps through torch.compile")
     parser.add_argument("--mode", choices=("default", "max-autotune-no-cudagraphs", "reduce-overhead"),
                         help="torch.compile's mode, with --compile")
+    parser.add_argument("--parts", nargs="+", choices=("inject", "finetune"), default=("inject", "finetune"),
+                        help="which training steps to time (fine-tuning's compilation takes a minute of a short lease)")
     parser.add_argument("--frozen-fp32", action="store_true", help="keep the frozen base in fp32 under bf16 autocast "
                                                                    "(before: the inject stage holds it in bf16)")
     args = parser.parse_args(argv)
@@ -180,7 +186,7 @@ def main(argv=None) -> int:
                              "frozen_base": "fp32" if args.frozen_fp32 else "bf16",
                              **measure(lambda v: model_for(T5_BASE, v, device),
                                        lambda m, v: step_flops(m, v, batch, 512, 16), device, batch, 512, 16,
-                                       args.steps, peak, args.compile, not args.frozen_fp32, args.mode)}
+                                       args.steps, peak, args.compile, not args.frozen_fp32, args.mode, args.parts)}
         t5 = model_for(T5_BASE, "nkb", device)
         result["t5_base"]["greedy"] = greedy_throughput(t5, device, 512, 32, 8)
         del t5
@@ -194,7 +200,7 @@ def main(argv=None) -> int:
                                   "batch": f"{batch} x (496 prompt + 16 target)", "compiled": args.compile,
                                   "frozen_base": "fp32" if args.frozen_fp32 else "bf16",
                                   **measure(smollm2, lambda m, v: causal_step_flops(m, v, batch, 512), device,
-                                            batch, 496, 16, args.steps, peak, args.compile, not args.frozen_fp32, args.mode)}
+                                            batch, 496, 16, args.steps, peak, args.compile, not args.frozen_fp32, args.mode, args.parts)}
         model = smollm2("nkb")
         result["smollm2_135m"]["greedy"] = greedy_throughput(model, device, 512, 32, 8)
         del model
@@ -205,15 +211,17 @@ def main(argv=None) -> int:
     from warehouse import Warehouse, run_stage
     models = [m for m in ("t5_base", "smollm2_135m") if m in result]
     flat = {f"{m}.{part}.{k}": v for m in models for part in ("inject", "finetune", "greedy")
-            for k, v in result[m][part].items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    flat.update({f"{m}.paper_injection_hours": result[m]["paper_injection_hours"] for m in models})
+            if part in result[m] for k, v in result[m][part].items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    flat.update({f"{m}.paper_injection_hours": result[m]["paper_injection_hours"] for m in models
+                 if "paper_injection_hours" in result[m]})
     flat.update({f"tests.{k}": v for k, v in result["tests"].items() if isinstance(v, int)})
 
     def body(run):
         for metric, value in flat.items():
             run.metric(f"bench.gpu.{metric}", value)
     config = {"steps": args.steps, "batch": batch, "only": args.only, "compile": args.compile,
-              "frozen_fp32": args.frozen_fp32, "mode": args.mode}
+              "frozen_fp32": args.frozen_fp32, "mode": args.mode,
+              "parts": list(args.parts)}
     run_stage(Warehouse(args.home), "bench-gpu", config, "bench", body, force=True)
     tests = result["tests"]
     return 1 if tests.get("failed") or tests.get("error") or tests.get("returncode", 0) not in (0, 5) else 0

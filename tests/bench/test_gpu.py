@@ -41,6 +41,9 @@ def test_the_measurements_run_on_any_device():
     assert result["inject"]["trainable"] < result["finetune"]["trainable"]
     assert result["inject"]["tokens_per_s"] > 0 and result["paper_injection_hours"] > 0
     assert greedy_throughput(tiny_llama("nkb"), cpu, 4, 6, 3)["questions_per_s"] > 0
+    only_inject = measure(tiny_llama, lambda m, v: causal_step_flops(m, v, 2, 12), cpu, 2, 8, 4, 1, None,
+                          parts=("inject",))
+    assert "finetune" not in only_inject and only_inject["paper_injection_hours"] > 0
 
 
 @pytest.mark.slow
