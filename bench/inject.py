@@ -217,7 +217,10 @@ def main(argv=None) -> int:
                 "model": f"{args.size} {arch_name}, slots on {', '.join(layers)}", "batch": "64 x (64 prompt + 8 target)",
                 **compare(lambda v: causal_model_for(arch_name, args.size, 4100, v, cpu, layers), cpu, 64, 64, 8,
                           args.steps)}
-    result["cpu_smollm2_cached"] = cached_vs_uncached(cpu, 16, 56, 8, max(2, args.steps // 2))
+    # Cached against uncached injection at two lengths: a short training sentence, and an example cut from a
+    # Wikipedia passage (segments of up to 300 words; the text up to a span halfway through, ~190 tokens).
+    for where, prompt_len in (("cpu_smollm2_cached", 56), ("cpu_smollm2_cached_passage", 192)):
+        result[where] = cached_vs_uncached(cpu, 16, prompt_len, 8, max(2, args.steps // 2))
     if torch.cuda.is_available():
         gpu = choose_device("cuda")
         name = torch.cuda.get_device_name(0)
@@ -237,9 +240,10 @@ def main(argv=None) -> int:
     flat = {f"{where}.{variant}.{k}": v for where in places
             for variant in ("nkb", "nkb-a") for k, v in result[where][variant].items() if isinstance(v, (int, float))}
     flat.update({f"{w}.nkb_over_nkb_a_step_time": result[w]["nkb_over_nkb_a_step_time"] for w in places})
-    cached = result["cpu_smollm2_cached"]
-    flat.update({f"cpu_smollm2_cached.{path}.{k}": v for path in ("cached", "uncached") for k, v in cached[path].items()})
-    flat.update({f"cpu_smollm2_cached.{k}": v for k, v in cached.items() if isinstance(v, (int, float))})
+    for where in ("cpu_smollm2_cached", "cpu_smollm2_cached_passage"):
+        cached = result[where]
+        flat.update({f"{where}.{path}.{k}": v for path in ("cached", "uncached") for k, v in cached[path].items()})
+        flat.update({f"{where}.{k}": v for k, v in cached.items() if isinstance(v, (int, float))})
 
     def body(run):
         for metric, value in flat.items():

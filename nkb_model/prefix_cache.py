@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nkb_model.causal import start_ids
-from nkb_model.mounting import block_stack, layout
+from nkb_model.mounting import block_stack, get_ffn, layout
 from nkb_model.train import Device
 
 # The inner models whose blocks read `inputs_embeds` unchanged (the Llama-style table entries that do).
@@ -77,14 +77,38 @@ def prefix_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     return captured["states"]
 
 
+@contextlib.contextmanager
+def ffn_on_rows(ffn: nn.Module, where: torch.Tensor) -> Iterator[None]:
+    """While inside, `ffn` computes only the positions `where` (batch, seq) marks, and gives zeros at the others.
+    For the top block, whose other rows nothing reads: its FFN and slots are most of a block's work."""
+    def gather(module, args):
+        return (args[0][where],)
+
+    def scatter(module, args, out):
+        full = out.new_zeros(*where.shape, out.shape[-1])
+        full[where] = out
+        return full
+
+    handles = [ffn.register_forward_pre_hook(gather), ffn.register_forward_hook(scatter)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def tail_loss(model: nn.Module, states: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
               k: int) -> torch.Tensor:
     """The causal LM loss of sequences whose states entering block `k` are `states`: blocks k.., the final norm,
-    and the output head at the positions whose next token is a label (the head's other rows would be discarded)."""
-    with only_blocks(model, k):
-        hidden = model.model(inputs_embeds=states, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    and the output head at the positions whose next token is a label (the head's other rows would be discarded).
+    The top block's FFN runs at those positions only: its output elsewhere reaches nothing but the head's
+    discarded rows (the blocks below feed every later position through attention, so they run in full)."""
     targets = labels[:, 1:]
     where = targets != -100
+    read = F.pad(where, (0, 1))  # the positions whose state the head reads
+    top = get_ffn(model, f"decoder.{len(block_stack(model, 'decoder')) - 1}")
+    with only_blocks(model, k), ffn_on_rows(top, read):
+        hidden = model.model(inputs_embeds=states, attention_mask=attention_mask, use_cache=False).last_hidden_state
     logits = model.lm_head(hidden[:, :-1][where])
     return F.cross_entropy(logits.float(), targets[where])
 
