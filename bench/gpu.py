@@ -200,7 +200,8 @@ def main(argv=None) -> int:
                                   "batch": f"{batch} x (496 prompt + 16 target)", "compiled": args.compile,
                                   "frozen_base": "fp32" if args.frozen_fp32 else "bf16",
                                   **measure(smollm2, lambda m, v: causal_step_flops(m, v, batch, 512), device,
-                                            batch, 496, 16, args.steps, peak, args.compile, not args.frozen_fp32, args.mode, args.parts)}
+                                            batch, 496, 16, args.steps, peak, args.compile, not args.frozen_fp32,
+                                            args.mode, args.parts)}
         model = smollm2("nkb")
         result["smollm2_135m"]["greedy"] = greedy_throughput(model, device, 512, 32, 8)
         del model
@@ -211,7 +212,8 @@ def main(argv=None) -> int:
     from warehouse import Warehouse, run_stage
     models = [m for m in ("t5_base", "smollm2_135m") if m in result]
     flat = {f"{m}.{part}.{k}": v for m in models for part in ("inject", "finetune", "greedy")
-            if part in result[m] for k, v in result[m][part].items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if part in result[m] for k, v in result[m][part].items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
     flat.update({f"{m}.paper_injection_hours": result[m]["paper_injection_hours"] for m in models
                  if "paper_injection_hours" in result[m]})
     flat.update({f"tests.{k}": v for k, v in result["tests"].items() if isinstance(v, int)})
@@ -220,8 +222,7 @@ def main(argv=None) -> int:
         for metric, value in flat.items():
             run.metric(f"bench.gpu.{metric}", value)
     config = {"steps": args.steps, "batch": batch, "only": args.only, "compile": args.compile,
-              "frozen_fp32": args.frozen_fp32, "mode": args.mode,
-              "parts": list(args.parts)}
+              "frozen_fp32": args.frozen_fp32, "mode": args.mode, "parts": list(args.parts)}
     run_stage(Warehouse(args.home), "bench-gpu", config, "bench", body, force=True)
     tests = result["tests"]
     return 1 if tests.get("failed") or tests.get("error") or tests.get("returncode", 0) not in (0, 5) else 0
