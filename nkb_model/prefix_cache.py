@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nkb_model.causal import start_ids
-from nkb_model.mounting import block_stack, get_ffn, layout
+from nkb_model.mounting import block_names, block_stack, get_ffn, layout
 from nkb_model.train import Device
 
 # The inner models whose blocks read `inputs_embeds` unchanged (the Llama-style table entries that do).
@@ -106,7 +106,7 @@ def tail_loss(model: nn.Module, states: torch.Tensor, attention_mask: torch.Tens
     targets = labels[:, 1:]
     where = targets != -100
     read = F.pad(where, (0, 1))  # the positions whose state the head reads
-    top = get_ffn(model, f"decoder.{len(block_stack(model, 'decoder')) - 1}")
+    top = get_ffn(model, block_names(model)[-1])
     with only_blocks(model, k), ffn_on_rows(top, read):
         hidden = model.model(inputs_embeds=states, attention_mask=attention_mask, use_cache=False).last_hidden_state
     logits = model.lm_head(hidden[:, :-1][where])
