@@ -67,8 +67,8 @@ def main(argv=None) -> int:
 
     from nkb_model.checkpoint import load_model
     from stages.configs import EvaluateConfig
-    from stages.evaluation import dataset_shots, evaluate
-    from stages.inputs import read_questions
+    from stages.evaluation import evaluate
+    from stages.inputs import dataset_shots, read_questions
     from stages.models import find_model
     from warehouse import Warehouse, run_stage
 

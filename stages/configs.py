@@ -94,6 +94,11 @@ DaskAddress = Annotated[Optional[str], Field(
                 "(tcp://host:8786), 'local' (a local cluster, one worker per core) or 'local:N'; the result is the same "
                 "as in-process. Workers must see the warehouse path and the input files.")]
 Seed = Annotated[int, Field(description="Seed for initialisation, data order and masking.")]
+AskedShots = Annotated[int, Field(ge=0, description=(
+    "Ask the questions few-shot, as evaluate's `shots` asks a decoder-only LM that was not fine-tuned: each after "
+    "this many solved questions of its dataset's train split, the answer the words after `A:`. 0: the question "
+    "alone, as the model was fine-tuned on it."))]
+ShotsSeed = Annotated[int, Field(description="Seed that draws the few-shot examples (the same for every question).")]
 
 
 class StageConfig(BaseModel):
@@ -446,7 +451,7 @@ class EvaluateConfig(ModelStageConfig):
         "the dataset's train split (lm-evaluation-harness's nq_open prompt), and the answer is the first line "
         "written, up to a full stop or comma. Results go under the name `MODEL.Kshot`. 0: the question alone, as "
         "a fine-tuned model is asked."))
-    shots_seed: Seed = Field(0, description="Seed that draws the few-shot examples (the same for every question).")
+    shots_seed: ShotsSeed = 0
 
 
 @dataclass(frozen=True)
@@ -515,6 +520,8 @@ class AnalyzeConfig(ModelStageConfig):
     split: Name = Field("validation", description="Questions whose activations are recorded.")
     facts: Optional[str] = Field(None, description="JSONL with question_id and relation, for key coherence "
                                                    "(none without it).")
+    shots: AskedShots = 0
+    shots_seed: ShotsSeed = 0
 
 
 # Relative edit strengths (an edit s times as long as the residual stream at the step edited): from no effect to
@@ -551,6 +558,8 @@ class SurgeryConfig(SlotEditConfig):
     others: int = Field(20, ge=1, description="Other validation questions checked for changed predictions per edit.")
     split: Name = Field("validation", description="Questions to edit.")
     seed: int = Field(0, description="Seed for choosing the questions.")
+    shots: AskedShots = 0
+    shots_seed: ShotsSeed = 0
 
 
 class EditConfig(SlotEditConfig):

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import time
 
-import pyarrow.compute as pc
 
 from stages.configs import EvaluateConfig
-from stages.inputs import (gen_examples, gen_inputs, gen_lineage, qa_inputs, questions_lineage, read_questions,
-                           retrievals_lineage)
+from stages.inputs import (fewshot_prompts, gen_examples, gen_inputs, gen_lineage, qa_inputs, questions_lineage,
+                           read_questions, retrievals_lineage)
 from stages.models import model_lineage, source_model
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, run_stage
 
@@ -118,21 +117,7 @@ def model_card_with(wh: Warehouse, info: dict, new_scores: dict) -> str:
 def fewshot_inputs(wh: Warehouse, examples, model, config: EvaluateConfig) -> list[str]:
     """Each question's few-shot prompt: K solved questions of its own dataset's train split, drawn once."""
     from nkb_model.families import family
-    from nkb_model.fewshot import fewshot_prompt
     if not family(model).decoder_only:
         raise ValueError(f"evaluate: shots is for decoder-only models; {config.model} is an encoder-decoder model, "
                          "which is fine-tuned (finetune) and then asked with shots: 0")
-    datasets = examples.column("dataset").to_pylist()
-    shots = dataset_shots(wh, sorted(set(datasets)), config.shots, config.shots_seed)
-    return [fewshot_prompt(shots[d], q) for d, q in zip(datasets, examples.column("question").to_pylist())]
-
-
-def dataset_shots(wh: Warehouse, datasets: list[str], k: int, seed: int) -> dict[str, list[tuple[str, str]]]:
-    """The K (question, answer) examples each dataset's questions are asked after, from its train split."""
-    from nkb_model.fewshot import pick_shots
-    pool = read_questions(wh, datasets, "train")
-    shots = {}
-    for dataset in datasets:
-        mine = pool.filter(pc.equal(pool.column("dataset"), dataset))
-        shots[dataset] = pick_shots(mine.column("question").to_pylist(), mine.column("answers").to_pylist(), k, seed)
-    return shots
+    return fewshot_prompts(wh, examples, config.shots, config.shots_seed)

@@ -187,6 +187,9 @@ class Experiment(StageConfig):
         if self.decoder_only and self.rows and T5_ROWS & set(self.rows):
             raise ValueError(f"rows {sorted(T5_ROWS & set(self.rows))} are T5 baselines; "
                              f"pretrain.arch is {self.pretrain['arch']}")
+        if self.edits and self.shots:
+            raise ValueError("edits are applied to base+NKB's fine-tuned QA model, which an experiment with shots "
+                             "does not train")
         _refuse_repeats("questions", self.questions, "dataset split")
         _refuse_repeats("generation", self.generation, "task split")
         splits = {q.split for q in self.questions}
@@ -379,9 +382,10 @@ class Experiment(StageConfig):
         report = {r.field: r.model if r.key in rows else None for r in REPORT_ROWS if r.key != "base"}
         asked = {"finetuned_suffix": f".{self.shots}shot"} if self.shots else {}
         steps.append(("report", self._stage("report", **report, **asked, generation_tasks=tasks, probes=self.probes)))
-        if "base+nkb" in rows and not self.shots:  # what the slots hold, and editing them (sections 5 and 6)
-            steps.append(("analyze", self._stage("analyze", model="base+nkb.qa", facts=self.facts)))
-            steps.append(("surgery", self._stage("surgery", model="base+nkb.qa")))
+        if "base+nkb" in rows:  # what the slots hold, and editing them (sections 5 and 6), asked as the rows were
+            model = {"model": "base+nkb", "shots": self.shots} if self.shots else {"model": "base+nkb.qa"}
+            steps.append(("analyze", self._stage("analyze", facts=self.facts, **model)))
+            steps.append(("surgery", self._stage("surgery", **model)))
             if self.edits:
                 steps.append(("edit", self._stage("edit", model="base+nkb.qa", edits=self.edits,
                                                   name="base+nkb.qa.edited")))

@@ -150,6 +150,26 @@ def qa_pair(question: str, answer: str | None, answer_format: str) -> tuple[str,
     return f"question: {question}", answer
 
 
+def dataset_shots(wh: Warehouse, datasets: list[str], k: int, seed: int) -> dict[str, list[tuple[str, str]]]:
+    """The K (question, answer) examples each dataset's questions are asked after, from its train split."""
+    from nkb_model.fewshot import pick_shots
+    pool = read_questions(wh, datasets, "train")
+    shots = {}
+    for dataset in datasets:
+        mine = pool.filter(pc.equal(pool.column("dataset"), dataset))
+        shots[dataset] = pick_shots(mine.column("question").to_pylist(), mine.column("answers").to_pylist(), k, seed)
+    return shots
+
+
+def fewshot_prompts(wh: Warehouse, questions: pa.Table, k: int, seed: int) -> list[str]:
+    """Each question after K solved questions of its own dataset's train split (drawn once with `seed`), as
+    decoder-only LMs are asked (`nkb_model.fewshot`)."""
+    from nkb_model.fewshot import fewshot_prompt
+    datasets = questions.column("dataset").to_pylist()
+    shots = dataset_shots(wh, sorted(set(datasets)), k, seed)
+    return [fewshot_prompt(shots[d], q) for d, q in zip(datasets, questions.column("question").to_pylist())]
+
+
 def answer_frame(tokenizer, answer_format: str) -> tuple[list[int], int]:
     """The decoder ids a `qa_pair` target has before its answer, and the token that closes the answer."""
     if answer_format == "sentinel":

