@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 
-
 from stages.configs import EvaluateConfig
 from stages.inputs import (fewshot_prompts, gen_examples, gen_inputs, gen_lineage, qa_inputs, questions_lineage,
                            read_questions, retrievals_lineage)
