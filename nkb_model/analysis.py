@@ -86,11 +86,18 @@ class SpanLexicon:
                     self._labels.setdefault(word[:end], Counter())[label] += 1
 
     def category(self, piece: str) -> str:
+        """The category of a vocabulary piece's text (`piece_text`; a SentencePiece piece may be passed as it is)."""
         piece = piece.replace("▁", "").strip()
         found = self._labels.get(piece) if len(piece) >= 2 else None
         if not found:
             return "None"
         return CATEGORIES.get(found.most_common(1)[0][0], "Other")
+
+
+def piece_text(tokenizer, piece: str) -> str:
+    """A vocabulary piece as the text it writes: SentencePiece's `▁` and byte-level BPE's `Ġ` and byte characters
+    (`GrusÃ¸th` for `Grusøth`) turned back into text."""
+    return tokenizer.convert_tokens_to_string([piece])
 
 
 # ---- keys: which inputs make a slot fire --------------------------------------------------------

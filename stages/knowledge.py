@@ -111,7 +111,7 @@ def memory_rows(model, tokenizer, layer: str, config: AnalyzeConfig, texts: list
     tokens = [tokenizer.convert_ids_to_tokens(row) for row in ids.tolist()]
     n = len(tokens)
     values = {"model": [model_name] * n, "kind": [config.kind] * n, "layer": [memory.layer] * n, "slot": list(range(n)),
-              "top_tokens": tokens, "top_probs": probs.tolist(), "category": [lexicon.category(t[0]) for t in tokens]}
+              "top_tokens": tokens, "top_probs": probs.tolist(), "category": [lexicon.category(analysis.piece_text(tokenizer, t[0])) for t in tokens]}
     weights = analysis.first_step_weights(model, tokenizer, texts, memory.layer, config.kind)
     top = weights.T.topk(min(config.top_questions, len(texts)), dim=-1)     # (slots, k)
     keys: dict[str, list] = {k: [] for k in ("model", "kind", "layer", "slot", "top_questions", "weights", "relation")}

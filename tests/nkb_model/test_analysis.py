@@ -47,6 +47,20 @@ def test_categories_come_from_the_salient_span_labels():
         "Person", "Place", "Organisation", "Date", "Other", "None", "None", "None"]
 
 
+def test_a_byte_level_bpe_piece_is_categorised_by_the_text_it_writes():
+    """GPT-2, Llama-3 and SmolLM2 vocabularies mark a space with `Ġ` and write `ø` as two byte characters: read raw,
+    no piece of theirs names a span."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["Ada Quint studied at Grusøth Works in Velmora."] * 20, vocab_size=300, min_frequency=1)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer)
+    lexicon = analysis.SpanLexicon(["Ada Quint", "Grusøth Works"], ["PERSON", "ORG"])
+    pieces = tokenizer.convert_ids_to_tokens(tokenizer(" Grusøth Quint")["input_ids"])
+    assert pieces[0].startswith("Ġ") and lexicon.category(pieces[0]) == "None"
+    assert [lexicon.category(analysis.piece_text(tokenizer, p)) for p in pieces] == ["Organisation", "Person"]
+
+
 def test_coherence_is_the_share_of_slots_whose_top_questions_share_a_relation():
     relation_of = ["born_in", "born_in", "employer", "employer"]
     assert analysis.coherence([[0, 1], [2, 3], [0, 2], [1]], relation_of) == pytest.approx(2 / 3)
