@@ -29,6 +29,11 @@ def _split_questions_lineage(wh: Warehouse, split: str) -> list[str]:
     return [f"{n}:{f}" for n, f in wh.lineage("questions") if n.endswith("." + split)]
 
 
+def _shots_lineage(wh: Warehouse, shots: int) -> list[str]:
+    """The split the few-shot examples are drawn from, when questions are asked few-shot."""
+    return _split_questions_lineage(wh, "train") if shots else []
+
+
 def _retrieved_span_partitions(wh: Warehouse) -> list[tuple[str, str]]:
     """The salient spans of retrieved documents, every corpus (not the pretraining sentences')."""
     return [(n, f) for n, f in wh.lineage("salient_spans") if ".pretraining-" not in n]
@@ -53,8 +58,8 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
     questions = read_questions(wh, None, config.split)
     relations = _relations(config.facts)
     span_parts = _retrieved_span_partitions(wh)
-    inputs = source.lineage + [f"{n}:{f}" for n, f in span_parts] + _split_questions_lineage(wh, config.split) + (
-        _split_questions_lineage(wh, "train") if config.shots else [])  # the shots' split
+    inputs = source.lineage + [f"{n}:{f}" for n, f in span_parts] + _split_questions_lineage(wh, config.split) \
+        + _shots_lineage(wh, config.shots)
     fp = fingerprint("analyze", config.identity(), inputs + [file_digest(config.facts) if config.facts else ""])
     device = choose_device(config.device)
 
@@ -111,7 +116,8 @@ def memory_rows(model, tokenizer, layer: str, config: AnalyzeConfig, texts: list
     tokens = [tokenizer.convert_ids_to_tokens(row) for row in ids.tolist()]
     n = len(tokens)
     values = {"model": [model_name] * n, "kind": [config.kind] * n, "layer": [memory.layer] * n, "slot": list(range(n)),
-              "top_tokens": tokens, "top_probs": probs.tolist(), "category": [lexicon.category(analysis.piece_text(tokenizer, t[0])) for t in tokens]}
+              "top_tokens": tokens, "top_probs": probs.tolist(),
+              "category": [lexicon.category(analysis.piece_text(tokenizer, t[0])) for t in tokens]}
     weights = analysis.first_step_weights(model, tokenizer, texts, memory.layer, config.kind)
     top = weights.T.topk(min(config.top_questions, len(texts)), dim=-1)     # (slots, k)
     keys: dict[str, list] = {k: [] for k in ("model", "kind", "layer", "slot", "top_questions", "weights", "relation")}
@@ -157,8 +163,8 @@ def _site(wh: Warehouse, config: SlotEditConfig, model, tokenizer, info: dict, s
     if config.slot == "specific":
         reference = read_questions(wh, None, config.reference)
         answers = [a[0] for a in reference.column("answers").to_pylist()]
-        typical = slot_edits.slot_profile(model, tokenizer, _model_texts(wh, reference, info, shots, shots_seed), answers,
-                                          layer, prefix, end)
+        texts = _model_texts(wh, reference, info, shots, shots_seed)
+        typical = slot_edits.slot_profile(model, tokenizer, texts, answers, layer, prefix, end)
     return slot_edits.Site(layer, tuple(prefix), typical)
 
 
@@ -174,7 +180,7 @@ def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageR
     source = source_model(wh, config.model)
     questions = read_questions(wh, None, config.split)
     fp = fingerprint("surgery", config.identity(), source.lineage + _split_questions_lineage(wh, config.split)
-                     + _site_lineage(wh, config) + (_split_questions_lineage(wh, "train") if config.shots else []))
+                     + _site_lineage(wh, config) + _shots_lineage(wh, config.shots))
     device = choose_device(config.device)
     absolute = config.lambdas is not None
     grid = config.lambdas if absolute else config.strengths
