@@ -42,7 +42,7 @@ class TrainConfig:
 class Device:
     """Where and in what precision training runs; chosen once, at a stage's entry."""
     device: torch.device
-    autocast_dtype: torch.dtype | None   # bf16 autocast on CUDA, none (fp32) on CPU
+    autocast_dtype: torch.dtype | None   # bf16 autocast (CUDA; a CPU when asked), else None: fp32
 
     def autocast(self) -> torch.autocast:
         """The stage's precision for a forward pass: bf16 autocast where chosen, else a no-op (fp32)."""
@@ -67,20 +67,31 @@ class Device:
         return model
 
 
-def choose_device(preference: str = "auto") -> Device:
-    """CUDA with bf16 autocast when available (or asked for), else CPU in fp32 with flush-denormal on.
-    Under torchrun each process takes the GPU of its LOCAL_RANK."""
+def choose_device(preference: str = "auto", precision: str = "auto") -> Device:
+    """Where and in what precision a stage runs. auto: CUDA with bf16 autocast when available (or asked for), else
+    CPU in fp32 with flush-denormal on. precision bf16: bf16 autocast on a CPU too, where it computes bf16 natively
+    (elsewhere it would be slower than fp32: fp32 there); fp32: no autocast anywhere. Under torchrun each process
+    takes the GPU of its LOCAL_RANK."""
     if preference not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be auto, cpu or cuda, not {preference!r}")
+    if precision not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"precision must be auto, fp32 or bf16, not {precision!r}")
     if preference == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device=cuda was asked for but no CUDA GPU is available")
     if preference != "cpu" and torch.cuda.is_available():
         cuda = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(cuda)
-        return Device(cuda, torch.bfloat16 if torch.cuda.is_bf16_supported() else None)
+        native = torch.cuda.is_bf16_supported()
+        return Device(cuda, torch.bfloat16 if native and precision != "fp32" else None)
     # Freshly initialised models produce denormal gradients that make CPU steps several times slower.
     torch.set_flush_denormal(True)
-    return Device(torch.device("cpu"), None)
+    native = precision == "bf16" and cpu_computes_bf16()
+    return Device(torch.device("cpu"), torch.bfloat16 if native else None)
+
+
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU has bf16 arithmetic (AVX512-BF16 or AMX) for oneDNN's matrix products."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def make_optimizer(params: list[nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:

@@ -42,7 +42,7 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
     num_beams = config.num_beams or (4 if task else 1)
     max_new_tokens = config.max_new_tokens or (64 if task else 24)
     fp = fingerprint("evaluate", config.identity() | {"task": task}, source.lineage + lineage)
-    device = choose_device(config.device)
+    device = choose_device(config.device, config.precision)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()

@@ -29,9 +29,9 @@ from pydantic import Field, ValidationError, model_validator
 from corpus.files import is_pattern
 from stages.configs import (REPORT_ROWS, AnalyzeConfig, BaseModelConfig, DaskAddress, DeviceChoice, EditConfig,
                             EvaluateConfig, FinetuneConfig, GenerationDataConfig, GenerationRow, IndexConfig,
-                            IngestConfig, InjectConfig, Name, PretrainingDataConfig, QuestionsConfig, ReportConfig,
-                            RetrieveConfig, Row, SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig,
-                            set_value)
+                            IngestConfig, InjectConfig, Name, PrecisionChoice, PretrainingDataConfig,
+                            QuestionsConfig, ReportConfig, RetrieveConfig, Row, SalientSpansConfig, SampleWorldConfig,
+                            StageConfig, SurgeryConfig, set_value)
 
 SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-world.yaml"  # what `nkb demo` runs
 SAMPLE_WORLD_SMOLLM2 = SAMPLE_WORLD.with_name("sample-world-smollm2.yaml")  # `nkb demo --arch smollm2`
@@ -172,6 +172,9 @@ class Experiment(StageConfig):
         f"Settings of the stages: {', '.join(OVERRIDABLE)} (nkb-a: the base+NKB-a injection, over inject's; "
         "generation: fine-tuning on the generation tasks, over finetune's)."))
     device: DeviceChoice = Field("auto", description="The device of every model stage; auto leaves each its own.")
+    precision: PrecisionChoice = Field("auto", description=(
+        "The precision of every model stage (bf16: where the device computes it natively); auto leaves each its "
+        "own."))
     shots: int = Field(0, ge=0, description=(
         "0: every QA row is fine-tuned on the train split, then asked (the paper's). K: a decoder-only base's rows "
         "are asked few-shot instead, K solved train questions in each prompt and no fine-tuning, as LLMs are "
@@ -318,11 +321,13 @@ class Experiment(StageConfig):
         return steps
 
     def _stage(self, stage: str, **planned):
-        """A stage's config: the experiment's settings for it, what the plan sets, and the models' device."""
+        """A stage's config: the experiment's settings for it, what the plan sets, and the models' device and
+        precision."""
         config_type = OVERRIDABLE[stage]
         values = {**self.stages.get(stage, {}), **planned}
-        if self.device != "auto" and "device" in config_type.model_fields:
-            values["device"] = self.device
+        for setting in ("device", "precision"):
+            if getattr(self, setting) != "auto" and setting in config_type.model_fields:
+                values[setting] = getattr(self, setting)
         try:
             return config_type(**values)
         except ValidationError as exc:

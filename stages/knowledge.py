@@ -61,7 +61,7 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
     inputs = source.lineage + [f"{n}:{f}" for n, f in span_parts] + _split_questions_lineage(wh, config.split) \
         + _shots_lineage(wh, config.shots)
     fp = fingerprint("analyze", config.identity(), inputs + [file_digest(config.facts) if config.facts else ""])
-    device = choose_device(config.device)
+    device = choose_device(config.device, config.precision)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
@@ -76,8 +76,9 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
         relation_of = [relations.get(q) for q in qids]
         triggers: list[list[int]] = []
         for layer in layers:
-            values, keys, fired = memory_rows(model, tokenizer, layer, config, texts, qids, relation_of, lexicon,
-                                              source.name)
+            with device.autocast():
+                values, keys, fired = memory_rows(model, tokenizer, layer, config, texts, qids, relation_of, lexicon,
+                                                  source.name)
             for out, rows in ((values_out, values), (keys_out, keys)):
                 for key, column in rows.items():
                     out.setdefault(key, []).extend(column)
@@ -181,18 +182,19 @@ def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageR
     questions = read_questions(wh, None, config.split)
     fp = fingerprint("surgery", config.identity(), source.lineage + _split_questions_lineage(wh, config.split)
                      + _site_lineage(wh, config) + _shots_lineage(wh, config.shots))
-    device = choose_device(config.device)
+    device = choose_device(config.device, config.precision)
     absolute = config.lambdas is not None
     grid = config.lambdas if absolute else config.strengths
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
         model, tokenizer, info = source.load(device)
-        site = _site(wh, config, model, tokenizer, info, config.shots, config.shots_seed)
         gold = [a[0] for a in questions.column("answers").to_pylist()]
         texts = _model_texts(wh, questions, info, config.shots, config.shots_seed)
-        rows, wrong = slot_edits.sweep(model, tokenizer, texts, gold, site, grid,
-                                  config.questions, config.others, config.seed, absolute)
+        with device.autocast():
+            site = _site(wh, config, model, tokenizer, info, config.shots, config.shots_seed)
+            rows, wrong = slot_edits.sweep(model, tokenizer, texts, gold, site, grid,
+                                           config.questions, config.others, config.seed, absolute)
         qids = questions.column("question_id").to_pylist()
         run.write("edits", f"{source.name}.surgery", {
             "model": [source.name] * len(rows), "question_id": [qids[r["question"]] for r in rows],
@@ -258,12 +260,13 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
         inputs += _split_questions_lineage(wh, config.split)
     fp = fingerprint("edit", config.identity() | {"name": name}, inputs)
     target = model_dir(wh, name, fp)
-    device = choose_device(config.device)
+    device = choose_device(config.device, config.precision)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
         model, tokenizer, info = source.load(device)
-        site = _site(wh, config, model, tokenizer, info)
+        with device.autocast():
+            site = _site(wh, config, model, tokenizer, info)
         answer_format = info.get("answer_format", "plain")
         _, end = answer_frame(tokenizer, answer_format)
 
@@ -271,8 +274,10 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
             return qa_pair(question, None, answer_format)[0]
         asked = [slot_edits.Request(text(r["question"]), r["answer"], [text(p) for p in r["paraphrases"]]) for r in requests]
         strength, absolute = (config.lam, True) if config.lam else (config.strength, False)
-        done = slot_edits.edit_many(model, tokenizer, asked, _locality_texts(wh, config, requests, info) if batch else [],
-                               site, strength, device, absolute, end)
+        with device.autocast():
+            done = slot_edits.edit_many(model, tokenizer, asked,
+                                        _locality_texts(wh, config, requests, info) if batch else [],
+                                        site, strength, device, absolute, end)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         log = list(source.info.get("edits", [])) + [
             {"time": stamp, "question": r["question"], "old_answer": d["old_answer"], "new_answer": d["new_answer"],

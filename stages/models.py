@@ -54,11 +54,13 @@ class SourceModel:
         return [self.directory.name, built_by] if built_by else [str(self.directory), ""]
 
     def load(self, device=None):
-        """(model, tokenizer, info); with a `Device`, on it and in eval mode (for reading, not training)."""
+        """(model, tokenizer, info); with a `Device`, on it, in eval mode and without gradients: for reading and
+        editing, not training (autocast keeps a bf16 copy of each weight that needs gradients until its region
+        ends, which would hide a slot edit made between two forward passes)."""
         from nkb_model.checkpoint import load_model
         model, tokenizer, info = load_model(self.directory)
         if device is not None:
-            model.to(device.device).eval()
+            model.to(device.device).eval().requires_grad_(False)
         return model, tokenizer, info
 
 

@@ -123,7 +123,7 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
     generation = _generation_scores(wh, available, config)
     inputs.append(json.dumps(generation, sort_keys=True))
     fp = fingerprint("report", config.identity(), inputs + [file_digest(config.probes) if config.probes else ""])
-    device = choose_device(config.device)
+    device = choose_device(config.device, config.precision)
 
     def body(run: StagedRun) -> dict:
         previous = wh.read("report").to_pylist(), wh.read("report_answers").to_pylist()

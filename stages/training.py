@@ -104,7 +104,7 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
         inputs += spans_lineage(wh, config.pretrain_corpus, source=PRETRAINING)
     fp = fingerprint("base-model", config.identity(), inputs)
     target = model_dir(wh, config.name, fp)
-    device = choose_device(config.device)
+    device = choose_device(config.device, config.precision)
 
     def body(run: StagedRun) -> dict:
         from transformers import AutoTokenizer
@@ -258,7 +258,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         inputs.append(f"{config.general_corpus}:{corpus_lineage(wh, config.general_corpus)}")
     fp = fingerprint("inject", config.identity() | {"name": name}, inputs)
     target = model_dir(wh, name, fp)
-    device = choose_device(config.device)
+    device = choose_device(config.device, config.precision)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
@@ -403,7 +403,7 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
         inputs += retrievals_lineage(wh, datasets)
     fp = fingerprint("finetune", config.identity() | {"name": name}, inputs)
     target = model_dir(wh, name, fp)
-    device = choose_device(config.device)
+    device = choose_device(config.device, config.precision)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()

@@ -69,6 +69,18 @@ def test_device_choice():
             choose_device("cuda")
 
 
+def test_bf16_on_a_cpu_only_where_it_computes_bf16_natively(monkeypatch):
+    from nkb_model import train as train_module
+    for native in (True, False):
+        monkeypatch.setattr(train_module, "cpu_computes_bf16", lambda: native)
+        assert choose_device("cpu", "bf16").autocast_dtype == (torch.bfloat16 if native else None)
+        assert choose_device("cpu", "fp32").autocast_dtype is None
+        assert choose_device("cpu", "auto").autocast_dtype is None  # a CPU's default stays fp32
+    assert choose_device("cpu", "bf16").name == "cpu (fp32)"
+    with pytest.raises(ValueError, match="precision must be auto, fp32 or bf16"):
+        choose_device("cpu", "fp16")
+
+
 def test_a_device_runs_forward_passes_in_its_precision():
     layer, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
     with choose_device("cpu").autocast():
