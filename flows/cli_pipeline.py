@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 from flows.cli_common import (config_epilog, experiment_epilog, home_flag, prepare_environment, program,
                               local_flow_settings, parse_sets)
@@ -41,14 +42,34 @@ def cmd_pipeline(args) -> int:
 
 def cmd_demo(args) -> int:
     from stages.experiment import FULL_DEMO, SAMPLE_WORLD, SAMPLE_WORLD_SMOLLM2, Experiment, decoder_only_demo
-    real = args.arch == "smollm2"
-    sets = (FULL_DEMO if args.full and not real else []) + (
-        decoder_only_demo(args.arch) if args.arch in ("llama", "gpt2") else []) + (
+    arch = args.arch or ("t5" if args.full else "smollm2")
+    if args.full and arch == "smollm2":
+        raise ValueError("--full adds the paper's rows on bases built here (T5, Transformer, Kformer, concat); "
+                         "use it with --arch t5 (its default) or llama/gpt2, not smollm2")
+    sets = (FULL_DEMO if args.full else []) + (decoder_only_demo(arch) if arch in ("llama", "gpt2") else []) + (
         args.set or []) + ([f"sample_world.people={args.people}"] if args.people else [])
-    return run_experiment(Experiment.load(SAMPLE_WORLD_SMOLLM2 if real else SAMPLE_WORLD, sets), args)
+    experiment = SAMPLE_WORLD_SMOLLM2 if arch == "smollm2" else SAMPLE_WORLD
+    return run_experiment(Experiment.load(experiment, sets), args, export=True)
 
 
-def run_experiment(experiment, args) -> int:
+def export_and_check(wh: Warehouse, name: str, folder) -> None:
+    """Export the demo's injected model for stock transformers (once per model version) and show that stock
+    transformers alone answers as the warehouse's model does."""
+    from stages.export import check_export, export_model
+    target = wh.files_dir / "exported" / Path(folder).name
+    if target.exists():
+        print(f"\nExported {name} for stock transformers earlier: {target}")
+        return
+    export_model(wh, name, target)
+    check = check_export(wh, name, target)
+    print(f"\nExported {name} for stock transformers, slots merged into its feed-forward layers: {target}\n"
+          f"  {check['loaded_with']} alone gives the warehouse model's greedy answers to {check['same']} of {check['questions']} "
+          f"questions of {check['evaluation']} (fp32)")
+    for qid, ours, stock in check["differ"][:5]:
+        print(f"  differs on {qid}: {ours!r} in the warehouse, {stock!r} exported")
+
+
+def run_experiment(experiment, args, export: bool = False) -> int:
     """Run an experiment's plan through the pipeline flow, then say what ran and where the results are."""
     home = resolve_home(args.home)
     experiment.require_files()  # before Prefect starts (the flow checks again, for runs from the UI)
@@ -88,6 +109,9 @@ def run_experiment(experiment, args) -> int:
         print(f"  {h} export {example} exported-model    # a folder stock transformers loads")
     if not args.models:
         return 0
+    if export and models:
+        example = next((m for m in models if m.endswith("+nkb.qa")), list(models)[-1])
+        export_and_check(wh, example, models[example])
     plot = wh.files_dir / "report.png"
     code = cmd_report(argparse.Namespace(home=args.home, format="table", output=None, plot=str(plot)))
     plots = [plot, *sorted((wh.files_dir / "analysis").glob("*.png"))[-1:]]
@@ -101,8 +125,8 @@ def add_commands(sub) -> None:
     experiment_help = ("set an experiment key (repeatable): stages.STAGE.KEY=value for a stage's setting (listed "
                        "by `nkb run STAGE --help`), pretrain.KEY, large.KEY, sample_world.KEY, or a top-level key "
                        "such as rows=base,base+nkb; values are YAML")
-    models_help = ("also build or bring in the base, inject, fine-tune, evaluate and report (about 12 minutes for "
-                   "the sample world on 2 CPU cores); --no-models stops after the data stages")
+    models_help = ("also build or bring in the base, inject, fine-tune, evaluate and report (the demo: about "
+                   "12 minutes on 2 CPU cores); --no-models stops after the data stages")
     pipe = sub.add_parser("pipeline", help="run an experiment file end to end",
                           description="Run an experiment: the stages its YAML file plans (ingest its corpora and QA "
                                       "files, index, retrieve, salient spans, base model, NKB injection, fine-tuning, "
@@ -111,19 +135,22 @@ def add_commands(sub) -> None:
                           epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     pipe.add_argument("experiment", help="the experiment's YAML file (see experiments/example.yaml)")
     demo = sub.add_parser("demo", help="run the built-in sample world's experiment end to end",
-                          description="Generate the sample world and run its experiment (experiments/sample-world.yaml) "
-                                      "end to end; `nkb pipeline experiments/sample-world.yaml` does the same. E.g. "
-                                      "`--set rows=base,base+nkb --set generation=` trains only those rows, without "
-                                      "the generation check.",
+                          description="Generate the sample world, put its facts into the slots of the real "
+                                      "SmolLM2-135M-Instruct and run the experiment end to end "
+                                      "(experiments/sample-world-smollm2.yaml; `nkb pipeline FILE` does the same), "
+                                      "then export the injected model for stock transformers and check its answers. "
+                                      "`--arch t5` runs the paper's experiment on tiny T5 bases pretrained here "
+                                      "(experiments/sample-world.yaml).",
                           epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--people", type=int, help="people in the sample world (sets sample_world.people)")
-    demo.add_argument("--full", action="store_true", help="every row of the paper's Tables 3 and 4 (adds the "
-                      "Transformer, larger-base, Kformer and concat rows to the default's base, base+NKB and "
-                      "base+NKB-a, and NKB-a to the generation check; what the default built is reused)")
-    demo.add_argument("--arch", choices=["t5", "llama", "gpt2", "smollm2"], default="t5", help=(
-        "the base: a T5 (default), or a decoder-only Llama or GPT-2 of the same size and budget, with slots on "
-        "every block (no Kformer or concat rows: they are T5 baselines); smollm2: the real pretrained "
-        "SmolLM2-135M-Instruct, asked few-shot (experiments/sample-world-smollm2.yaml)"))
+    demo.add_argument("--full", action="store_true", help="the T5 experiment with every row of the paper's Tables 3 "
+                      "and 4 (adds the Transformer, larger-base, Kformer and concat rows to --arch t5's base, "
+                      "base+NKB and base+NKB-a, and NKB-a to the generation check; what --arch t5 built is reused)")
+    demo.add_argument("--arch", choices=["smollm2", "t5", "llama", "gpt2"], help=(
+        "the base: smollm2 (default), the real pretrained SmolLM2-135M-Instruct, asked few-shot; t5 (the default "
+        "with --full), the paper's experiment on tiny T5 bases pretrained here, fine-tuned on QA; llama or gpt2, a "
+        "decoder-only base of the T5's size and budget with slots on every block (no Kformer or concat rows: "
+        "they are T5 baselines)"))
     for p, func in ((pipe, cmd_pipeline), (demo, cmd_demo)):
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help=experiment_help)
         p.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")

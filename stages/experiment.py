@@ -33,8 +33,8 @@ from stages.configs import (REPORT_ROWS, AnalyzeConfig, BaseModelConfig, DaskAdd
                             QuestionsConfig, ReportConfig, RetrieveConfig, Row, SalientSpansConfig, SampleWorldConfig,
                             StageConfig, SurgeryConfig, set_value)
 
-SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-world.yaml"  # what `nkb demo` runs
-SAMPLE_WORLD_SMOLLM2 = SAMPLE_WORLD.with_name("sample-world-smollm2.yaml")  # `nkb demo --arch smollm2`
+SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-world.yaml"  # `nkb demo --arch t5`
+SAMPLE_WORLD_SMOLLM2 = SAMPLE_WORLD.with_name("sample-world-smollm2.yaml")  # `nkb demo`
 BUILT_ROWS = {r.key for r in REPORT_ROWS if r.built_here}  # rows that only a base built here has
 T5_ROWS = {r.key for r in REPORT_ROWS if r.t5_only}
 # What `nkb demo --full` sets over the sample world's file: every row of the paper's Tables 3 and 4 that applies

@@ -59,7 +59,12 @@ def test_unknown_field_and_bad_value(capsys, home):
 
 def test_pipeline_names_the_experiment_file_and_key_at_fault(capsys, home, tmp_path):
     code, _, err = run_cli(capsys, "--home", home, "demo", "--set", "stages.inject.stepz=3")
-    assert code == 1 and err.startswith("error: ") and "sample-world.yaml: stages.inject: no setting 'stepz'" in err
+    assert code == 1 and err.startswith("error: ") and "sample-world-smollm2.yaml: stages.inject: no setting" in err
+    for arch in (["--arch", "t5"], ["--full"]):  # the paper's experiment on tiny T5 bases
+        code, _, err = run_cli(capsys, "--home", home, "demo", *arch, "--set", "stages.inject.stepz=3")
+        assert code == 1 and "/sample-world.yaml: stages.inject: no setting 'stepz'" in err
+    code, _, err = run_cli(capsys, "--home", home, "demo", "--full", "--arch", "smollm2")
+    assert code == 1 and err.startswith("error: --full adds the paper's rows on bases built here")
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: x\nknowledge: [{path: a.jsonl, corpus: a}\n")
     code, _, err = run_cli(capsys, "--home", home, "pipeline", str(broken))

@@ -138,6 +138,8 @@ def test_the_real_model_demo_asks_smollm2_few_shot_after_injecting_two_middle_bl
     assert made(plan)["base+nkb"].cache and dict(plan)["report"].probes
     assert made(plan)["base+nkb"].layers == ["decoder.14", "decoder.20"]
     assert {s for s, _ in plan} >= {"analyze", "surgery"}
+    # bf16 where the CPU computes it, for every stage that runs the model; the data stages have no precision
+    assert {c.precision for _, c in plan if "precision" in type(c).model_fields} == {"bf16"}
 
 
 def test_a_base_built_here_reads_the_general_text_and_keeps_its_tokenizer_off_the_knowledge():

@@ -12,6 +12,7 @@ from transformers import AutoTokenizer, T5ForConditionalGeneration
 from corpus.sample_world import WorldFiles
 from nkb_model.checkpoint import load_model
 from nkb_model.nkb import mounted_layers
+from nkb_model.train import cpu_computes_bf16
 from nkb_model.families import ENCODER_DECODER
 from stages import data, evaluation, knowledge, report, training
 from stages.configs import (DEFAULT_STRENGTH, BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig,
@@ -360,6 +361,18 @@ def test_surgery_changes_answers_and_records_success_and_change_rates(world, qa_
     assert all(torch.equal(before[k], after[k]) for k in before)  # the stage undid every edit
 
 
+@pytest.mark.skipif(not cpu_computes_bf16(), reason="needs a CPU with bf16 arithmetic (AVX512-BF16 or AMX)")
+def test_surgery_in_bf16_sees_each_edit(world, qa_with_nkb):
+    # bf16 autocast keeps a bf16 copy of each weight that needs gradients for as long as its region lasts: a model
+    # read that way would answer with its slots as they were before the edit.
+    from stages.configs import SurgeryConfig
+    result = knowledge.surgery(world, SurgeryConfig(model=qa_with_nkb, lambdas=[100.0], slot="top", questions=6,
+                                                    precision="bf16"))
+    assert result.run.device == "cpu (bf16)"
+    edits = query(world, f"SELECT * FROM edits WHERE run_id = '{result.run.run_id}'").to_pylist()
+    assert edits and any(e["success"] for e in edits) and any(e["change_rate"] > 0 for e in edits)
+
+
 def test_analysis_and_surgery_ask_a_model_few_shot_as_its_rows_were_asked(world, tmp_path):
     """shots: a decoder-only model injected and not fine-tuned is read at the first answer step of the few-shot
     prompts that evaluate asks it (not at a fine-tuned model's question format), by analyze and by surgery."""
@@ -469,7 +482,7 @@ def stock_answers(folder: Path, questions: list[str], answer_format: str) -> lis
 
 @pytest.mark.parametrize("answer_format", ["plain", "sentinel"])
 def test_an_exported_model_answers_with_stock_transformers_as_its_predictions_say(world, tmp_path, answer_format):
-    from stages.export import export_model
+    from stages.export import check_export, export_model
     training.pretrain_base_model(world, TINY)
     training.inject(world, INJECT)
     name = f"export-{answer_format}.qa"
@@ -481,6 +494,10 @@ def test_an_exported_model_answers_with_stock_transformers_as_its_predictions_sa
     folder = export_model(world, name, tmp_path / "export")
     questions, predictions = [r["question"] for r in predicted], [r["prediction"] for r in predicted]
     assert stock_answers(folder, questions, answer_format) == predictions
+    # The demo's check (stock transformers against the warehouse's model, as the evaluation asked) agrees.
+    check = check_export(world, name, folder)
+    assert (check["evaluation"], check["loaded_with"]) == (run.run_id, "AutoModelForSeq2SeqLM")
+    assert check["same"] == check["questions"] == len(predictions) and check["differ"] == []
     card = (folder / "README.md").read_text()
     assert "AutoModelForSeq2SeqLM.from_pretrained" in card and "| nq | validation | exact match, % |" in card
     published = (find_model(world, name) / "README.md").read_text()  # evaluate put its scores in the card

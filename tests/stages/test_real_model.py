@@ -64,7 +64,7 @@ def test_smollm2_is_injected_cached_as_uncached_asked_few_shot_and_exported_with
     from stages.configs import EvaluateConfig, IndexConfig, InjectConfig, RetrieveConfig, SalientSpansConfig
     from stages.configs import SampleWorldConfig
     from stages.evaluation import fewshot_inputs
-    from stages.export import export_model
+    from stages.export import check_export, export_model
     from stages.inputs import read_questions
     from warehouse import run_metrics
     wh = Warehouse(tmp_path / "wh")
@@ -97,3 +97,5 @@ def test_smollm2_is_injected_cached_as_uncached_asked_few_shot_and_exported_with
         out = stock.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
                              pad_token_id=tokenizer.pad_token_id)
         assert answer_of(tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)) == row["prediction"]
+    check = check_export(wh, "base+nkb", folder)  # the demo's check, batched as the evaluation was
+    assert check["loaded_with"] == "AutoModelForCausalLM" and check["same"] == check["questions"] == len(predicted)
