@@ -63,8 +63,8 @@ def export_and_check(wh: Warehouse, name: str, folder) -> None:
     export_model(wh, name, target)
     check = check_export(wh, name, target)
     print(f"\nExported {name} for stock transformers, slots merged into its feed-forward layers: {target}\n"
-          f"  {check['loaded_with']} alone gives the warehouse model's greedy answers to {check['same']} of {check['questions']} "
-          f"questions of {check['evaluation']} (fp32)")
+          f"  {check['loaded_with']} alone gives the warehouse model's greedy answers to {check['same']} of "
+          f"{check['questions']} questions of {check['evaluation']} (fp32)")
     for qid, ours, stock in check["differ"][:5]:
         print(f"  differs on {qid}: {ours!r} in the warehouse, {stock!r} exported")
 

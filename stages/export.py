@@ -58,12 +58,11 @@ def export_model(wh: Warehouse, name: str, target: Path, adapter: bool = False) 
     return target
 
 
-def check_export(wh: Warehouse, name: str, folder: Path, limit: int | None = None) -> dict:
+def check_export(wh: Warehouse, name: str, folder: Path) -> dict:
     """Ask the exported `folder`, loaded by stock transformers alone, and model `name` in the warehouse the
-    questions of the latest QA evaluation of `name` (its inputs, batches and decoding; fp32, where a merged
-    feed-forward layer rounds as the unmerged one does), at most `limit` of them, and compare the answers:
-    {evaluation: the run, loaded_with: the Auto class, questions, same: how many agree,
-    differ: [(question_id, warehouse's, stock's)]}."""
+    questions of the latest QA evaluation of `name` (its inputs, batches and decoding; in fp32, where a merged
+    feed-forward layer rounds as the unmerged one does), and compare the answers: {evaluation: that run,
+    loaded_with: the Auto class, questions, same: how many agree, differ: [(question_id, warehouse's, stock's)]}."""
     from transformers import AutoConfig, AutoTokenizer
 
     from nkb_model.decoding import generate
@@ -82,19 +81,19 @@ def check_export(wh: Warehouse, name: str, folder: Path, limit: int | None = Non
     config = EvaluateConfig(**{k: v for k, v in asked.config.items() if k in EvaluateConfig.model_fields})
     device = choose_device(config.device, "fp32")
     examples = read_questions(wh, config.datasets, config.split)
-    examples = examples.slice(0, limit) if limit else examples
     auto = family(AutoConfig.from_pretrained(folder)).auto_class()
-    stock = auto.from_pretrained(folder).to(device.device)
+    stock = auto.from_pretrained(folder).to(device.device), AutoTokenizer.from_pretrained(folder)
     answers = []
-    for model, tokenizer in ((stock, AutoTokenizer.from_pretrained(folder)), source.load(device)[:2]):
+    for model, tokenizer in (source.load(device)[:2], stock):
         texts, _ = evaluation_inputs(wh, examples, model, tokenizer, source.info, config, None)
         out = generate(model, tokenizer, texts, device, config.batch_size,
                        None if config.shots else source.info.get("max_input_len", 256),
                        config.max_new_tokens or 24, config.num_beams or 1)
         answers.append([answer_of(o) for o in out] if config.shots else out)
     qids = examples.column("question_id").to_pylist()
-    differ = [(q, mine, theirs) for q, theirs, mine in zip(qids, *answers) if mine != theirs]
-    return {"evaluation": asked.run_id, "loaded_with": auto.__name__, "questions": len(qids), "same": len(qids) - len(differ), "differ": differ}
+    differ = [(q, ours, theirs) for q, ours, theirs in zip(qids, *answers) if ours != theirs]
+    return {"evaluation": asked.run_id, "loaded_with": auto.__name__, "questions": len(qids),
+            "same": len(qids) - len(differ), "differ": differ}
 
 
 def weights_digest(directory: Path) -> str:
