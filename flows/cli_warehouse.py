@@ -197,5 +197,6 @@ def add_commands(sub) -> None:
                      help="table, csv, or json (rows {model, dataset, split, em, params_total, params_injected}); "
                           "default: from --output's extension (.csv, .json), else table")
     rep.add_argument("--output", metavar="FILE", help="write to FILE instead of standard output")
-    rep.add_argument("--plot", metavar="PNG", help="also draw the loss curves and EM per model into this PNG file")
+    rep.add_argument("--plot", metavar="PNG", help="also draw the loss curves and each model's EM (with its 95 %% "
+                     "interval) and probes into this PNG file")
     rep.set_defaults(func=cmd_report)

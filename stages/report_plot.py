@@ -53,14 +53,13 @@ def smooth(values: list[float], window: int) -> list[float]:
 
 
 def report_figure(wh: Warehouse):
-    """A matplotlib figure: a panel of loss curves per training kind, and validation EM per model and dataset."""
+    """A matplotlib figure: a panel of loss curves per training kind, and what each model knows (`knowledge_bars`)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     panels = training_curves(wh)
-    rows = [r for r in report_rows(wh) if r["em"] is not None]
+    rows = report_rows(wh)
     columns = 2
     grid_rows = (len(panels) + 1 + columns - 1) // columns
     fig, axes = plt.subplots(grid_rows, columns, figsize=(13, 4.6 * grid_rows), squeeze=False)
@@ -73,20 +72,41 @@ def report_figure(wh: Warehouse):
         ax.set(xlabel="step", ylabel=f"training loss (moving average of {SMOOTHING} steps)", title=title,
                yscale="log")
         ax.legend(fontsize=7)
-    right = axes[len(panels)]
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    width = 0.8 / max(len(datasets), 1)
-    for i, dataset in enumerate(datasets):
-        ems = [next((r["em"] for r in rows if r["model"] == m and r["dataset"] == dataset), 0) for m in models]
-        right.bar(np.arange(len(models)) + i * width, ems, width, label=dataset)
-    right.set_xticks(np.arange(len(models)) + width * (len(datasets) - 1) / 2, models, rotation=15)
-    split = rows[0]["split"] if rows else "validation"
-    right.set(ylabel="exact match (%)", title=f"EM per model ({split})")
-    if datasets:
-        right.legend(fontsize=8)
+    knowledge_bars(axes[len(panels)], wh, rows)
     fig.tight_layout()
     return fig
+
+
+def knowledge_bars(ax, wh: Warehouse, rows: list[dict]) -> None:
+    """A group of bars per model: EM per dataset (and on average, if there are several) with its 95 % interval,
+    then the knowledge probe in unseen and in seen wording, where the report has them."""
+    import numpy as np
+    from stages.report import em_intervals
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    datasets = [d for d in dict.fromkeys(r["dataset"] for r in rows if r["em"] is not None) if d != "average"]
+    intervals = em_intervals(wh, rows) if rows else {}
+
+    def value(model, key, dataset=None):
+        return next((r[key] for r in rows if r["model"] == model and dataset in (None, r["dataset"])), None)
+    series = []  # (label, heights, (below, above) or None)
+    for dataset in datasets + (["average"] if len(datasets) > 1 else []):
+        ems = [value(m, "em", dataset) for m in models]
+        spans = [intervals.get((m, dataset)) for m in models]
+        error = None if None in spans else np.array([[e - lo, hi - e] for e, (lo, hi) in zip(ems, spans)]).T
+        series.append((f"EM {dataset}", ems, error))
+    for key, label in (("probe_em", "probe, unseen wording"), ("probe_seen_em", "probe, seen wording")):
+        probes = [value(m, key) for m in models]
+        if any(p is not None for p in probes):
+            series.append((label, probes, None))
+    width = 0.8 / max(len(series), 1)
+    for i, (label, heights, error) in enumerate(series):
+        ax.bar(np.arange(len(models)) + i * width, [h or 0 for h in heights], width, label=label, yerr=error,
+               capsize=3)
+    ax.set_xticks(np.arange(len(models)) + width * (len(series) - 1) / 2, models, rotation=15)
+    split = rows[0]["split"] if rows else "validation"
+    ax.set(ylabel="% of questions or probes", title=f"What each model knows ({split})")
+    if series:
+        ax.legend(fontsize=8)
 
 
 def distinct_colours(n: int) -> list:
@@ -132,4 +152,4 @@ def report_markdown(wh: Warehouse) -> str:
     image = base64.b64encode(report_png(wh)).decode("ascii")
     return (f"# NKB report ({rows[0]['split']}, run {rows[0]['run_id']})\n\n" + "\n".join(lines)
             + "\n\nEM in %; probe: cloze prompts before fine-tuning, in wordings the injection corpus does not use."
-            + f"\n\n![loss curves and EM per model](data:image/png;base64,{image})\n")
+            + f"\n\n![loss curves, EM and probes per model](data:image/png;base64,{image})\n")

@@ -1,6 +1,10 @@
 """The report plot names each curve by the run's own model and task, one panel per kind of training."""
 
+import pytest
+from matplotlib.container import BarContainer
+
 from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig
+from stages.report import em_intervals, report_rows
 from stages.report_plot import distinct_colours, report_figure, smooth
 from warehouse import Warehouse, run_stage
 
@@ -23,11 +27,39 @@ def test_curves_are_labelled_by_model_and_task_and_split_by_objective(tmp_path):
         record(wh, "finetune", FinetuneConfig(model="base+nkb", task=task), {f"{task or 'qa'}_loss": [1, 0.5]})
     fig = report_figure(wh)
     curve_axes = [ax for ax in fig.axes if ax.get_visible() and ax.get_legend()
-                  and ax.get_title() != "EM per model (validation)"]
+                  and not ax.get_title().startswith("What each model knows")]
     panels = {ax.get_title(): [t.get_text() for t in ax.get_legend().get_texts()] for ax in curve_axes}
     assert panels == {"Pretraining": ["base: span corruption", "base: salient span masking"],
                       "Injection": ["base+nkb: general text", "base+nkb: SSM"],
                       "Fine-tuning": ["base+nkb.qa", "base+nkb.translation"]}
+
+
+def test_each_model_shows_its_em_with_its_interval_beside_its_probes(tmp_path):
+    wh = Warehouse(tmp_path / "wh")
+    hits = {"base": [False] * 9 + [True], "base+NKB": [True] * 3 + [False] * 7}
+
+    def body(run):
+        run.write("report", "latest", {
+            "model": ["base", "base", "base+NKB", "base+NKB"], "dataset": ["nq", "average"] * 2,
+            "split": ["validation"] * 4, "em": [10.0, 10.0, 30.0, 30.0], "params_total": [5] * 4,
+            "params_injected": [0, 0, 2, 2], "probe_em": [1.0, 1.0, 25.0, 25.0],
+            "probe_seen_em": [0.0, 0.0, 70.0, 70.0], "heldout_loss": [4.0] * 4, "model_run": ["r"] * 4})
+        run.write("report_answers", "latest", {
+            "model": [m for m in hits for _ in hits[m]], "dataset": ["nq"] * 20,
+            "question_id": [f"q{i}" for _ in hits for i in range(10)], "exact_match": hits["base"] + hits["base+NKB"]})
+        return {}
+    run_stage(wh, "report", {}, "fp-report", body)
+    (ax,) = [ax for ax in report_figure(wh).axes if ax.get_title() == "What each model knows (validation)"]
+    # one dataset: its EM alone (the average would repeat it), then the probes; a bar per model in each
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["EM nq", "probe, unseen wording",
+                                                                   "probe, seen wording"]
+    assert [round(p.get_height(), 1) for p in ax.patches] == [10.0, 30.0, 1.0, 25.0, 0.0, 70.0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["base", "base+NKB"]
+    em_bars, *probe_bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+    assert all(c.errorbar is None for c in probe_bars)  # a probe has no interval here
+    drawn = [tuple(segment[:, 1]) for segment in em_bars.errorbar.lines[2][0].get_segments()]
+    intervals = em_intervals(wh, report_rows(wh))
+    assert drawn == [pytest.approx(intervals[(m, "nq")]) for m in hits] and drawn[0] != drawn[1]
 
 
 def test_colours_never_repeat_and_smoothing_averages_the_trailing_window():
