@@ -109,9 +109,9 @@ def run_experiment(experiment, args, export: bool = False) -> int:
         print(f"  {h} export {example} exported-model    # a folder stock transformers loads")
     if not args.models:
         return 0
-    if export and models:
-        example = next((m for m in models if m.endswith("+nkb.qa")), list(models)[-1])
-        export_and_check(wh, example, models[example])
+    injected = [m for m in models if m.endswith("+nkb.qa")] or [m for m in models if m.endswith("+nkb")]
+    if export and injected:
+        export_and_check(wh, injected[0], models[injected[0]])
     plot = wh.files_dir / "report.png"
     code = cmd_report(argparse.Namespace(home=args.home, format="table", output=None, plot=str(plot)))
     plots = [plot, *sorted((wh.files_dir / "analysis").glob("*.png"))[-1:]]

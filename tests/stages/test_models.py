@@ -480,6 +480,23 @@ def stock_answers(folder: Path, questions: list[str], answer_format: str) -> lis
     return answers
 
 
+def test_the_demo_exports_its_injected_model_once_and_prints_the_check(world, capsys):
+    from flows.cli_pipeline import export_and_check
+    training.pretrain_base_model(world, TINY)
+    training.inject(world, INJECT)
+    training.finetune(world, FinetuneConfig(model="base+nkb", name="demo.qa", epochs=1, batch_size=16))
+    evaluation.evaluate(world, EvaluateConfig(model="demo.qa"))
+    folder = find_model(world, "demo.qa")
+    export_and_check(world, "demo.qa", folder)
+    out = capsys.readouterr().out
+    questions = query(world, "SELECT count(*) AS n FROM questions WHERE split = 'validation'").column("n")[0].as_py()
+    assert (world.files_dir / "exported" / folder.name / "config.json").exists()
+    assert (f"AutoModelForSeq2SeqLM alone gives the warehouse model's greedy answers to {questions} of {questions} "
+            "questions") in out
+    export_and_check(world, "demo.qa", folder)  # a rerun finds this version exported
+    assert "for stock transformers earlier" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("answer_format", ["plain", "sentinel"])
 def test_an_exported_model_answers_with_stock_transformers_as_its_predictions_say(world, tmp_path, answer_format):
     from stages.export import check_export, export_model
