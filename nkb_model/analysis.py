@@ -102,39 +102,45 @@ def piece_text(tokenizer, piece: str) -> str:
 
 # ---- keys: which inputs make a slot fire --------------------------------------------------------
 
-def first_step_weights(model: nn.Module, tokenizer, texts: list[str], layer: str, kind: str = "nkb",
-                       batch_size: int = 64) -> torch.Tensor:
-    """How strongly each slot of `layer` fires when the first answer token is generated: (texts, slots).
+def first_step_weights(model: nn.Module, tokenizer, texts: list[str], layers: list[str], kind: str = "nkb",
+                       batch_size: int = 64) -> dict[str, torch.Tensor]:
+    """How strongly each slot of each of `layers` fires when the first answer token is generated: {layer: (texts,
+    slots)}, every layer read in the same forward passes.
 
     Decoder layers (every layer of a decoder-only model): at the step that writes the first answer token. T5's
     encoder layers (no decoding step there): the strongest activation over the input's tokens."""
-    memory = memories(model, layer, kind)
-    ffn = get_ffn(model, memory.layer)
-    captured: list[torch.Tensor] = []
+    read = {layer: memories(model, layer, kind).layer for layer in layers}
+    captured: dict[str, list[torch.Tensor]] = {layer: [] for layer in layers}
 
-    def hook(_module, inputs, _output):
-        x = inputs[0]
-        captured.append((ffn.slot_weights(x) if kind == "nkb" else _neuron_weights(ffn, x)).detach())
-
-    handle = ffn.register_forward_hook(hook)
-    decoder_side = family(model).decoder_only or memory.layer.startswith("decoder")
-    rows = []
+    def capture(ffn: nn.Module, out: list[torch.Tensor]):
+        def hook(_module, inputs, _output):
+            x = inputs[0]
+            out.append((ffn.slot_weights(x) if kind == "nkb" else _neuron_weights(ffn, x)).detach())
+        return hook
+    handles = []
+    for layer, name in read.items():
+        ffn = get_ffn(model, name)
+        handles.append(ffn.register_forward_hook(capture(ffn, captured[layer])))
+    rows: dict[str, list[torch.Tensor]] = {layer: [] for layer in layers}
     try:
         for lo in range(0, len(texts), batch_size):
             batch = texts[lo:lo + batch_size]
             inputs, offsets = teacher_forced(model, tokenizer, batch, [[] for _ in batch])
-            captured.clear()
+            for out in captured.values():
+                out.clear()
             with torch.no_grad():
                 model(**inputs)
-            weights = captured[-1]
-            if decoder_side:
-                rows.append(weights[torch.arange(len(batch)), torch.tensor(offsets)].float().cpu())
-            else:
-                mask = inputs["attention_mask"].unsqueeze(-1).bool()
-                rows.append(weights.masked_fill(~mask, float("-inf")).amax(1).float().cpu())
+            for layer, name in read.items():
+                weights = captured[layer][-1]
+                if family(model).decoder_only or name.startswith("decoder"):
+                    rows[layer].append(weights[torch.arange(len(batch)), torch.tensor(offsets)].float().cpu())
+                else:
+                    mask = inputs["attention_mask"].unsqueeze(-1).bool()
+                    rows[layer].append(weights.masked_fill(~mask, float("-inf")).amax(1).float().cpu())
     finally:
-        handle.remove()
-    return torch.cat(rows)
+        for handle in handles:
+            handle.remove()
+    return {layer: torch.cat(r) for layer, r in rows.items()}
 
 
 def _neuron_weights(ffn: nn.Module, x: torch.Tensor) -> torch.Tensor:

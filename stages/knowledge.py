@@ -75,10 +75,11 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
         keys_out: dict[str, list] = {}
         relation_of = [relations.get(q) for q in qids]
         triggers: list[list[int]] = []
-        for layer in layers:
-            with device.autocast():
-                values, keys, fired = memory_rows(model, tokenizer, layer, config, texts, qids, relation_of, lexicon,
-                                                  source.name)
+        with device.autocast():  # every layer's slots read in one pass over the questions
+            weights = analysis.first_step_weights(model, tokenizer, texts, layers, config.kind)
+            read = [memory_rows(model, tokenizer, layer, weights[layer], config, qids, relation_of, lexicon,
+                                source.name) for layer in layers]
+        for values, keys, fired in read:
             for out, rows in ((values_out, values), (keys_out, keys)):
                 for key, column in rows.items():
                     out.setdefault(key, []).extend(column)
@@ -106,11 +107,12 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
     return run_stage(wh, "analyze", config.model_dump(), fp, body, force=force, device=device.name)
 
 
-def memory_rows(model, tokenizer, layer: str, config: AnalyzeConfig, texts: list[str], qids: list[str],
+def memory_rows(model, tokenizer, layer: str, weights, config: AnalyzeConfig, qids: list[str],
                 relation_of: list, lexicon, model_name: str) -> tuple[dict, dict, list[list[int]]]:
     """One block's slots (or FFN neurons) read as memories: its `nkb_values` rows (each value's top tokens on the
     vocabulary, and the kind of span the first names), its `nkb_keys` rows (the questions that make each slot fire
-    most, and the relation they all share, if one), and each slot's firing questions."""
+    most, and the relation they all share, if one), and each slot's firing questions. weights: how strongly each
+    slot fired on each question, (questions, slots) (`analysis.first_step_weights`)."""
     from nkb_model import analysis
     memory = analysis.memories(model, layer, config.kind)
     ids, probs = analysis.project_values(model, memory.values, config.top_k)
@@ -119,8 +121,7 @@ def memory_rows(model, tokenizer, layer: str, config: AnalyzeConfig, texts: list
     values = {"model": [model_name] * n, "kind": [config.kind] * n, "layer": [memory.layer] * n, "slot": list(range(n)),
               "top_tokens": tokens, "top_probs": probs.tolist(),
               "category": [lexicon.category(analysis.piece_text(tokenizer, t[0])) for t in tokens]}
-    weights = analysis.first_step_weights(model, tokenizer, texts, memory.layer, config.kind)
-    top = weights.T.topk(min(config.top_questions, len(texts)), dim=-1)     # (slots, k)
+    top = weights.T.topk(min(config.top_questions, len(qids)), dim=-1)     # (slots, k)
     keys: dict[str, list] = {k: [] for k in ("model", "kind", "layer", "slot", "top_questions", "weights", "relation")}
     triggers = []
     for slot, (rows, w) in enumerate(zip(top.indices.tolist(), top.values.tolist())):

@@ -118,13 +118,22 @@ def test_the_held_out_loss_of_a_decoder_only_model_is_its_next_token_loss(tokeni
     assert heldout_loss(model, tokenizer, rows, CPU, batch_size=4) == pytest.approx(expected, rel=1e-5)
 
 
+def test_every_layer_s_slots_are_read_in_one_pass_as_if_read_alone(tokenizer):
+    model = new_causal(tokenizer, "llama", "tiny").eval()
+    mount_nkb(model, NKBConfig(layers=["decoder.1", "decoder.-1"]))
+    both = first_step_weights(model, tokenizer, QUESTIONS, ["decoder.1", "decoder.-1"], batch_size=3)
+    for layer, weights in both.items():
+        torch.testing.assert_close(weights, first_step_weights(model, tokenizer, QUESTIONS, [layer])[layer])
+    assert both["decoder.1"].shape[0] == len(QUESTIONS) and not torch.equal(both["decoder.1"], both["decoder.-1"])
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_slots_of_a_decoder_only_model_are_read_and_edited_at_the_answers_first_step(tokenizer, arch):
     model = new_causal(tokenizer, arch, "tiny").eval()
     mount_nkb(model, NKBConfig(layers=["decoder.-1"]))
     layer = slot_edits.default_layer(model)
     assert layer == ("layers.3" if arch == "llama" else "h.3")
-    weights = first_step_weights(model, tokenizer, QUESTIONS, layer)
+    weights = first_step_weights(model, tokenizer, QUESTIONS, [layer])[layer]
     _, step_weights, _ = slot_edits.read_step(model, tokenizer, QUESTIONS, (), layer)
     torch.testing.assert_close(weights, step_weights)  # both at the step that writes the first answer token
     profile = slot_edits.slot_profile(model, tokenizer, QUESTIONS, ANSWERS, layer)

@@ -394,7 +394,7 @@ def test_analysis_and_surgery_ask_a_model_few_shot_as_its_rows_were_asked(world,
 
     result = knowledge.analyze(world, AnalyzeConfig(model="asked+nkb", shots=2))
     (layer,) = result.value["layers"]
-    expected = analysis.first_step_weights(model, tok, prompts, layer).T.max(-1).values  # each slot's strongest
+    expected = analysis.first_step_weights(model, tok, prompts, [layer])[layer].T.max(-1).values  # each slot's strongest
     keys = query(world, f"SELECT slot, weights FROM nkb_keys WHERE run_id = '{result.run.run_id}'").to_pylist()
     fired = [(k["slot"], k["weights"][0]) for k in keys if k["weights"]]
     assert fired and all(w == pytest.approx(float(expected[slot]), rel=1e-4) for slot, w in fired)
