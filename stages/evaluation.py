@@ -17,8 +17,6 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
     """QA: greedy answers for every question of the split, EM (SQuAD normalisation, max over gold answers);
     with `shots`, each question after K solved ones of its dataset's train split. A generation task: beam search,
     ROUGE-L (summarisation) or SacreBLEU (translation)."""
-    from nkb_model.fewshot import answer_of
-    from nkb_model.decoding import generate
     from nkb_model.train import choose_device
     source = source_model(wh, config.model)
     name, task = source.name, config.task or source.info.get("task")
@@ -39,20 +37,13 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
             lineage += retrievals_lineage(wh, groups)
         if config.shots:
             lineage += questions_lineage(wh, groups, "train")
-    num_beams = config.num_beams or (4 if task else 1)
-    max_new_tokens = config.max_new_tokens or (64 if task else 24)
     fp = fingerprint("evaluate", config.identity() | {"task": task}, source.lineage + lineage)
     device = choose_device(config.device, config.precision)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
         model, tokenizer, info = source.load(device)
-        texts, knowledge_ids = evaluation_inputs(wh, examples, model, tokenizer, info, config, task)
-        outputs = generate(model, tokenizer, texts, device, config.batch_size,
-                           None if config.shots else info.get("max_input_len", 256), max_new_tokens, num_beams,
-                           knowledge_ids)
-        if config.shots:
-            outputs = [answer_of(o) for o in outputs]
+        outputs = model_outputs(wh, examples, model, tokenizer, info, config, task, device)
         ids, ds, correct, scores = (generation_scores(examples, outputs, task) if task
                                     else qa_scores(examples, outputs, groups))
         for key, score in scores.items():  # a task's metric, or a dataset's EM
@@ -66,11 +57,25 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
         run.write("predictions", f"{name}.{config.split}", {
             "question_id": ids, "dataset": ds, "split": [config.split] * len(ds), "prediction": outputs,
             "exact_match": correct})
-        return {"model": name, "questions": len(texts), ("scores" if task else "em"): {k: round(v, 2) for k, v in scores.items()},
+        return {"model": name, "questions": len(outputs), ("scores" if task else "em"): {k: round(v, 2) for k, v in scores.items()},
                 "seconds": time.perf_counter() - started, "device": device.name}
 
     return run_stage(wh, "evaluate", config.model_dump() | {"model_name": name, "task": task}, fp, body, force=force,
                      device=device.name)
+
+
+def model_outputs(wh: Warehouse, examples, model, tokenizer, info: dict, config: EvaluateConfig, task: str | None,
+                  device) -> list[str]:
+    """What `model` answers to each example as evaluate asks it: greedy for questions (each few-shot answer cut at
+    its line), beam search for a generation task. `info`: the model's, whose prompt format and input length apply."""
+    from nkb_model.decoding import generate
+    from nkb_model.fewshot import answer_of
+    texts, knowledge_ids = evaluation_inputs(wh, examples, model, tokenizer, info, config, task)
+    outputs = generate(model, tokenizer, texts, device, config.batch_size,
+                       None if config.shots else info.get("max_input_len", 256),
+                       config.max_new_tokens or (64 if task else 24), config.num_beams or (4 if task else 1),
+                       knowledge_ids)
+    return [answer_of(o) for o in outputs] if config.shots else outputs
 
 
 def evaluation_inputs(wh: Warehouse, examples, model, tokenizer, info: dict, config: EvaluateConfig,

@@ -65,12 +65,10 @@ def check_export(wh: Warehouse, name: str, folder: Path) -> dict:
     loaded_with: the Auto class, questions, same: how many agree, differ: [(question_id, warehouse's, stock's)]}."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from nkb_model.decoding import generate
     from nkb_model.families import family
-    from nkb_model.fewshot import answer_of
     from nkb_model.train import choose_device
     from stages.configs import EvaluateConfig
-    from stages.evaluation import evaluation_inputs
+    from stages.evaluation import model_outputs
     from stages.inputs import read_questions
     from warehouse import list_runs
     source = source_model(wh, name)
@@ -83,13 +81,8 @@ def check_export(wh: Warehouse, name: str, folder: Path) -> dict:
     examples = read_questions(wh, config.datasets, config.split)
     auto = family(AutoConfig.from_pretrained(folder)).auto_class()
     stock = auto.from_pretrained(folder).to(device.device), AutoTokenizer.from_pretrained(folder)
-    answers = []
-    for model, tokenizer in (source.load(device)[:2], stock):
-        texts, _ = evaluation_inputs(wh, examples, model, tokenizer, source.info, config, None)
-        out = generate(model, tokenizer, texts, device, config.batch_size,
-                       None if config.shots else source.info.get("max_input_len", 256),
-                       config.max_new_tokens or 24, config.num_beams or 1)
-        answers.append([answer_of(o) for o in out] if config.shots else out)
+    answers = [model_outputs(wh, examples, model, tokenizer, source.info, config, None, device)
+               for model, tokenizer in (source.load(device)[:2], stock)]
     qids = examples.column("question_id").to_pylist()
     differ = [(q, ours, theirs) for q, ours, theirs in zip(qids, *answers) if ours != theirs]
     return {"evaluation": asked.run_id, "loaded_with": auto.__name__, "questions": len(qids),
