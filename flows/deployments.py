@@ -1,9 +1,10 @@
 """prefect.yaml, generated from the stage registry so that deployments never drift from the configs.
 
 `python -m flows.deployments` rewrites prefect.yaml; a test fails when the committed file is out of date.
-Each stage deployment's parameters are the sample-world demo's settings for that stage (for the model stages,
-those of its base+NKB row), so that Run in the UI reproduces the demo; the stages that read input files start
-from their config's defaults (fields without a default are left for the run to supply).
+The pipeline deployment runs `nkb demo`'s experiment (SmolLM2 on the sample world) unless its form says otherwise.
+Each stage deployment's parameters are that experiment's settings for the stage (for the model stages, those of
+its base+NKB row), so that Run in the UI reproduces the demo; the stages it does not run, and those that read
+input files, start from their config's defaults (fields without a default are left for the run to supply).
 `enforce_parameter_schema` rejects runs whose parameters do not fit the config model.
 """
 
@@ -17,7 +18,7 @@ import yaml
 from pydantic import BaseModel
 
 from stages.configs import StageConfig
-from stages.experiment import SAMPLE_WORLD, Experiment
+from stages.experiment import SAMPLE_WORLD_SMOLLM2, Experiment
 from stages.registry import STAGES
 
 PREFECT_YAML = Path(__file__).resolve().parents[1] / "prefect.yaml"
@@ -43,17 +44,17 @@ def config_defaults(config: type[StageConfig]) -> dict[str, Any]:
 
 
 # The row whose settings a stage's deployment offers: pressing Run on `inject` in the UI builds the demo's base+NKB.
-DEMO_ROW = {"inject": "base+nkb", "finetune": "base+nkb.qa", "evaluate": "base+nkb.qa"}
+DEMO_ROW = {"inject": "base+nkb", "evaluate": "base+nkb"}
 # Stages that read one of several input files: their form starts from the config's defaults, the file left to fill in.
 FILE_READERS = {"sample-world", "ingest", "questions", "generation-data"}
 
 
 def demo_defaults() -> dict[str, dict[str, Any]]:
-    """{stage: the sample-world experiment's settings for it} (its main row's, for the model stages); a field
+    """{stage: `nkb demo`'s experiment's settings for it} (its main row's, for the model stages); a field
     naming a file of the generated world keeps its config default, since the world's folder depends on the
     warehouse."""
     chosen: dict[str, StageConfig] = {}
-    for stage, config in Experiment.load(SAMPLE_WORLD).plan():
+    for stage, config in Experiment.load(SAMPLE_WORLD_SMOLLM2).plan():
         row = config.model_name() if hasattr(config, "model_name") else getattr(config, "model", None)
         if stage not in FILE_READERS and (stage not in chosen or (stage in DEMO_ROW and row == DEMO_ROW[stage])):
             chosen[stage] = config
@@ -76,10 +77,10 @@ def deployments() -> list[dict[str, Any]]:
         "name": "pipeline",
         "entrypoint": "flows/flows.py:pipeline",
         "description": "An experiment end to end (the form's experiment, or experiment_file: a YAML path); GPU "
-                       "stages run through their deployments. Default: the built-in sample world.",
+                       "stages run through their deployments. Default: `nkb demo`'s, SmolLM2 on the sample world.",
         "work_pool": {"name": "cpu"},
         "enforce_parameter_schema": True,
-        "parameters": {"experiment": Experiment.load(SAMPLE_WORLD).model_dump(mode="json"), "force": False,
+        "parameters": {"experiment": Experiment.load(SAMPLE_WORLD_SMOLLM2).model_dump(mode="json"), "force": False,
                        "train_models": True, "dispatch": True},
         "schedules": [{"cron": PIPELINE_CRON, "timezone": "UTC", "active": False}],
     }

