@@ -89,9 +89,30 @@ def choose_device(preference: str = "auto", precision: str = "auto") -> Device:
     return Device(torch.device("cpu"), torch.bfloat16 if native else None)
 
 
+CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo's names for bf16 arithmetic
+
+
 def cpu_computes_bf16() -> bool:
-    """Whether this CPU has bf16 arithmetic (AVX512-BF16 or AMX) for oneDNN's matrix products."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    """Whether this CPU has bf16 arithmetic (AVX512-BF16 or AMX) for oneDNN's matrix products: oneDNN's own answer,
+    through a private torch function; where a torch lacks it, the CPU's flags (Linux; elsewhere no: fp32)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        try:
+            return bool(CPU_BF16_FLAGS & cpu_flags(Path("/proc/cpuinfo").read_text()))
+        except OSError:
+            return False
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The feature flags of /proc/cpuinfo's first processor."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return set(value.split())
+    return set()
 
 
 def make_optimizer(params: list[nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:

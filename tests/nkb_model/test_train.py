@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from nkb_model.nkb import mark_only_nkb_trainable, mount_nkb, nkb_state_dict
-from nkb_model.train import Device, TrainConfig, choose_device, lr_schedule, train
+from nkb_model.train import Device, TrainConfig, choose_device, cpu_computes_bf16, cpu_flags, lr_schedule, train
 from tests.nkb_model.test_nkb import tiny_t5
 
 
@@ -79,6 +79,23 @@ def test_bf16_on_a_cpu_only_where_it_computes_bf16_natively(monkeypatch):
     assert choose_device("cpu", "bf16").name == "cpu (fp32)"
     with pytest.raises(ValueError, match="precision must be auto, fp32 or bf16"):
         choose_device("cpu", "fp16")
+
+
+def test_without_torchs_bf16_check_the_cpu_flags_decide(monkeypatch):
+    from nkb_model import train as train_module
+    assert cpu_flags("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16\n\nflags : other") == {
+        "fpu", "sse", "avx512f", "avx512_bf16"}
+    assert cpu_flags("processor : 0\n") == set()
+
+    class NoCheck:  # a torch whose mkldnn ops lack the private check
+        def __getattr__(self, name):
+            raise AttributeError(name)
+    monkeypatch.setattr(torch.ops, "mkldnn", NoCheck())
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+    for cpuinfo, native in (("flags : avx512f avx512_bf16", True), ("flags : amx_bf16", True),
+                            ("flags : avx2 avx512f", False)):
+        monkeypatch.setattr(train_module.Path, "read_text", lambda self, *a, text=cpuinfo, **k: text)
+        assert cpu_computes_bf16() is native
 
 
 def test_a_device_runs_forward_passes_in_its_precision():
