@@ -1,7 +1,8 @@
 """Training batches as a pure function of the step, from (input, target) text pairs.
 
 `examples_for_epoch(epoch)` supplies the pairs of an epoch (SSM redraws its masks each epoch; QA
-pairs stay the same); each epoch visits them in a seeded random order, in full batches. An encoder-decoder
+pairs stay the same); each epoch visits them in a seeded random order, in full batches (with `group_by_length`,
+batches of examples of similar length, in random order: less padding). An encoder-decoder
 reads the input and is trained on the target; a decoder-only model (`decoder_only`) reads both as one sequence,
 trained on the target (`nkb_model.causal`). Stages make them through their model's family (`nkb_model.families`)."""
 
@@ -16,8 +17,10 @@ import torch
 class PairBatches:
     def __init__(self, examples_for_epoch: Callable[[int], tuple[list[str], list[str]]], tokenizer, batch_size: int,
                  seed: int = 0, max_input_len: int = 512, max_target_len: int = 64,
-                 knowledge_ids: torch.Tensor | None = None, decoder_only: bool = False, target_eos: bool = True):
+                 knowledge_ids: torch.Tensor | None = None, decoder_only: bool = False, target_eos: bool = True,
+                 group_by_length: bool = False):
         self.examples_for_epoch, self.tokenizer, self.decoder_only = examples_for_epoch, tokenizer, decoder_only
+        self.group_by_length = group_by_length
         self.target_eos = target_eos  # decoder-only: whether targets end with EOS (answers) or not (masked spans)
         self.knowledge_ids = knowledge_ids  # (examples, N, tokens): Kformer's documents of each (fixed) example
         self.batch_size, self.seed = batch_size, seed
@@ -41,7 +44,11 @@ class PairBatches:
                 else:
                     self._ids = (self.tokenizer(inputs, truncation=True, max_length=self.max_input_len)["input_ids"],
                                  self.tokenizer(targets, truncation=True, max_length=self.max_target_len)["input_ids"])
-            self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(len(inputs))
+            rng = np.random.default_rng([self.seed, epoch])
+            order = rng.permutation(len(inputs))
+            if self.group_by_length:
+                order = grouped_by_length(order, [len(i) + len(t) for i, t in zip(*self._ids)], self.batch_size, rng)
+            self._epoch, self._order = epoch, order
         return (*self._ids, self._order)
 
     def rows(self, step: int) -> np.ndarray:
@@ -61,6 +68,20 @@ class PairBatches:
         if self.knowledge_ids is not None:
             batch["knowledge_ids"] = self.knowledge_ids[torch.as_tensor(rows)]
         return batch
+
+
+def grouped_by_length(order: np.ndarray, lengths: list[int], batch_size: int, rng: np.random.Generator,
+                      window: int = 64) -> np.ndarray:
+    """`order`'s full batches regrouped so that each holds examples of similar length, the batches in random
+    order: within each run of `window` batches of `order`, its examples sorted by length, then cut into batches
+    (the `group_by_length` of transformers' Trainer). A batch pads to its longest example, so this pads less; the
+    examples an epoch visits stay the same."""
+    full = len(order) // batch_size * batch_size
+    span = batch_size * window
+    grouped = np.concatenate([sorted(order[lo:min(lo + span, full)], key=lengths.__getitem__)
+                              for lo in range(0, full, span)] or [order[:0]])
+    batches = grouped.reshape(-1, batch_size)
+    return np.concatenate([batches[rng.permutation(len(batches))].reshape(-1), order[full:]])
 
 
 def pad_pairs(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:

@@ -18,12 +18,14 @@ class Family:
     decoder_only: bool  # prompt and target read as one sequence, the loss on the target
 
     def pair_batches(self, examples_for_epoch, tokenizer, batch_size: int, seed: int = 0, max_input_len: int = 512,
-                     max_target_len: int = 64, knowledge_ids=None, target_eos: bool = True):
+                     max_target_len: int = 64, knowledge_ids=None, target_eos: bool = True,
+                     group_by_length: bool = False):
         """Training batches of (input, target) text pairs (`nkb_model.batches.PairBatches`) as this family reads
         them. `target_eos`: whether a decoder-only model's targets end with EOS (answers do, masked spans do not)."""
         from nkb_model.batches import PairBatches
         return PairBatches(examples_for_epoch, tokenizer, batch_size, seed, max_input_len, max_target_len,
-                           knowledge_ids=knowledge_ids, decoder_only=self.decoder_only, target_eos=target_eos)
+                           knowledge_ids=knowledge_ids, decoder_only=self.decoder_only, target_eos=target_eos,
+                           group_by_length=group_by_length)
 
     def text_batches(self, rows, tokenizer, batch_size: int, seed: int = 0):
         """Pretraining batches of packed token rows: next-token prediction, or T5's span corruption."""

@@ -90,6 +90,9 @@ LearningRate = Annotated[float, Field(gt=0, description="Learning rate after war
 WarmupSteps = Annotated[int, Field(ge=0, description="Linear warm-up steps.")]
 LrDecay = Annotated[bool, Field(description="After warm-up, decay the learning rate linearly to zero at the last "
                                             "step instead of keeping it constant.")]
+GroupByLength = Annotated[bool, Field(description=(
+    "Batch examples of similar length together, the batches in random order (transformers' group_by_length): "
+    "less padding, so faster steps where lengths vary (docs/decisions.md); false: each batch a random draw."))]
 Compile = Annotated[bool, Field(description="Run the training steps through torch.compile: on a GPU about 1.7x "
                                             "faster steps after a minute of compiling (docs/results.md); on a CPU "
                                             "rarely worth it.")]
@@ -133,6 +136,7 @@ class ModelStageConfig(StageConfig):
 class TrainingConfig(ModelStageConfig):
     """A stage that trains: the training loop's settings."""
     volatile = frozenset({"device", "devices", "micro_batch_size", "compile"})
+    later_settings = ModelStageConfig.later_settings | {"group_by_length"}
 
     batch_size: BatchSize = 32
     micro_batch_size: MicroBatchSize = None
@@ -140,6 +144,7 @@ class TrainingConfig(ModelStageConfig):
     lr: LearningRate = 1e-3
     warmup_steps: WarmupSteps = 0
     lr_decay: LrDecay = False
+    group_by_length: GroupByLength = False
     devices: Devices = 1
     compile: Compile = False
 

@@ -235,7 +235,7 @@ def pretraining_ssm_batches(wh: Warehouse, tokenizer, config: BaseModelConfig, m
         raise ValueError(f"ssm_share={config.ssm_share}, but spaCy found no salient span in the "
                          f"{config.pretrain_corpus!r} pretraining text")
     return kind.pair_batches(examples, tokenizer, min(config.ssm_batch_size, available), config.seed,
-                             max_input_len=max_input_len, target_eos=False)
+                             max_input_len=max_input_len, target_eos=False, group_by_length=config.group_by_length)
 
 
 # ---- injection -----------------------------------------------------------------------------------
@@ -337,7 +337,7 @@ def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: 
         return ex.column("input").to_pylist(), ex.column("target").to_pylist()
 
     trained, ssm = model, kind.pair_batches(examples, tokenizer, config.batch_size, config.seed, config.max_input_len,
-                                            target_eos=False)
+                                            target_eos=False, group_by_length=config.group_by_length)
     if config.cache and config.variant == "nkb" and kind.decoder_only:
         trained, ssm = cached_injection(model, tokenizer, segments, drawn, ssm, device)
     batches = ssm
@@ -417,7 +417,7 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
         prepare_finetuning(model, config, device)
         batches = kind.pair_batches(lambda epoch: (texts, answers), tokenizer, min(config.batch_size, len(texts)),
                                     config.seed, config.max_input_len, max_target_len=128 if config.task else 64,
-                                    knowledge_ids=knowledge_ids)
+                                    knowledge_ids=knowledge_ids, group_by_length=config.group_by_length)
         steps = config.epochs * batches.per_epoch
         losses = train(model, batches, config.train_config(steps, batches.batch_size), device, work_dir(target),
                        f"finetune {name}", progress)

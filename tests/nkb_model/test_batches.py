@@ -43,3 +43,38 @@ def test_repeated_pairs_are_tokenised_once_and_changed_pairs_again():
     targets = {tokenizer.decode(row[row != -100], skip_special_tokens=True) for row in second["labels"]}
     rows = np.random.default_rng([3, 1]).permutation(len(questions))[:4]
     assert targets == {masked(1)[1][r] for r in rows} and not torch.equal(first["labels"], second["labels"])
+
+
+def test_grouped_by_length_keeps_the_examples_and_pads_less():
+    from nkb_model.batches import grouped_by_length
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 60, size=1003).tolist()
+    order = np.random.default_rng(1).permutation(len(lengths))
+    grouped = grouped_by_length(order, lengths, batch_size=8, rng=np.random.default_rng(2), window=16)
+    assert sorted(grouped.tolist()) == list(range(len(lengths)))  # a permutation: every example, once
+    assert grouped[1000:].tolist() == order[1000:].tolist()       # the rows past the last full batch stay last
+
+    def padded(o):  # tokens a batch of 8 pads to, over the full batches
+        return sum(8 * max(lengths[r] for r in o[lo:lo + 8]) for lo in range(0, 1000, 8))
+    useful = sum(lengths[r] for r in order[:1000])
+    assert padded(grouped) < 1.1 * useful < 0.75 * padded(order)  # close to no padding at all
+    # Batches in random order: their longest examples do not rise (or fall) from step to step.
+    widths = [max(lengths[r] for r in grouped[lo:lo + 8]) for lo in range(0, 1000, 8)]
+    assert widths != sorted(widths) and widths != sorted(widths, reverse=True)
+
+
+def test_grouped_batches_hold_pairs_of_similar_length_and_stay_a_function_of_the_step():
+    tokenizer = train_tokenizer(TEXTS, vocab_size=60)
+    pairs = [(" ".join(["word"] * (1 + i % 23)), f"city {i % 7}") for i in range(200)]
+
+    def loader():
+        return PairBatches(lambda epoch: tuple(map(list, zip(*pairs))), tokenizer, batch_size=8, seed=3,
+                           group_by_length=True)
+    plain = PairBatches(lambda epoch: tuple(map(list, zip(*pairs))), tokenizer, batch_size=8, seed=3)
+    grouped = loader()
+    steps = range(2 * grouped.per_epoch)
+    width = sum(grouped(s)["input_ids"].numel() for s in steps)
+    assert width < 0.7 * sum(plain(s)["input_ids"].numel() for s in steps)
+    assert sorted(np.concatenate([grouped.rows(s) for s in range(grouped.per_epoch)]).tolist()) == \
+        sorted(np.concatenate([plain.rows(s) for s in range(plain.per_epoch)]).tolist())
+    assert torch.equal(loader()(7)["input_ids"], grouped(7)["input_ids"])  # the same step, the same batch
