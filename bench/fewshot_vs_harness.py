@@ -1,10 +1,11 @@
 """Few-shot QA EM side by side with EleutherAI's lm-evaluation-harness, on the same model, questions and examples.
 
-Our side is the evaluate stage itself (`shots: K`) on a warehouse's model. The harness (`lm-eval`, a dev
-dependency) runs its own `nq_open` task, as installed, pointed at local files: its prompt, stop strings, answer
-filter and exact-match settings are the task's own; only the data source changes, and its few-shot sampler is set
-to `first_n` over a training file that holds exactly the K examples our stage drew, so that both ask every question
-after the same examples. The model is the same object in memory (the harness's `HFLM` wraps it), NKB slots included.
+Our side is the evaluate stage itself (`shots: K`, each question its own draw of examples) on a warehouse's model.
+The harness (`lm-eval`, a dev dependency) runs its own `nq_open` task, as installed, pointed at local files: its
+prompt, stop strings, answer filter, exact-match settings and default few-shot sampler are the task's own; only the
+data source changes (the warehouse's train and asked questions, in the order our stage reads them) and its few-shot
+seed is our `shots_seed`, so that both draw the same examples for every question (the prompts are compared one by
+one). The model is the same object in memory (the harness's `HFLM` wraps it), NKB slots included.
 
     python -m bench.fewshot_vs_harness --home WAREHOUSE --model base+nkb [--shots 5] [--split validation] [--limit 200]
 
@@ -25,30 +26,32 @@ import yaml
 
 
 def harness_task(folder: Path, name: str, train: list[dict], questions: list[dict]) -> None:
-    """The installed `nq_open` task's settings, pointed at JSONL files in `folder` and sampling its first examples."""
+    """The installed `nq_open` task's settings, pointed at JSONL files in `folder`."""
     import lm_eval
     task = yaml.safe_load((Path(lm_eval.__file__).parent / "tasks" / "nq_open" / "nq_open.yaml").read_text())
     for split, rows in (("train", train), ("validation", questions)):
         (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    task |= {"task": name, "dataset_path": "json", "fewshot_config": {"sampler": "first_n"},
+    task |= {"task": name, "dataset_path": "json",
              "dataset_kwargs": {"data_files": {s: str(folder / f"{s}.jsonl") for s in ("train", "validation")}}}
     (folder / f"{name}.yaml").write_text(yaml.safe_dump(task, sort_keys=False))
 
 
-def harness_em(model, tokenizer, shots: list[tuple[str, str]], questions: list[dict], batch_size: int) -> dict:
-    """The harness's per-question exact match and its prompt for the first question."""
+def harness_em(model, tokenizer, train: list[dict], questions: list[dict], shots: int, seed: int,
+               batch_size: int) -> dict:
+    """The harness's per-question exact match, answer and prompt."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
     with tempfile.TemporaryDirectory() as tmp:
-        harness_task(Path(tmp), "nkb_nq_open", [{"question": q, "answer": [a]} for q, a in shots], questions)
+        harness_task(Path(tmp), "nkb_nq_open", train, questions)
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, add_bos_token=True)
-        out = simple_evaluate(model=lm, tasks=["nkb_nq_open"], num_fewshot=len(shots), log_samples=True,
-                              task_manager=TaskManager(include_path=tmp), bootstrap_iters=0)
+        out = simple_evaluate(model=lm, tasks=["nkb_nq_open"], num_fewshot=shots, log_samples=True,
+                              task_manager=TaskManager(include_path=tmp), bootstrap_iters=0,
+                              fewshot_random_seed=seed)
     samples = sorted(out["samples"]["nkb_nq_open"], key=lambda s: s["doc_id"])
     return {"em": [float(s["exact_match"]) for s in samples],
             "answers": [s["filtered_resps"][0] for s in samples],
-            "prompt": samples[0]["arguments"][0][0]}
+            "prompts": [s["arguments"][0][0] for s in samples]}
 
 
 def main(argv=None) -> int:
@@ -68,7 +71,7 @@ def main(argv=None) -> int:
     from nkb_model.checkpoint import load_model
     from stages.configs import EvaluateConfig
     from stages.evaluation import evaluate
-    from stages.inputs import dataset_shots, read_questions
+    from stages.inputs import fewshot_prompts, read_questions
     from stages.models import find_model
     from warehouse import Warehouse, run_stage
 
@@ -79,7 +82,8 @@ def main(argv=None) -> int:
         parser.error(f"the split holds datasets {datasets}: choose one with --dataset")
     if args.limit:
         asked = asked.slice(0, args.limit)
-    shots = dataset_shots(wh, datasets, args.shots, EvaluateConfig.model_fields["shots_seed"].default)[datasets[0]]
+    seed = EvaluateConfig.model_fields["shots_seed"].default
+    prompts = fewshot_prompts(wh, asked, args.shots, seed)
 
     started = time.perf_counter()
     ours = evaluate(wh, EvaluateConfig(model=args.model, shots=args.shots, split=args.split, datasets=datasets,
@@ -93,11 +97,12 @@ def main(argv=None) -> int:
     model, tokenizer, _ = load_model(find_model(wh, args.model))
     # NQ-open's questions carry no question mark (the harness's template adds one); a sample-world question that
     # does is given without it, so that both prompts end `…?` once, as ours does.
-    questions = [{"question": q.strip().rstrip("?").strip(), "answer": a}
-                 for q, a in zip(asked.column("question").to_pylist(), asked.column("answers").to_pylist())]
-    shots = [(q.strip().rstrip("?").strip(), a) for q, a in shots]
+    def rows(table):
+        return [{"question": q.strip().rstrip("?").strip(), "answer": a}
+                for q, a in zip(table.column("question").to_pylist(), table.column("answers").to_pylist())]
+    questions, train = rows(asked), rows(read_questions(wh, datasets, "train"))
     started = time.perf_counter()
-    theirs = harness_em(model.eval(), tokenizer, shots, questions, args.batch_size)
+    theirs = harness_em(model.eval(), tokenizer, train, questions, args.shots, seed, args.batch_size)
     theirs_s = time.perf_counter() - started
 
     mine = [float(x) for x in predictions.column("exact_match").to_pylist()]
@@ -107,17 +112,18 @@ def main(argv=None) -> int:
               "em_ours": round(100 * sum(mine) / len(mine), 2),
               "em_harness": round(100 * sum(theirs["em"]) / len(theirs["em"]), 2),
               "same_answer": sum(a.strip() == b.strip() for a, b in zip(answers, theirs["answers"])),
-              "same_em": len(mine) - len(differ), "seconds_ours": round(ours_s, 1),
+              "same_em": len(mine) - len(differ),
+              "same_prompt": sum(a == b for a, b in zip(prompts, theirs["prompts"])), "seconds_ours": round(ours_s, 1),
               "seconds_harness": round(theirs_s, 1),
               "disagreements": [{"question": questions[i]["question"], "ours": answers[i],
                                  "harness": theirs["answers"][i], "gold": questions[i]["answer"]}
                                 for i in differ[:5]],
-              "harness_prompt": theirs["prompt"]}
+              "harness_prompt": theirs["prompts"][0]}
     result["em_difference"] = round(result["em_ours"] - result["em_harness"], 2)
     print(json.dumps(result, indent=1, ensure_ascii=False))
 
     def body(run):
-        for key in ("em_ours", "em_harness", "em_difference", "same_answer", "same_em", "seconds_ours",
+        for key in ("em_ours", "em_harness", "em_difference", "same_answer", "same_em", "same_prompt", "seconds_ours",
                     "seconds_harness"):
             run.metric(f"bench.fewshot_vs_harness.{key}", result[key], dataset=datasets[0], split=args.split)
     config = {"model": args.model, "shots": args.shots, "split": args.split, "limit": args.limit, "home": args.home}

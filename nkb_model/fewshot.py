@@ -11,12 +11,19 @@ INSTRUCTION = "Answer these questions:\n\n"
 STOPS = ("\n", ".", ",")  # where the answer ends, as the harness's nq_open cuts it
 
 
-def pick_shots(questions: list[str], answers: list[list[str]], k: int, seed: int) -> list[tuple[str, str]]:
-    """K (question, first answer) examples drawn without replacement with a fixed seed; the same K for every
-    question asked, so that a run is reproducible and its prompts share one prefix."""
+def draw_shots(questions: list[str], answers: list[list[str]], k: int, seed: int, asked: int,
+               per_question: bool = True) -> list[list[tuple[str, str]]]:
+    """The K (question, first answer) examples each of `asked` questions is asked after, in order. per_question:
+    each question its own draw without replacement, from one generator seeded with `seed` (lm-evaluation-harness's
+    default few-shot sampler: `random.Random(seed).sample` per document, in document order): shots shared by every
+    prompt let a model copy one of their answers everywhere, which moves EM with the one draw. Otherwise the first
+    draw for every question (prompts then share one prefix)."""
     if k > len(questions):
         raise ValueError(f"{k} shots asked for but the examples' split has {len(questions)} questions")
-    return [(questions[i], answers[i][0]) for i in random.Random(seed).sample(range(len(questions)), k)]
+    rnd = random.Random(seed)
+    draws = [rnd.sample(range(len(questions)), k) for _ in range(asked if per_question else min(asked, 1))]
+    shots = [[(questions[i], answers[i][0]) for i in draw] for draw in draws]
+    return shots if per_question else shots * asked
 
 
 def _line(question: str) -> str:

@@ -106,7 +106,11 @@ AskedShots = Annotated[int, Field(ge=0, description=(
     "Ask the questions few-shot, as evaluate's `shots` asks a decoder-only LM that was not fine-tuned: each after "
     "this many solved questions of its dataset's train split, the answer the words after `A:`. 0: the question "
     "alone, as the model was fine-tuned on it."))]
-ShotsSeed = Annotated[int, Field(description="Seed that draws the few-shot examples (the same for every question).")]
+ShotsSeed = Annotated[int, Field(description="Seed that draws the few-shot examples.")]
+ShotsDrawn = Annotated[Literal["per_question", "once"], Field(description=(
+    "per_question: each question its own draw of examples (lm-evaluation-harness's default sampler, the same draws "
+    "for the same seed): shots shared by every prompt let a model copy one answer everywhere, and EM then moves with "
+    "that one draw (docs/decisions.md); once: one draw for every question."))]
 
 
 class StageConfig(BaseModel):
@@ -121,6 +125,8 @@ class StageConfig(BaseModel):
         """The fields that decide what the stage produces: the config part of its inputs fingerprint."""
         unchanged = {f for f in self.later_settings
                      if getattr(self, f) == type(self).model_fields[f].get_default(call_default_factory=True)}
+        if getattr(self, "shots", None) == 0:
+            unchanged.add("shots_drawn")  # nothing is drawn: a zero-shot run's fingerprint stays what it was
         return self.model_dump(exclude=set(self.volatile) | unchanged)
 
 
@@ -464,6 +470,7 @@ class EvaluateConfig(ModelStageConfig):
         "written, up to a full stop or comma. Results go under the name `MODEL.Kshot`. 0: the question alone, as "
         "a fine-tuned model is asked."))
     shots_seed: ShotsSeed = 0
+    shots_drawn: ShotsDrawn = "per_question"
 
 
 @dataclass(frozen=True)
@@ -534,6 +541,7 @@ class AnalyzeConfig(ModelStageConfig):
                                                    "(none without it).")
     shots: AskedShots = 0
     shots_seed: ShotsSeed = 0
+    shots_drawn: ShotsDrawn = "per_question"
 
 
 # Relative edit strengths (an edit s times as long as the residual stream at the step edited): from no effect to
@@ -572,6 +580,7 @@ class SurgeryConfig(SlotEditConfig):
     seed: int = Field(0, description="Seed for choosing the questions.")
     shots: AskedShots = 0
     shots_seed: ShotsSeed = 0
+    shots_drawn: ShotsDrawn = "per_question"
 
 
 class EditConfig(SlotEditConfig):

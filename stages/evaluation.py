@@ -119,7 +119,7 @@ def model_card_with(wh: Warehouse, info: dict, new_scores: dict) -> str:
 
 
 def fewshot_inputs(wh: Warehouse, examples, model, config: EvaluateConfig) -> list[str]:
-    """Each question's few-shot prompt: K solved questions of its own dataset's train split, drawn once."""
+    """Each question's few-shot prompt: K solved questions of its own dataset's train split (`shots_drawn`)."""
     from nkb_model.families import family
     if not family(model).decoder_only:
         raise ValueError(f"evaluate: shots is for decoder-only models; {config.model} is an encoder-decoder model, "

@@ -150,24 +150,22 @@ def qa_pair(question: str, answer: str | None, answer_format: str) -> tuple[str,
     return f"question: {question}", answer
 
 
-def dataset_shots(wh: Warehouse, datasets: list[str], k: int, seed: int) -> dict[str, list[tuple[str, str]]]:
-    """The K (question, answer) examples each dataset's questions are asked after, from its train split."""
-    from nkb_model.fewshot import pick_shots
-    pool = read_questions(wh, datasets, "train")
-    shots = {}
-    for dataset in datasets:
-        mine = pool.filter(pc.equal(pool.column("dataset"), dataset))
-        shots[dataset] = pick_shots(mine.column("question").to_pylist(), mine.column("answers").to_pylist(), k, seed)
-    return shots
-
-
-def fewshot_prompts(wh: Warehouse, questions: pa.Table, k: int, seed: int) -> list[str]:
-    """Each question after K solved questions of its own dataset's train split (drawn once with `seed`), as
-    decoder-only LMs are asked (`nkb_model.fewshot`)."""
-    from nkb_model.fewshot import fewshot_prompt
-    datasets = questions.column("dataset").to_pylist()
-    shots = dataset_shots(wh, sorted(set(datasets)), k, seed)
-    return [fewshot_prompt(shots[d], q) for d, q in zip(datasets, questions.column("question").to_pylist())]
+def fewshot_prompts(wh: Warehouse, questions: pa.Table, k: int, seed: int, per_question: bool = True) -> list[str]:
+    """Each question after K solved questions of its own dataset's train split, as decoder-only LMs are asked
+    (`nkb_model.fewshot`), drawn with `seed` for each question (or once for all). A question's draw is the one its
+    place in its whole split gets, so a subset of the split (surgery's, analysis's) is asked as evaluate asked it."""
+    from nkb_model.fewshot import draw_shots, fewshot_prompt
+    datasets, splits = questions.column("dataset").to_pylist(), questions.column("split").to_pylist()
+    pool = read_questions(wh, sorted(set(datasets)), "train")
+    shots_of = {}
+    for dataset, split in sorted(set(zip(datasets, splits))):
+        examples = pool.filter(pc.equal(pool.column("dataset"), dataset))
+        asked = read_questions(wh, [dataset], split).column("question_id").to_pylist()
+        draws = draw_shots(examples.column("question").to_pylist(), examples.column("answers").to_pylist(), k, seed,
+                           len(asked), per_question)
+        shots_of.update(zip(asked, draws))
+    return [fewshot_prompt(shots_of[i], q) for i, q in zip(questions.column("question_id").to_pylist(),
+                                                             questions.column("question").to_pylist())]
 
 
 def answer_frame(tokenizer, answer_format: str) -> tuple[list[int], int]:

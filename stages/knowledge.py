@@ -39,11 +39,11 @@ def _retrieved_span_partitions(wh: Warehouse) -> list[tuple[str, str]]:
     return [(n, f) for n, f in wh.lineage("salient_spans") if ".pretraining-" not in n]
 
 
-def _model_texts(wh: Warehouse, questions, info: dict, shots: int = 0, shots_seed: int = 0) -> list[str]:
-    """Model inputs of the questions: each after `shots` solved ones (a decoder-only LM asked few-shot), else in the
-    format the model was fine-tuned on."""
-    if shots:
-        return fewshot_prompts(wh, questions, shots, shots_seed)
+def _model_texts(wh: Warehouse, questions, info: dict, asked=None) -> list[str]:
+    """Model inputs of the questions: each after solved ones as `asked` (a config's shots, shots_seed and
+    shots_drawn: a decoder-only LM asked few-shot) says, else in the format the model was fine-tuned on."""
+    if asked is not None and asked.shots:
+        return fewshot_prompts(wh, questions, asked.shots, asked.shots_seed, asked.shots_drawn == "per_question")
     return [qa_pair(q, None, info.get("answer_format", "plain"))[0] for q in questions.column("question").to_pylist()]
 
 
@@ -69,7 +69,7 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
         layers = config.layers or (list(mounted_layers(model)) if config.kind == "nkb" else ["decoder.-1"])
         spans = wh.read("salient_spans", ["text", "label"], partitions=[n for n, _ in span_parts])
         lexicon = analysis.SpanLexicon(spans.column("text").to_pylist(), spans.column("label").to_pylist())
-        texts = _model_texts(wh, questions, info, config.shots, config.shots_seed)
+        texts = _model_texts(wh, questions, info, config)
         qids = questions.column("question_id").to_pylist()
         values_out: dict[str, list] = {}
         keys_out: dict[str, list] = {}
@@ -153,19 +153,19 @@ def _category_plot(shares: dict[str, float], title: str, path: Path) -> None:
 
 # ---- surgery -------------------------------------------------------------------------------------
 
-def _site(wh: Warehouse, config: SlotEditConfig, model, tokenizer, info: dict, shots: int = 0, shots_seed: int = 0):
+def _site(wh: Warehouse, config: SlotEditConfig, model, tokenizer, info: dict, asked=None):
     """Where a surgery or an edit goes: the configured block (default the last decoder NKB), the decoder ids before
     the model's answers, and for slot=specific each slot's usual activation on the reference questions (asked
-    few-shot with `shots`: their answers end with the line, not with EOS)."""
+    few-shot as `asked` says: their answers end with the line, not with EOS)."""
     from nkb_model import slot_edits
     layer = config.layer or slot_edits.default_layer(model)
     prefix, end = answer_frame(tokenizer, info.get("answer_format", "plain"))
-    end = None if shots else end
+    end = None if asked is not None and asked.shots else end
     typical = None
     if config.slot == "specific":
         reference = read_questions(wh, None, config.reference)
         answers = [a[0] for a in reference.column("answers").to_pylist()]
-        texts = _model_texts(wh, reference, info, shots, shots_seed)
+        texts = _model_texts(wh, reference, info, asked)
         typical = slot_edits.slot_profile(model, tokenizer, texts, answers, layer, prefix, end)
     return slot_edits.Site(layer, tuple(prefix), typical)
 
@@ -191,9 +191,9 @@ def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageR
         started = time.perf_counter()
         model, tokenizer, info = source.load(device)
         gold = [a[0] for a in questions.column("answers").to_pylist()]
-        texts = _model_texts(wh, questions, info, config.shots, config.shots_seed)
+        texts = _model_texts(wh, questions, info, config)
         with device.autocast():
-            site = _site(wh, config, model, tokenizer, info, config.shots, config.shots_seed)
+            site = _site(wh, config, model, tokenizer, info, config)
             rows, wrong = slot_edits.sweep(model, tokenizer, texts, gold, site, grid,
                                            config.questions, config.others, config.seed, absolute)
         qids = questions.column("question_id").to_pylist()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from nkb_model.fewshot import answer_of, fewshot_prompt, pick_shots
+from nkb_model.fewshot import answer_of, draw_shots, fewshot_prompt
 
 QUESTIONS = [f"question {i}" for i in range(10)]
 ANSWERS = [[f"answer {i}", f"other {i}"] for i in range(10)]
@@ -18,13 +18,25 @@ def test_the_prompt_is_the_harness_nq_open_one():
     assert fewshot_prompt([], "who wrote hamlet") == "Answer these questions:\n\nQ: who wrote hamlet?\nA:"
 
 
-def test_shots_are_distinct_first_answers_drawn_the_same_way_for_a_seed():
-    shots = pick_shots(QUESTIONS, ANSWERS, 4, seed=0)
-    assert shots == pick_shots(QUESTIONS, ANSWERS, 4, seed=0) != pick_shots(QUESTIONS, ANSWERS, 4, seed=1)
-    assert len({q for q, _ in shots}) == 4
-    assert all(a == f"answer {q.split()[1]}" for q, a in shots)
+def test_each_question_gets_its_own_draw_of_distinct_first_answers_the_same_for_a_seed():
+    drawn = draw_shots(QUESTIONS, ANSWERS, 4, seed=0, asked=6)
+    assert drawn == draw_shots(QUESTIONS, ANSWERS, 4, seed=0, asked=6) != draw_shots(QUESTIONS, ANSWERS, 4, 1, 6)
+    assert len(drawn) == 6 and len({tuple(s) for s in drawn}) > 1  # not one draw for all
+    assert all(len({q for q, _ in shots}) == 4 for shots in drawn)
+    assert all(a == f"answer {q.split()[1]}" for shots in drawn for q, a in shots)
+    assert draw_shots(QUESTIONS, ANSWERS, 4, seed=0, asked=3)[:3] == drawn[:3]  # a question's draw: its place
+    once = draw_shots(QUESTIONS, ANSWERS, 4, seed=0, asked=6, per_question=False)
+    assert once == [drawn[0]] * 6
     with pytest.raises(ValueError, match="11 shots asked for but the examples' split has 10 questions"):
-        pick_shots(QUESTIONS, ANSWERS, 11, seed=0)
+        draw_shots(QUESTIONS, ANSWERS, 11, seed=0, asked=1)
+
+
+def test_the_draws_are_lm_evaluation_harness_default_samplers():
+    samplers = pytest.importorskip("lm_eval.api.samplers")
+    docs = [{"question": q, "answer": a} for q, a in zip(QUESTIONS, ANSWERS)]
+    sampler = samplers.ContextSampler(docs, rnd=1234)  # the harness's default fewshot_random_seed
+    theirs = [[(d["question"], d["answer"][0]) for d in sampler.sample(3)] for _ in range(8)]
+    assert draw_shots(QUESTIONS, ANSWERS, 3, seed=1234, asked=8) == theirs
 
 
 @pytest.mark.parametrize("written, answer", [(" Paris\nQ: next", "Paris"), (" Paris, France.", "Paris"),

@@ -391,6 +391,11 @@ def test_analysis_and_surgery_ask_a_model_few_shot_as_its_rows_were_asked(world,
     prompts = fewshot_prompts(world, questions, 2, 0)
     assert all(p.startswith("Answer these questions:") and p.endswith(f"Q: {q.rstrip('?')}?\nA:")
                for p, q in zip(prompts, questions.column("question").to_pylist()))
+    assert len(set(p.rsplit("Q:", 1)[0] for p in prompts)) > 1  # each question its own examples
+    assert fewshot_prompts(world, questions.take([3, 1]), 2, 0) == [prompts[3], prompts[1]]  # a subset: as asked
+    once = fewshot_prompts(world, questions, 2, 0, per_question=False)
+    datasets = questions.column("dataset").to_pylist()
+    assert len(set(p.rsplit("Q:", 1)[0] for p in once)) == len(set(datasets))  # one draw per dataset
 
     result = knowledge.analyze(world, AnalyzeConfig(model="asked+nkb", shots=2))
     (layer,) = result.value["layers"]
