@@ -11,23 +11,31 @@ INSTRUCTION = "Answer these questions:\n\n"
 STOPS = ("\n", ".", ",")  # where the answer ends, as the harness's nq_open cuts it
 
 
-def draw_shots(questions: list[str], answers: list[list[str]], k: int, seed: int, asked: int,
-               per_question: bool = True) -> list[list[tuple[str, str]]]:
-    """The K (question, first answer) examples each of `asked` questions is asked after, in order. per_question:
-    each question its own draw without replacement, from one generator seeded with `seed` (lm-evaluation-harness's
-    default few-shot sampler: `random.Random(seed).sample` per document, in document order): shots shared by every
-    prompt let a model copy one of their answers everywhere, which moves EM with the one draw. Otherwise the first
-    draw for every question (prompts then share one prefix)."""
+def draw_shots(questions: list[str], answers: list[list[str]], k: int, seed: int,
+               asked: list[tuple[str, list[str]]], per_question: bool = True) -> list[list[tuple[str, str]]]:
+    """The K (question, first answer) examples each of the `asked` (question, answers) is asked after, in order.
+    per_question: each question its own draw, from one generator seeded with `seed`, as lm-evaluation-harness's
+    default sampler draws for nq_open (`random.Random(seed).sample` of K + 1 examples per question, in order, less
+    the question itself, then the first K): shots shared by every prompt let a model copy one of their answers
+    everywhere, which moves EM with the one draw. Otherwise the first draw for every question."""
     if k > len(questions):
         raise ValueError(f"{k} shots asked for but the examples' split has {len(questions)} questions")
     rnd = random.Random(seed)
-    draws = [rnd.sample(range(len(questions)), k) for _ in range(asked if per_question else min(asked, 1))]
-    shots = [[(questions[i], answers[i][0]) for i in draw] for draw in draws]
-    return shots if per_question else shots * asked
+    shots = []
+    for question, golds in asked if per_question else asked[:1]:
+        drawn = rnd.sample(range(len(questions)), min(k + 1, len(questions)))
+        itself = _plain(question), golds
+        shots.append([(questions[i], answers[i][0]) for i in drawn
+                      if (_plain(questions[i]), answers[i]) != itself][:k])
+    return shots if per_question else shots * len(asked)
+
+
+def _plain(question: str) -> str:
+    return question.strip().rstrip("?").strip()
 
 
 def _line(question: str) -> str:
-    return f"Q: {question.strip().rstrip('?').strip()}?\nA:"
+    return f"Q: {_plain(question)}?\nA:"
 
 
 def fewshot_prompt(shots: list[tuple[str, str]], question: str) -> str:

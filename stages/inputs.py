@@ -160,10 +160,11 @@ def fewshot_prompts(wh: Warehouse, questions: pa.Table, k: int, seed: int, per_q
     shots_of = {}
     for dataset, split in sorted(set(zip(datasets, splits))):
         examples = pool.filter(pc.equal(pool.column("dataset"), dataset))
-        asked = read_questions(wh, [dataset], split).column("question_id").to_pylist()
+        mine = read_questions(wh, [dataset], split)
+        asked = list(zip(mine.column("question").to_pylist(), mine.column("answers").to_pylist()))
         draws = draw_shots(examples.column("question").to_pylist(), examples.column("answers").to_pylist(), k, seed,
-                           len(asked), per_question)
-        shots_of.update(zip(asked, draws))
+                           asked, per_question)
+        shots_of.update(zip(mine.column("question_id").to_pylist(), draws))
     return [fewshot_prompt(shots_of[i], q) for i, q in zip(questions.column("question_id").to_pylist(),
                                                              questions.column("question").to_pylist())]
 
