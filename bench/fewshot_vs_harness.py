@@ -69,6 +69,7 @@ def main(argv=None) -> int:
     import pyarrow.compute as pc
 
     from nkb_model.checkpoint import load_model
+    from nkb_model.fewshot import plain_question
     from stages.configs import EvaluateConfig
     from stages.evaluation import evaluate
     from stages.inputs import fewshot_prompts, read_questions
@@ -98,7 +99,7 @@ def main(argv=None) -> int:
     # NQ-open's questions carry no question mark (the harness's template adds one); a sample-world question that
     # does is given without it, so that both prompts end `…?` once, as ours does.
     def rows(table):
-        return [{"question": q.strip().rstrip("?").strip(), "answer": a}
+        return [{"question": plain_question(q), "answer": a}
                 for q, a in zip(table.column("question").to_pylist(), table.column("answers").to_pylist())]
     questions, train = rows(asked), rows(read_questions(wh, datasets, "train"))
     started = time.perf_counter()

@@ -24,18 +24,18 @@ def draw_shots(questions: list[str], answers: list[list[str]], k: int, seed: int
     shots = []
     for question, golds in asked if per_question else asked[:1]:
         drawn = rnd.sample(range(len(questions)), min(k + 1, len(questions)))
-        itself = _plain(question), golds
+        itself = plain_question(question), golds
         shots.append([(questions[i], answers[i][0]) for i in drawn
-                      if (_plain(questions[i]), answers[i]) != itself][:k])
+                      if (plain_question(questions[i]), answers[i]) != itself][:k])
     return shots if per_question else shots * len(asked)
 
 
-def _plain(question: str) -> str:
+def plain_question(question: str) -> str:
     return question.strip().rstrip("?").strip()
 
 
 def _line(question: str) -> str:
-    return f"Q: {_plain(question)}?\nA:"
+    return f"Q: {plain_question(question)}?\nA:"
 
 
 def fewshot_prompt(shots: list[tuple[str, str]], question: str) -> str:
