@@ -31,6 +31,7 @@ def draw_shots(questions: list[str], answers: list[list[str]], k: int, seed: int
 
 
 def plain_question(question: str) -> str:
+    """A question as the nq_open prompt holds it: without its question mark (the template adds one)."""
     return question.strip().rstrip("?").strip()
 
 
