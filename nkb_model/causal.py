@@ -5,9 +5,8 @@ continues it, so a pair becomes `start prompt target eos` with the loss on `targ
 masking's pair is (the segment's text before the span, the span), recalled from what precedes it; a question's
 is (`Question: … Answer:`, the answer), which ends with EOS: greedy decoding stops there. A span has no EOS
 after it (the text goes on), so a cloze probe's prompt is the text before the answer and its continuation is
-scored on as many words as the answer has (`probe_fill`). The start token is the tokenizer's BOS, or its EOS where it has none
-(GPT-2's `<|endoftext|>` is both; packed pretraining text separates documents with EOS, so a sequence that
-starts after one reads as a new document).
+scored on as many words as the answer has (`probe_fill`). A sequence starts as the model's own tokenizer starts a
+text (`start_ids`), which is how lm-evaluation-harness and transformers' pipelines feed it.
 
 A target is tokenized as it is in running text, after the prompt (a GPT-2 BPE token carries its leading space):
 the pair is tokenized whole and split where the prompt's own tokens end. Prompts are cut from the left (the
@@ -21,8 +20,15 @@ import torch
 
 
 def start_ids(tokenizer) -> list[int]:
-    first = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    return [first]
+    """The tokens a text starts with: those its tokenizer puts before a text itself (a Llama-2 or Llama-3 tokenizer's
+    BOS); none where the tokenizer has a BOS but does not add it (SmolLM2's `<|im_start|>` opens a chat turn, GPT-2's
+    `<|endoftext|>` ends a document: neither model reads it before a plain text); EOS where it has no BOS at all (the
+    bases built here, whose packed pretraining text starts each document after an EOS)."""
+    if tokenizer.bos_token_id is None:
+        return [tokenizer.eos_token_id]
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    marked = tokenizer("a")["input_ids"]
+    return next((marked[:k] for k in range(len(marked) - len(plain) + 1) if marked[k:k + len(plain)] == plain), [])
 
 
 def _joined(prompt: str, target: str) -> str:
@@ -32,8 +38,12 @@ def _joined(prompt: str, target: str) -> str:
 def encode_pairs(tokenizer, prompts: list[str], targets: list[str], max_prompt_len: int = 512,
                  max_target_len: int = 64, eos: bool = True) -> list[tuple[list[int], list[int]]]:
     """(start + prompt ids, target ids + eos) for each pair. `eos`: whether the target ends with EOS: an answer does
-    (the model learns to stop after it), a masked span does not (the text goes on after it)."""
+    (the model learns to stop after it), a masked span does not (the text goes on after it). A target with nothing
+    before it (a span that opens its segment) under a tokenizer that adds no start keeps its first token as the
+    prompt, as a text's first token is never predicted: the pair is still a prefix of its segment's tokens (which the
+    segment cache holds)."""
     plain = dict(add_special_tokens=False)
+    start = start_ids(tokenizer)
     prompt_ids = tokenizer([p.rstrip() for p in prompts], **plain)["input_ids"] if prompts else []
     whole = tokenizer([_joined(p.rstrip(), t.strip()) for p, t in zip(prompts, targets)], **plain)["input_ids"] \
         if prompts else []
@@ -44,7 +54,10 @@ def encode_pairs(tokenizer, prompts: list[str], targets: list[str], max_prompt_l
         else:  # the prompt's last token merged with the target's first: tokenize the target alone
             t = tokenizer(target.strip(), **plain)["input_ids"]
         end = [tokenizer.eos_token_id] if eos else []
-        pairs.append((start_ids(tokenizer) + _last(p, max_prompt_len - 1), t[:max_target_len - len(end)] + end))
+        prompt = start + _last(p, max_prompt_len - len(start))
+        if not prompt and len(t) > 1:
+            prompt, t = t[:1], t[1:]
+        pairs.append((prompt or [tokenizer.eos_token_id], t[:max_target_len - len(end)] + end))
     return pairs
 
 
@@ -53,9 +66,12 @@ def _last(ids: list[int], n: int) -> list[int]:
 
 
 def encode_prompts(tokenizer, prompts: list[str], max_prompt_len: int | None = None) -> list[list[int]]:
-    """start + prompt ids, cut from the left to `max_prompt_len` tokens."""
+    """start + prompt ids, cut from the left to `max_prompt_len` tokens; an empty prompt is EOS alone where the
+    tokenizer adds no start (a model continues something; the harness does the same)."""
     ids = tokenizer([p.rstrip() for p in prompts], add_special_tokens=False)["input_ids"]
-    return [start_ids(tokenizer) + (_last(i, max_prompt_len - 1) if max_prompt_len else i) for i in ids]
+    start = start_ids(tokenizer)
+    kept = [start + (_last(i, max_prompt_len - len(start)) if max_prompt_len else i) for i in ids]
+    return [k or [tokenizer.eos_token_id] for k in kept]
 
 
 def pad_causal(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:

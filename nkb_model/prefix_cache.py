@@ -143,14 +143,15 @@ class CachedBatches:
 
 
 class SegmentCache:
-    """For each segment: its token ids (the start token, then the text as running text) and the hidden states
+    """For each segment: its token ids (its start, `start_ids`, then the text as running text) and the hidden states
     entering block `k` at each of them, computed once, in batches of similar length, kept on the CPU in fp32."""
 
     def __init__(self, model: nn.Module, tokenizer, texts: list[str], k: int, device: Device,
                  batch_size: int = 16, max_len: int = 512, progress: Callable[[int], None] | None = None):
         self.k, self.device = k, device
         plain = tokenizer(texts, add_special_tokens=False)["input_ids"]
-        self.ids = [(start_ids(tokenizer) + ids)[:max_len] for ids in plain]
+        start = start_ids(tokenizer)
+        self.ids = [(start + ids)[:max_len] for ids in plain]
         self.states: list[torch.Tensor | None] = [None] * len(texts)
         order = sorted(range(len(texts)), key=lambda i: len(self.ids[i]))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

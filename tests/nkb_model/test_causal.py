@@ -4,7 +4,7 @@ with the loss on the target, answers that stop, probes, the held-out loss, and r
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from corpus.ssm import ssm_examples
@@ -12,7 +12,7 @@ from nkb_model import slot_edits
 from nkb_model.analysis import first_step_weights
 from nkb_model.base_model import new_causal, train_tokenizer
 from nkb_model.batches import PairBatches
-from nkb_model.causal import cloze_prefix, encode_pairs, pad_causal, probe_fill
+from nkb_model.causal import cloze_prefix, encode_pairs, encode_prompts, pad_causal, probe_fill, start_ids
 from nkb_model.checks import heldout_loss, probe
 from nkb_model.decoding import generate, teacher_forced
 from nkb_model.nkb import NKBConfig, mount_nkb, mounted_layers
@@ -63,8 +63,36 @@ def test_a_target_is_tokenized_as_it_is_in_running_text():
     (prompt, target), = encode_pairs(bpe, ["Person 3 was born in"], ["city 3"], eos=False)
     alone = bpe("city 3", add_special_tokens=False)["input_ids"]
     in_text = bpe("Person 3 was born in city 3", add_special_tokens=False)["input_ids"]
-    assert target != alone and prompt[1:] + target == in_text  # "Ġcity", as the model reads it after "in"
+    assert target != alone and prompt + target == in_text  # "Ġcity", as the model reads it after "in"
     assert bpe.convert_ids_to_tokens(target)[0].startswith("Ġ")
+
+
+def with_bos_added(bpe):
+    """A Llama-style tokenizer: the same vocabulary, with a BOS of its own that it puts before every text."""
+    inner = bpe.backend_tokenizer
+    inner.add_special_tokens(["<s>"])
+    inner.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", inner.token_to_id("<s>"))])
+    return PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<s>", eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>")
+
+
+def test_a_text_starts_as_its_own_tokenizer_starts_it(tokenizer):
+    """What the harness and transformers' pipelines feed a model: the BOS a Llama tokenizer adds; nothing where a BOS
+    exists but is not added (GPT-2, SmolLM2); EOS for the bases built here (no BOS: documents follow an EOS)."""
+    gpt2_like, llama_like = byte_level_bpe(), with_bos_added(byte_level_bpe())
+    assert start_ids(tokenizer) == [tokenizer.eos_token_id]
+    assert start_ids(gpt2_like) == []
+    assert start_ids(llama_like) == [llama_like.bos_token_id]
+    for bpe in (gpt2_like, llama_like):
+        text = "Q: where was Person 3 born?\nA:"
+        assert encode_prompts(bpe, [text]) == [bpe(text)["input_ids"]]  # the tokenizer's own encoding
+    assert encode_prompts(gpt2_like, [""]) == [[gpt2_like.eos_token_id]]  # something to continue
+    assert encode_prompts(llama_like, [""]) == [[llama_like.bos_token_id]]
+    # a span that opens its segment, with no start: its first token is the prompt, the pair a prefix of the text
+    (prompt, target), = encode_pairs(gpt2_like, [""], ["Person 3 was born"], eos=False)
+    assert prompt + target == gpt2_like("Person 3 was born")["input_ids"] and len(prompt) == 1
+    (prompt, target), = encode_pairs(llama_like, [""], ["Person 3 was born"], eos=False)
+    assert prompt == [llama_like.bos_token_id] and prompt + target == llama_like("Person 3 was born")["input_ids"]
 
 
 def test_causal_ssm_examples_recall_the_span_from_the_text_before_it():
