@@ -4,8 +4,8 @@ Our side is the evaluate stage itself (`shots: K`, each question its own draw of
 The harness (`lm-eval`, a dev dependency) runs its own `nq_open` task, as installed, pointed at local files: its
 prompt, stop strings, answer filter, exact-match settings and default few-shot sampler are the task's own; only the
 data source changes (the warehouse's train and asked questions, in the order our stage reads them) and its few-shot
-seed is our `shots_seed`, so that both draw the same examples for every question (the prompts are compared one by
-one). The model is the same object in memory (the harness's `HFLM` wraps it), NKB slots included.
+seed is our `shots_seed`, so that both draw the same examples for every question (the prompts, and their tokens as
+each side encodes them, are compared one by one). The model is the same object in memory (the harness's `HFLM` wraps it), NKB slots included.
 
     python -m bench.fewshot_vs_harness --home WAREHOUSE --model base+nkb [--shots 5] [--split validation] [--limit 200]
 
@@ -38,7 +38,7 @@ def harness_task(folder: Path, name: str, train: list[dict], questions: list[dic
 
 def harness_em(model, tokenizer, train: list[dict], questions: list[dict], shots: int, seed: int,
                batch_size: int) -> dict:
-    """The harness's per-question exact match, answer and prompt."""
+    """The harness's per-question exact match, answer, prompt and the prompt's tokens as the harness encodes it."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -51,7 +51,8 @@ def harness_em(model, tokenizer, train: list[dict], questions: list[dict], shots
     samples = sorted(out["samples"]["nkb_nq_open"], key=lambda s: s["doc_id"])
     return {"em": [float(s["exact_match"]) for s in samples],
             "answers": [s["filtered_resps"][0] for s in samples],
-            "prompts": [s["arguments"][0][0] for s in samples]}
+            "prompts": [s["arguments"][0][0] for s in samples],
+            "tokens": [lm.tok_encode(s["arguments"][0][0]) for s in samples]}
 
 
 def main(argv=None) -> int:
@@ -68,6 +69,7 @@ def main(argv=None) -> int:
 
     import pyarrow.compute as pc
 
+    from nkb_model.causal import encode_prompts
     from nkb_model.checkpoint import load_model
     from nkb_model.fewshot import plain_question
     from stages.configs import EvaluateConfig
@@ -114,7 +116,9 @@ def main(argv=None) -> int:
               "em_harness": round(100 * sum(theirs["em"]) / len(theirs["em"]), 2),
               "same_answer": sum(a.strip() == b.strip() for a, b in zip(answers, theirs["answers"])),
               "same_em": len(mine) - len(differ),
-              "same_prompt": sum(a == b for a, b in zip(prompts, theirs["prompts"])), "seconds_ours": round(ours_s, 1),
+              "same_prompt": sum(a == b for a, b in zip(prompts, theirs["prompts"])),
+              "same_tokens": sum(a == b for a, b in zip(encode_prompts(tokenizer, prompts), theirs["tokens"])),
+              "seconds_ours": round(ours_s, 1),
               "seconds_harness": round(theirs_s, 1),
               "disagreements": [{"question": questions[i]["question"], "ours": answers[i],
                                  "harness": theirs["answers"][i], "gold": questions[i]["answer"]}
@@ -124,8 +128,8 @@ def main(argv=None) -> int:
     print(json.dumps(result, indent=1, ensure_ascii=False))
 
     def body(run):
-        for key in ("em_ours", "em_harness", "em_difference", "same_answer", "same_em", "same_prompt", "seconds_ours",
-                    "seconds_harness"):
+        for key in ("em_ours", "em_harness", "em_difference", "same_answer", "same_em", "same_prompt", "same_tokens",
+                    "seconds_ours", "seconds_harness"):
             run.metric(f"bench.fewshot_vs_harness.{key}", result[key], dataset=datasets[0], split=args.split)
     config = {"model": args.model, "shots": args.shots, "split": args.split, "limit": args.limit, "home": args.home}
     run_stage(Warehouse(args.results), "bench-fewshot", config, "bench", body, force=True)

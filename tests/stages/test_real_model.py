@@ -92,8 +92,7 @@ def test_smollm2_is_injected_cached_as_uncached_asked_few_shot_and_exported_with
     prompts = fewshot_inputs(wh, questions, stock, EvaluateConfig(model="base+nkb", shots=2))
     assert len(prompts) == len(predicted) and result.status == "success"
     for prompt, row in zip(prompts, predicted):
-        ids = [tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id]
-        ids += tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(prompt)["input_ids"]  # as a stock user (and the harness) encodes a prompt
         out = stock.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
                              pad_token_id=tokenizer.pad_token_id)
         assert answer_of(tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)) == row["prediction"]
