@@ -104,8 +104,9 @@ DaskAddress = Annotated[Optional[str], Field(
 Seed = Annotated[int, Field(description="Seed for initialisation, data order and masking.")]
 AskedShots = Annotated[int, Field(ge=0, description=(
     "Ask the questions few-shot, as evaluate's `shots` asks a decoder-only LM that was not fine-tuned: each after "
-    "this many solved questions of its dataset's train split, the answer the words after `A:`. 0: the question "
-    "alone, as the model was fine-tuned on it."))]
+    "this many solved questions of its dataset's train split, the answer the words after `A:`. 0: a model fine-tuned "
+    "on questions gets the question alone, as it was fine-tuned on it; a decoder-only LM never fine-tuned gets the "
+    "prompt with no examples (lm-evaluation-harness's zero-shot)."))]
 ShotsSeed = Annotated[int, Field(description="Seed that draws the few-shot examples.")]
 ShotsDrawn = Annotated[Literal["per_question", "once"], Field(description=(
     "per_question: each question its own draw of examples (lm-evaluation-harness's default sampler, the same draws "
@@ -467,8 +468,9 @@ class EvaluateConfig(ModelStageConfig):
     shots: int = Field(0, ge=0, description=(
         "Few-shot QA, as decoder-only LMs are evaluated (no fine-tuning): each prompt holds this many solved questions of "
         "the dataset's train split (lm-evaluation-harness's nq_open prompt), and the answer is the first line "
-        "written, up to a full stop or comma. Results go under the name `MODEL.Kshot`. 0: the question alone, as "
-        "a fine-tuned model is asked."))
+        "written, up to a full stop or comma. Results go under the name `MODEL.Kshot`. 0: a model fine-tuned on "
+        "questions gets the question alone, as it was fine-tuned on it; a decoder-only LM never fine-tuned gets the "
+        "prompt with no examples (the harness's zero-shot), under its own name."))
     shots_seed: ShotsSeed = 0
     shots_drawn: ShotsDrawn = "per_question"
 

@@ -8,7 +8,7 @@ import time
 
 from stages.configs import EvaluateConfig
 from stages.inputs import (fewshot_prompts, gen_examples, gen_inputs, gen_lineage, qa_inputs, questions_lineage,
-                           read_questions, retrievals_lineage)
+                           asked_in_prompt, read_questions, retrieval_mode, retrievals_lineage)
 from stages.models import model_lineage, source_model
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, run_stage
 
@@ -33,7 +33,7 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
         examples = read_questions(wh, config.datasets, config.split)
         groups = sorted(set(examples.column("dataset").to_pylist()))
         lineage = questions_lineage(wh, groups, config.split)
-        if source.info.get("knowledge", "none") != "none":
+        if retrieval_mode(source.info) != "none":
             lineage += retrievals_lineage(wh, groups)
         if config.shots:
             lineage += questions_lineage(wh, groups, "train")
@@ -71,20 +71,22 @@ def model_outputs(wh: Warehouse, examples, model, tokenizer, info: dict, config:
     from nkb_model.decoding import generate
     from nkb_model.fewshot import answer_of
     texts, knowledge_ids = evaluation_inputs(wh, examples, model, tokenizer, info, config, task)
+    prompted = not task and asked_in_prompt(info, config.shots)
     outputs = generate(model, tokenizer, texts, device, config.batch_size,
-                       None if config.shots else info.get("max_input_len", 256),
+                       None if prompted else info.get("max_input_len", 256),
                        config.max_new_tokens or (64 if task else 24), config.num_beams or (4 if task else 1),
                        knowledge_ids)
-    return [answer_of(o) for o in outputs] if config.shots else outputs
+    return [answer_of(o) for o in outputs] if prompted else outputs
 
 
 def evaluation_inputs(wh: Warehouse, examples, model, tokenizer, info: dict, config: EvaluateConfig,
                       task: str | None) -> tuple[list[str], object]:
     """(the texts the model is given, Kformer's documents or None): a generation task's sources, each question's
-    few-shot prompt, or the questions as the model was fine-tuned on them (with their retrieved documents)."""
+    few-shot prompt (zero-shot for a decoder-only model never fine-tuned: `asked_in_prompt`), or the questions as the
+    model was fine-tuned on them (with their retrieved documents)."""
     if task:
         return gen_inputs(examples), None
-    if config.shots:
+    if asked_in_prompt(info, config.shots):
         return fewshot_inputs(wh, examples, model, config), None
     return qa_inputs(wh, examples, tokenizer, info)
 

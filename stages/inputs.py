@@ -150,6 +150,15 @@ def qa_pair(question: str, answer: str | None, answer_format: str) -> tuple[str,
     return f"question: {question}", answer
 
 
+def asked_in_prompt(info: dict, shots: int) -> bool:
+    """Whether a model is asked in lm-evaluation-harness's prompt, after `shots` solved questions (none at 0): when
+    asked few-shot, and when it is a decoder-only model never fine-tuned on questions (no `answer_format`), which has
+    no form of its own to be asked in: the harness's zero-shot."""
+    from nkb_model.families import family_of_arch
+    never_fine_tuned = "answer_format" not in info and not info.get("task")
+    return shots > 0 or (never_fine_tuned and "arch" in info and family_of_arch(info["arch"]).decoder_only)
+
+
 def fewshot_prompts(wh: Warehouse, questions: pa.Table, k: int, seed: int, per_question: bool = True) -> list[str]:
     """Each question after K solved questions of its own dataset's train split, as decoder-only LMs are asked
     (`nkb_model.fewshot`), drawn with `seed` for each question (or once for all). A question's draw is the one its
@@ -192,11 +201,18 @@ def retrieved_documents(wh: Warehouse, question_ids: list[str], docs: int | None
     return [[text for _, text in sorted(by_question.get(q, []))] for q in question_ids]
 
 
+def retrieval_mode(info: dict) -> str:
+    """How a model reads retrieved documents beside a question: none, concat or kformer (fine-tuning's `knowledge`).
+    Models injected before their knowledge's digest had a key of its own held the digest under this one: none."""
+    mode = info.get("knowledge", "none")
+    return mode if mode in ("concat", "kformer") else "none"
+
+
 def qa_inputs(wh: Warehouse, questions: pa.Table, tokenizer, info: dict):
     """Model inputs for `questions` the way the model was fine-tuned (`info`): the texts, and for Kformer the
     documents' token ids. Concat appends the documents after the question, so truncation cuts documents."""
     texts = [qa_pair(q, None, info.get("answer_format", "plain"))[0] for q in questions.column("question").to_pylist()]
-    mode = info.get("knowledge", "none")
+    mode = retrieval_mode(info)
     if mode == "none":
         return texts, None
     ranked = mode == "kformer" and info.get("kformer_rank", False)

@@ -14,7 +14,7 @@ import numpy as np
 from corpus.errors import InputFileError
 from corpus.files import iter_jsonl
 from stages.configs import AnalyzeConfig, EditConfig, SlotEditConfig, SurgeryConfig
-from stages.inputs import answer_frame, fewshot_prompts, qa_pair, read_questions
+from stages.inputs import answer_frame, asked_in_prompt, fewshot_prompts, qa_pair, read_questions
 from stages.models import model_dir, model_present, publish_model, source_model
 from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, run_stage
 
@@ -41,8 +41,9 @@ def _retrieved_span_partitions(wh: Warehouse) -> list[tuple[str, str]]:
 
 def _model_texts(wh: Warehouse, questions, info: dict, asked=None) -> list[str]:
     """Model inputs of the questions: each after solved ones as `asked` (a config's shots, shots_seed and
-    shots_drawn: a decoder-only LM asked few-shot) says, else in the format the model was fine-tuned on."""
-    if asked is not None and asked.shots:
+    shots_drawn: a decoder-only LM asked few-shot, or zero-shot: `asked_in_prompt`) says, else in the format the
+    model was fine-tuned on."""
+    if asked is not None and asked_in_prompt(info, asked.shots):
         return fewshot_prompts(wh, questions, asked.shots, asked.shots_seed, asked.shots_drawn == "per_question")
     return [qa_pair(q, None, info.get("answer_format", "plain"))[0] for q in questions.column("question").to_pylist()]
 
@@ -160,7 +161,7 @@ def _site(wh: Warehouse, config: SlotEditConfig, model, tokenizer, info: dict, a
     from nkb_model import slot_edits
     layer = config.layer or slot_edits.default_layer(model)
     prefix, end = answer_frame(tokenizer, info.get("answer_format", "plain"))
-    end = None if asked is not None and asked.shots else end
+    end = None if asked is not None and asked_in_prompt(info, asked.shots) else end
     typical = None
     if config.slot == "specific":
         reference = read_questions(wh, None, config.reference)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nkb_model.families import family_of_arch
-from stages.inputs import qa_pair
+from stages.inputs import qa_pair, retrieval_mode
 from warehouse import RunRecord, Warehouse, list_runs, run_metrics
 
 EXAMPLE_QUESTION = "who wrote the origin of species?"
@@ -46,7 +46,7 @@ def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool 
         lines += [f"Input `{text}`, output `{answer}`"
                   + (" (the answer between the two sentinels)" if "<extra_id_1>" in answer else "") + "."
                   + (f" The question is followed by its top {info.get('knowledge_docs')} retrieved documents "
-                     f"({info['knowledge']})." if info.get("knowledge", "none") != "none" else ""), ""]
+                     f"({info['knowledge']})." if retrieval_mode(info) != "none" else ""), ""]
     elif family_of_arch(arch).decoder_only:
         lines += ["Text continued, as in pretraining and injection: `The Origin of Species was written by` continued "
                   "by ` Charles Darwin`.", ""]

@@ -282,7 +282,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         info = {"name": name, "kind": config.variant, "arch": base.info.get("arch", "t5"),
                 "base_folder": relative_base(hf_dir(base.directory), target),
                 "base_model": config.base_model, "params": total, "params_injected": trainable,
-                "built_by": run.run_id, "final_loss": losses[-1][1], "knowledge": knowledge_digest,
+                "built_by": run.run_id, "final_loss": losses[-1][1], "knowledge_digest": knowledge_digest,
                 "started_from": previous.info["built_by"] if previous else None,
                 "layers": model.nkb_config.layers, "slots": model.nkb_config.slots}
         publish_model(run, target, lambda d: save_model(model, tokenizer, d, info, config.variant == "nkb-a"))
@@ -355,7 +355,8 @@ def previous_injection(wh: Warehouse, name: str, knowledge_digest: str) -> Sourc
         if run.status != "success" or not run.checkpoint or not model_present(run):
             continue
         candidate = model_at(Path(run.checkpoint))
-        if candidate.info.get("name") == name and candidate.info.get("knowledge") != knowledge_digest:
+        digest = candidate.info.get("knowledge_digest", candidate.info.get("knowledge"))  # the key's older name
+        if candidate.info.get("name") == name and digest != knowledge_digest:
             return candidate
     return None
 

@@ -161,7 +161,11 @@ def test_nkb_a_trains_everything(world):
 
 def test_inject_finetune_evaluate_end_to_end(world):
     training.pretrain_base_model(world, TINY)
-    training.inject(world, INJECT)
+    injected = training.inject(world, INJECT)
+    # the injected model asked as it is, before any fine-tuning: it reads no retrieved documents (its info's digest
+    # of the knowledge it holds is not a way of reading them)
+    assert load_model(injected.run.checkpoint)[2]["knowledge_digest"]
+    assert evaluation.evaluate(world, EvaluateConfig(model="base+nkb", max_new_tokens=4)).run.status == "success"
     tuned = training.finetune(world, FinetuneConfig(model="base+nkb", epochs=2, batch_size=16))
     assert tuned.run.config["lr"] == 1e-3  # a base pretrained here: the paper's rate
     result = evaluation.evaluate(world, EvaluateConfig(model="base+nkb.qa"))
@@ -581,6 +585,10 @@ def test_a_decoder_only_model_is_asked_few_shot_without_fine_tuning_and_reported
     metrics = run_metrics(world, result.run.run_id)
     assert {m["metric"] for m in metrics} == {"em"} and {m["dataset"] for m in metrics} == {r["dataset"] for r in rows}
     assert evaluation.evaluate(world, EvaluateConfig(model="llama", shots=2, max_new_tokens=6)).skipped
+    zero = evaluation.evaluate(world, EvaluateConfig(model="llama", max_new_tokens=6)).run  # never fine-tuned: 0-shot
+    assert zero.config["model_name"] == "llama" and zero.status == "success"
+    answers = [r["prediction"] for r in world.read("predictions", partitions=["llama.validation"]).to_pylist()]
+    assert len(answers) == len(rows) and not any(c in a for a in answers for c in "\n.,")  # the answer line
     assert not evaluation.evaluate(world, EvaluateConfig(model="llama", shots=2, shots_seed=1, max_new_tokens=6)).skipped
     training.pretrain_base_model(world, TINY)  # a T5 (skipped where an earlier test built it)
     with pytest.raises(ValueError, match="shots is for decoder-only models; base is an encoder-decoder"):

@@ -1,0 +1,29 @@
+"""How a model's saved info says it reads questions: pure logic of `stages.inputs`."""
+
+import pytest
+
+from stages.inputs import asked_in_prompt, retrieval_mode
+
+
+@pytest.mark.parametrize("info, mode", [
+    ({"knowledge": "kformer", "knowledge_docs": 3}, "kformer"),  # fine-tuned with its retrieved documents
+    ({"knowledge": "concat"}, "concat"),
+    ({"knowledge": "none"}, "none"),
+    ({"kind": "nkb", "knowledge_digest": "5fed0f7efd0e6f95fc84"}, "none"),  # injected, asked as it is
+    ({"kind": "nkb", "knowledge": "5fed0f7efd0e6f95fc84"}, "none"),  # injected before the digest had its own key
+    ({}, "none"),
+])
+def test_only_fine_tuning_s_ways_of_reading_documents_are_retrieval_modes(info, mode):
+    assert retrieval_mode(info) == mode
+
+
+@pytest.mark.parametrize("info, shots, prompted", [
+    ({"arch": "llama", "kind": "nkb"}, 0, True),  # never fine-tuned: the harness's zero-shot prompt
+    ({"arch": "llama", "kind": "base"}, 5, True),
+    ({"arch": "llama", "kind": "finetuned", "answer_format": "plain"}, 0, False),  # as it was fine-tuned
+    ({"arch": "llama", "kind": "finetuned", "answer_format": "plain"}, 2, True),
+    ({"arch": "t5", "kind": "nkb"}, 0, False),  # an encoder-decoder model is fine-tuned, then asked
+    ({"kind": "base"}, 0, False),  # nothing says it is decoder-only
+])
+def test_a_decoder_only_model_never_fine_tuned_is_asked_in_the_harness_prompt(info, shots, prompted):
+    assert asked_in_prompt(info, shots) == prompted
