@@ -9,8 +9,8 @@ each side encodes them, are compared one by one). The model is the same object i
 
     python -m bench.fewshot_vs_harness --home WAREHOUSE --model base+nkb [--shots 5] [--split validation] [--limit 200]
 
-Prints both EMs, the agreement question by question and the first disagreements, and records `metrics` rows in
-the benchmark warehouse (`bench/results/fewshot` unless --results).
+Prints both EMs, the agreement question by question and the first disagreements (of verdict, and of answer text),
+and records `metrics` rows in the benchmark warehouse (`bench/results/fewshot` unless --results).
 """
 
 from __future__ import annotations
@@ -123,6 +123,8 @@ def main(argv=None) -> int:
               "disagreements": [{"question": questions[i]["question"], "ours": answers[i],
                                  "harness": theirs["answers"][i], "gold": questions[i]["answer"]}
                                 for i in differ[:5]],
+              "other_answers": [{"ours": a, "harness": b} for a, b in zip(answers, theirs["answers"])
+                                if a.strip() != b.strip()][:5],
               "harness_prompt": theirs["prompts"][0]}
     result["em_difference"] = round(result["em_ours"] - result["em_harness"], 2)
     print(json.dumps(result, indent=1, ensure_ascii=False))
