@@ -5,7 +5,8 @@ The harness (`lm-eval`, a dev dependency) runs its own `nq_open` task, as instal
 prompt, stop strings, answer filter, exact-match settings and default few-shot sampler are the task's own; only the
 data source changes (the warehouse's train and asked questions, in the order our stage reads them) and its few-shot
 seed is our `shots_seed`, so that both draw the same examples for every question (the prompts, and their tokens as
-each side encodes them, are compared one by one). The model is the same object in memory (the harness's `HFLM` wraps it), NKB slots included.
+each side encodes them, are compared one by one). The model is the same object in memory (the harness's `HFLM`
+wraps it), NKB slots included.
 
     python -m bench.fewshot_vs_harness --home WAREHOUSE --model base+nkb [--shots 5] [--split validation] [--limit 200]
 

@@ -71,7 +71,8 @@ def with_bos_added(bpe):
     """A Llama-style tokenizer: the same vocabulary, with a BOS of its own that it puts before every text."""
     inner = bpe.backend_tokenizer
     inner.add_special_tokens(["<s>"])
-    inner.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", inner.token_to_id("<s>"))])
+    bos = inner.token_to_id("<s>")
+    inner.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
     return PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<s>", eos_token="<|endoftext|>",
                                    pad_token="<|endoftext|>")
 
