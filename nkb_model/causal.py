@@ -67,7 +67,7 @@ def _last(ids: list[int], n: int) -> list[int]:
 
 def encode_prompts(tokenizer, prompts: list[str], max_prompt_len: int | None = None) -> list[list[int]]:
     """start + prompt ids, cut from the left to `max_prompt_len` tokens; an empty prompt is EOS alone where the
-    tokenizer adds no start (a model continues something; the harness does the same)."""
+    tokenizer adds no start (a model needs something to continue)."""
     ids = tokenizer([p.rstrip() for p in prompts], add_special_tokens=False)["input_ids"]
     start = start_ids(tokenizer)
     kept = [start + (_last(i, max_prompt_len - len(start)) if max_prompt_len else i) for i in ids]
