@@ -64,16 +64,35 @@ def unrepeated_spans(spans: pa.Table, texts: dict[str, str]) -> pa.Table:
     return spans.filter(pa.array(keep, pa.bool_()))
 
 
+def cued_spans(spans: pa.Table) -> pa.Table:
+    """The spans that start after another salient span of their segment has ended.
+
+    A causal LM recalls a span from the text before it; a span with no entity or date before it (typically the
+    subject opening its sentence) has nothing to be recalled from, and learning it teaches a model to say the
+    corpus's names wherever an answer starts."""
+    ends: dict[str, int] = {}
+    for seg, end in zip(spans.column("segment_id").to_pylist(), spans.column("end_char").to_pylist()):
+        ends[seg] = min(end, ends.get(seg, end))
+    keep = [start >= ends[seg] for seg, start in
+            zip(spans.column("segment_id").to_pylist(), spans.column("start_char").to_pylist())]
+    return spans.filter(pa.array(keep, pa.bool_()))
+
+
 def ssm_examples(segments: pa.Table, spans: pa.Table, seed: int = 0, epoch: int = 0,
-                 skip_repeated: bool = False, decoder_only: bool = False, and_rest: bool = False) -> pa.Table:
+                 skip_repeated: bool = False, decoder_only: bool = False, and_rest: bool = False,
+                 cued: bool = False) -> pa.Table:
     """One SSM example per segment that has at least one (maskable) salient span (SSM_SCHEMA).
 
     skip_repeated: mask only spans whose text occurs once in the segment (see `unrepeated_spans`).
     decoder_only: examples for a decoder-only model (`recall_span`) instead of T5's (`mask_span`); with `and_rest`,
     its target runs on to the segment's end (`recall_span_and_rest`).
+    cued: mask only spans that follow another salient span of their segment (see `cued_spans`); the cue may be a
+    repeated span that `skip_repeated` leaves out.
     """
     texts = dict(zip(segments.column("segment_id").to_pylist(), segments.column("text").to_pylist()))
     spans = spans.select(["segment_id", "start_char", "end_char"])
+    if cued:
+        spans = cued_spans(spans)
     if skip_repeated:
         spans = unrepeated_spans(spans, texts)
     chosen = draw_spans(spans, seed, epoch)

@@ -330,7 +330,8 @@ def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: 
     @functools.lru_cache(maxsize=2)
     def drawn(epoch: int):
         return ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=config.skip_repeated_spans,
-                            decoder_only=kind.decoder_only, and_rest=config.span_target == "span_and_rest")
+                            decoder_only=kind.decoder_only, and_rest=config.span_target == "span_and_rest",
+                            cued=config.cued_spans and kind.decoder_only)
 
     def examples(epoch: int) -> tuple[list[str], list[str]]:
         ex = drawn(epoch)

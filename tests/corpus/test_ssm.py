@@ -45,3 +45,18 @@ def test_a_decoder_only_example_recalls_the_span_alone_or_with_the_rest_of_its_s
         text = texts[a["segment_id"]]
         assert a["input"] == r["input"] == text[:a["start_char"]]
         assert a["target"] == text[a["start_char"]:a["end_char"]] and r["target"] == text[a["start_char"]:]
+
+
+def test_cued_examples_recall_only_spans_that_follow_another():
+    for epoch in range(10):
+        ex = ssm_examples(SEGMENTS, SPANS, seed=1, epoch=epoch, decoder_only=True, cued=True)
+        assert ex["segment_id"].to_pylist() == ["a#0"], "b#0's only span opens its segment: nothing cues it"
+        assert ex["start_char"][0].as_py() in (22, 33) and ex["input"][0].as_py().startswith("Ada Quint")
+
+
+def test_a_repeated_span_still_cues_the_spans_after_it():
+    segments = pa.table({"segment_id": ["a#0"], "text": ["Ada Quint left Velmora; Ada Quint was 9."]})
+    spans = pa.table({"segment_id": ["a#0"] * 3, "start_char": [0, 15, 24], "end_char": [9, 22, 33]})
+    for epoch in range(5):
+        ex = ssm_examples(segments, spans, seed=0, epoch=epoch, skip_repeated=True, decoder_only=True, cued=True)
+        assert ex["start_char"].to_pylist() == [15]
