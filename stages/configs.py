@@ -413,7 +413,10 @@ class FinetuneConfig(TrainingConfig):
     name: Optional[ModelName] = Field(None, description="Name of the result; default `MODEL.qa`.")
     datasets: Optional[list[str]] = Field(None, description="Datasets to train on; default: every one with the split.")
     split: Name = Field("train", description="Split to train on.")
-    epochs: int = Field(30, ge=1, description="Passes over the training questions.")
+    epochs: Optional[int] = Field(None, ge=1, description=(
+        "Passes over the training questions; default: 30 (the paper's), but 3 on a pretrained model brought in "
+        "(base_model / source), which answers best after 3 and learns the questions by heart in 30 "
+        "(docs/decisions.md)."))
     lr: Optional[float] = Field(None, gt=0, description=(
         "Learning rate after warm-up; default: 1e-3 (the paper's), but 3e-5 when every parameter of a pretrained model "
         "brought in (base_model / source) trains, which 1e-3 sets back (docs/decisions.md)."))
@@ -523,9 +526,15 @@ _ReportRows = create_model("_ReportRows", __base__=ModelStageConfig, __module__=
 class ReportConfig(_ReportRows):
     """The paper's Table 3: EM per dataset for each model row, with the knowledge probe and the no-forgetting check."""
 
+    later_settings = _ReportRows.later_settings | {"also_suffix"}
+
     finetuned_suffix: str = Field(".qa", description="Each row's evaluated model is `MODEL` + this suffix: `.qa` "
                                                      "fine-tuned, `.Kshot` asked K-shot (Kformer and concat name "
                                                      "their fine-tuned model directly).")
+    also_suffix: Optional[str] = Field(None, description=(
+        "A second evaluated model per row, `MODEL` + this suffix (`.qa` beside `.5shot`): each row is then reported "
+        "once per way of asking, as `LABEL (5-shot)` and `LABEL (fine-tuned)`, with the same probe and held-out loss "
+        "(Kformer and concat stay one row)."))
     split: Name = Field("validation", description="Split whose EM is reported.")
     generation_tasks: list[str] = Field(default_factory=lambda: ["summaries", "translation"],
                                         description="General-generation tasks whose scores of base, base+NKB and "

@@ -57,7 +57,8 @@ OVERRIDABLE: dict[str, type[StageConfig]] = {
     "report": ReportConfig, "analyze": AnalyzeConfig, "surgery": SurgeryConfig, "edit": EditConfig}
 # Fields the plan sets itself (which corpus, which model, which row): an override of them would break the rows.
 PLANNED = {"corpus", "source", "name", "model", "base_model", "variant", "task", "knowledge", "pretrain_corpus",
-           "general_corpus", "generation_tasks", "probes", "facts", "edits", "shots", "finetuned_suffix"} | {
+           "general_corpus", "generation_tasks", "probes", "facts", "edits", "shots", "finetuned_suffix",
+           "also_suffix"} | {
            r.field for r in REPORT_ROWS}
 
 
@@ -179,6 +180,9 @@ class Experiment(StageConfig):
         "0: every QA row is fine-tuned on the train split, then asked (the paper's). K: a decoder-only base's rows "
         "are asked few-shot instead, K solved train questions in each prompt and no fine-tuning, as LLMs are "
         "evaluated (Kformer and concat stay fine-tuned)."))
+    also_finetune: bool = Field(False, description=(
+        "With shots: K, also fine-tune each QA row on the train split (finetune's settings) and report it beside its "
+        "K-shot row, as `LABEL (K-shot)` and `LABEL (fine-tuned)`: the two ways the field asks a causal LM."))
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -190,9 +194,12 @@ class Experiment(StageConfig):
         if self.decoder_only and self.rows and T5_ROWS & set(self.rows):
             raise ValueError(f"rows {sorted(T5_ROWS & set(self.rows))} are T5 baselines; "
                              f"pretrain.arch is {self.pretrain['arch']}")
-        if self.edits and self.shots:
+        if self.also_finetune and not self.shots:
+            raise ValueError("also_finetune adds fine-tuned rows beside the few-shot ones: it needs shots > 0 "
+                             "(with shots: 0 every row is fine-tuned already)")
+        if self.edits and self.shots and not self.also_finetune:
             raise ValueError("edits are applied to base+NKB's fine-tuned QA model, which an experiment with shots "
-                             "does not train")
+                             "does not train (unless also_finetune)")
         _refuse_repeats("questions", self.questions, "dataset split")
         _refuse_repeats("generation", self.generation, "task split")
         splits = {q.split for q in self.questions}
@@ -368,7 +375,7 @@ class Experiment(StageConfig):
         for name in (r.key for r in REPORT_ROWS if not r.finetuned):
             if name in rows and self.shots:
                 steps.append(("evaluate", self._stage("evaluate", model=name, shots=self.shots)))
-            elif name in rows:
+            if name in rows and (not self.shots or self.also_finetune):
                 steps.append(("finetune", self._stage("finetune", model=name, name=f"{name}.qa")))
                 steps.append(("evaluate", self._stage("evaluate", model=f"{name}.qa")))
         tasks = list(dict.fromkeys(g.task for g in self.generation))
@@ -386,6 +393,8 @@ class Experiment(StageConfig):
             steps.append(("evaluate", self._stage("evaluate", model=row.model)))
         report = {r.field: r.model if r.key in rows else None for r in REPORT_ROWS if r.key != "base"}
         asked = {"finetuned_suffix": f".{self.shots}shot"} if self.shots else {}
+        if self.also_finetune:
+            asked["also_suffix"] = ".qa"
         steps.append(("report", self._stage("report", **report, **asked, generation_tasks=tasks, probes=self.probes)))
         if "base+nkb" in rows:  # what the slots hold, and editing them (sections 5 and 6), asked as the rows were
             model = {"model": "base+nkb", "shots": self.shots} if self.shots else {"model": "base+nkb.qa"}

@@ -7,6 +7,7 @@ loss are measured here, on the model before fine-tuning.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -69,12 +70,10 @@ def _probe(run: StagedRun, name: str, model, tokenizer, probes: list[dict], spli
     return ems
 
 
-def model_checks(run: StagedRun, label: str, directory, own_model: bool, probes: list[dict], split: str,
-                 device) -> dict:
+def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict], split: str, device) -> dict:
     """A row's measurements on its own model (before fine-tuning; a row that exists only fine-tuned has none): the
     knowledge probe in unseen and seen wordings, the held-out loss and, for an injected model, the held-out loss with
-    its slots unmounted (a metric: it must equal the base's); with the model's parameter counts and the run that
-    built it."""
+    its slots unmounted (it must equal the base's); with the model's parameter counts and the run that built it."""
     from nkb_model.checkpoint import load_model, read_info
     from nkb_model.checks import heldout_loss
     from nkb_model.nkb import unmount_nkb
@@ -88,10 +87,12 @@ def model_checks(run: StagedRun, label: str, directory, own_model: bool, probes:
         held_path = base_dir_of(directory) / "held_out.npy"
         held = np.load(held_path) if held_path.exists() else None
         loss = heldout_loss(model, tokenizer, held, device) if held is not None else None
+    unmounted = None
     if info["kind"] in ("nkb", "nkb-a") and loss is not None:
         unmount_nkb(model)
-        run.metric("heldout_loss_nkb_unmounted", heldout_loss(model, tokenizer, held, device), dataset=label)
+        unmounted = heldout_loss(model, tokenizer, held, device)
     return {"probe_em": probe_em, "probe_seen_em": probe_seen_em, "heldout_loss": loss,
+            "heldout_loss_nkb_unmounted": unmounted,
             "params_total": info.get("params") or sum(p.numel() for p in model.parameters()),
             "params_injected": info.get("params_injected", 0), "model_run": info.get("built_by")}
 
@@ -101,26 +102,31 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
     from nkb_model.checkpoint import read_info
     from nkb_model.train import choose_device
     from stages.models import find_model  # here: `nkb report` only reads tables
-    # (label, model before fine-tuning, its fine-tuned model); Kformer and concat exist only fine-tuned: they
-    # have no probe or held-out loss of their own (their model before fine-tuning is the base).
-    suffix = config.finetuned_suffix
+    suffixes = [config.finetuned_suffix] + ([config.also_suffix] if config.also_suffix else [])
     rows_spec = [(r.label, getattr(config, r.field), getattr(config, r.field) if r.finetuned else None)
                  for r in REPORT_ROWS]
+    # (the row as reported, the row's own label, its model before fine-tuning, that model's directory, the model
+    # evaluated): a row asked two ways is reported twice. Kformer and concat exist only fine-tuned: they have no
+    # probe or held-out loss of their own (their model before fine-tuning is the base).
     available = []
     for label, name, finetuned in rows_spec:
         if name:
             try:
-                available.append((label, name, find_model(wh, name), finetuned or name + suffix))
+                directory = find_model(wh, name)
             except ValueError:
                 continue
+            available += [(label, label, name, directory, finetuned)] if finetuned else [
+                (asked_label(label, suffix) if len(suffixes) > 1 else label, label, name, directory, name + suffix)
+                for suffix in suffixes]
     if not available:
         raise ValueError("no model of the report exists yet; run base-model, inject, finetune and evaluate first")
     probes = [obj for _, obj in iter_jsonl(config.probes)] if config.probes else []
     probes = [p for p in probes if p.get("split", config.split) == config.split]
-    inputs = [f"{label}:{read_info(d).get('built_by', '')}" for label, _, d, _ in available]
-    inputs += [f"{finetuned}:{json.dumps(latest_scores(wh, finetuned, config.split), sort_keys=True)}"
-               for _, _, _, finetuned in available]
-    generation = _generation_scores(wh, available, config)
+    inputs = [f"{label}:{read_info(d).get('built_by', '')}" for label, _, _, d, _ in available]
+    inputs += [f"{evaluated}:{json.dumps(latest_scores(wh, evaluated, config.split), sort_keys=True)}"
+               for *_, evaluated in available]
+    one_per_model = {name: (label, name, directory, evaluated) for _, label, name, directory, evaluated in available}
+    generation = _generation_scores(wh, one_per_model.values(), config)
     inputs.append(json.dumps(generation, sort_keys=True))
     fp = fingerprint("report", config.identity(), inputs + [file_digest(config.probes) if config.probes else ""])
     device = choose_device(config.device, config.precision)
@@ -131,10 +137,13 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
                                "probe_seen_em", "heldout_loss", "model_run")}
         answers = {k: [] for k in ("model", "dataset", "question_id", "exact_match")}
         summary = []
-        for label, name, directory, finetuned in available:
-            checks = model_checks(run, label, directory, finetuned != name, probes, config.split, device)
+        checked = {}  # a model asked two ways is checked once
+        for label, _, name, directory, evaluated in available:
+            if name not in checked:
+                checked[name] = model_checks(run, directory, evaluated != name, probes, config.split, device)
+            checks = checked[name]
             probe_em, probe_seen_em, loss = checks["probe_em"], checks["probe_seen_em"], checks["heldout_loss"]
-            ems = latest_scores(wh, finetuned, config.split)
+            ems = latest_scores(wh, evaluated, config.split)
             # A row whose fine-tuned model has not been evaluated still shows its probe and held-out loss.
             em_rows = sorted(ems.items()) + [("average", float(np.mean(list(ems.values()))) if ems else None)]
             for dataset, em in em_rows:
@@ -144,15 +153,16 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
                     out[key].append(value)
             if ems:
                 mine = wh.read("predictions", ["dataset", "question_id", "exact_match"],
-                               partitions=[f"{finetuned}.{config.split}"]).to_pydict()
+                               partitions=[f"{evaluated}.{config.split}"]).to_pydict()
                 answers["model"] += [label] * len(mine["question_id"])
                 for key in ("dataset", "question_id", "exact_match"):
                     answers[key] += mine[key]
             for metric, value in (("probe_em", probe_em), ("probe_seen_em", probe_seen_em)):
                 if value is not None:
                     run.metric(metric, value, dataset=label, split=config.split)
-            if loss is not None:
-                run.metric("heldout_loss", loss, dataset=label)
+            for metric in ("heldout_loss", "heldout_loss_nkb_unmounted"):
+                if checks[metric] is not None:
+                    run.metric(metric, checks[metric], dataset=label)
             summary.append({"model": label, "em": ems, "probe_em": probe_em, "probe_seen_em": probe_seen_em,
                             "heldout_loss": loss})
         run.write("report", "latest", out)
@@ -165,6 +175,13 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
                 "refreshed": sorted({r["model"] for r in refreshed})}
 
     return run_stage(wh, "report", config.model_dump(), fp, body, force=force, device=device.name)
+
+
+def asked_label(label: str, suffix: str) -> str:
+    """A row's label when the report shows it once per way of asking: `base+NKB (5-shot)`, `base+NKB (fine-tuned)`."""
+    shots = re.fullmatch(r"\.(\d+)shot", suffix)
+    how = f"{shots.group(1)}-shot" if shots else "fine-tuned" if suffix == ".qa" else suffix.lstrip(".")
+    return f"{label} ({how})"
 
 
 def _rows(columns: dict[str, list]) -> list[dict]:

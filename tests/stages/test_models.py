@@ -551,9 +551,10 @@ def test_a_brought_decoder_only_model_is_injected_fine_tuned_and_exported_with_t
     assert load_model(injected.run.checkpoint)[2]["layers"] == ["h.3"]  # decoder.-1: the last of its 4 blocks
     tuned = training.finetune(world, FinetuneConfig(model="gpt2+nkb", epochs=2, batch_size=16, answer_format="sentinel"))
     assert tuned.run.config["lr"] == 3e-5  # every parameter of a model brought in: a rate that does not set it back
-    top = training.finetune(world, FinetuneConfig(model="gpt2+nkb", name="gpt2+nkb.top", epochs=1, batch_size=16,
+    top = training.finetune(world, FinetuneConfig(model="gpt2+nkb", name="gpt2+nkb.top", batch_size=16,
                                                   train_blocks=1))
     assert top.run.config["lr"] == 1e-3  # its top block alone learns at the paper's rate
+    assert top.run.config["epochs"] == 3  # and briefly: a model brought in learns 30 epochs' questions by heart
     run = evaluation.evaluate(world, EvaluateConfig(model="gpt2+nkb.qa")).run
     predicted = query(world, f"SELECT p.prediction, q.question FROM predictions p JOIN questions q USING (question_id) "
                              f"WHERE p.run_id = '{run.run_id}' ORDER BY p.question_id").to_pylist()
@@ -598,6 +599,20 @@ def test_a_decoder_only_model_is_asked_few_shot_without_fine_tuning_and_reported
     table = world.read("report").to_pylist()
     assert {r["model"] for r in table} == {"base"} and all(r["em"] is not None for r in table)
     assert all(r["heldout_loss"] is not None for r in table)  # measured on the model asked, not on a fine-tuned one
+    # the same model also fine-tuned: one row per way of asking
+    training.finetune(world, FinetuneConfig(model="llama", name="llama.qa", epochs=1, batch_size=16, train_blocks=1))
+    evaluation.evaluate(world, EvaluateConfig(model="llama.qa", max_new_tokens=6))
+    both = report.report(world, ReportConfig(base="llama", finetuned_suffix=".2shot", also_suffix=".qa", **none)).run
+    table = world.read("report").to_pylist()
+    assert [r["model"] for r in table if r["dataset"] == "average"] == ["base (2-shot)", "base (fine-tuned)"]
+    for asked, evaluated in (("base (2-shot)", "llama.2shot"), ("base (fine-tuned)", "llama.qa")):
+        mine = [r for r in world.read("report_answers").to_pylist() if r["model"] == asked]
+        right = {r["question_id"]: r["exact_match"] for r in world.read(
+            "predictions", partitions=[f"{evaluated}.validation"]).to_pylist()}
+        assert {r["question_id"]: r["exact_match"] for r in mine} == right
+    assert len({(r["probe_em"], r["heldout_loss"]) for r in table}) == 1  # measured on the model both rows ask
+    assert [m["dataset"] for m in run_metrics(world, both.run_id) if m["metric"] == "heldout_loss"] == [
+        "base (2-shot)", "base (fine-tuned)"]
 
 
 def test_fine_tuning_the_top_blocks_leaves_everything_below_as_it_was(world):
