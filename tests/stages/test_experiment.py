@@ -156,6 +156,9 @@ def test_the_real_model_demo_asks_smollm2_few_shot_after_injecting_three_middle_
     assert {s for s, _ in plan} >= {"analyze", "surgery"}
     # bf16 where the CPU computes it, for every stage that runs the model; the data stages have no precision
     assert {c.precision for _, c in plan if "precision" in type(c).model_fields} == {"bf16"}
+    # its fine-tuned rows, when asked for, train the top two blocks (epochs: finetune's default for a model brought in)
+    tuned = [c for s, c in plan_of(Experiment.load(SAMPLE_WORLD_SMOLLM2, ["also_finetune=true"])) if s == "finetune"]
+    assert [(c.name, c.train_blocks, c.epochs) for c in tuned] == [("base.qa", 2, None), ("base+nkb.qa", 2, None)]
 
 
 def test_a_base_built_here_reads_the_general_text_and_keeps_its_tokenizer_off_the_knowledge():
