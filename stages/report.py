@@ -157,12 +157,10 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
                 answers["model"] += [label] * len(mine["question_id"])
                 for key in ("dataset", "question_id", "exact_match"):
                     answers[key] += mine[key]
-            for metric, value in (("probe_em", probe_em), ("probe_seen_em", probe_seen_em)):
-                if value is not None:
-                    run.metric(metric, value, dataset=label, split=config.split)
-            for metric in ("heldout_loss", "heldout_loss_nkb_unmounted"):
+            for metric, split in (("probe_em", config.split), ("probe_seen_em", config.split), ("heldout_loss", None),
+                                  ("heldout_loss_nkb_unmounted", None)):
                 if checks[metric] is not None:
-                    run.metric(metric, checks[metric], dataset=label)
+                    run.metric(metric, checks[metric], dataset=label, split=split)
             summary.append({"model": label, "em": ems, "probe_em": probe_em, "probe_seen_em": probe_seen_em,
                             "heldout_loss": loss})
         run.write("report", "latest", out)
