@@ -6,7 +6,6 @@ import json
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
 
 from flows.cli_common import emit, home_flag, output_format, program, write_output
@@ -38,31 +37,42 @@ def _sql_timeout(given: float | None) -> float | None:
 
 
 def cmd_check(args) -> int:
-    """Compare every table file with what its run committed; with --repair, move the bad ones aside."""
+    """Compare every table file with what its run committed; with --repair, move the bad ones aside; with --adopt,
+    register the files a lost warehouse.duckdb no longer lists."""
     from warehouse.runs import get_run
-    wh = Warehouse(args.home, create=False)
+    wh = Warehouse(args.home, create=False, adopt=args.adopt)  # --adopt on a read-only home is refused here
     if args.repair and not wh.writable:
         raise WarehouseError(f"--repair moves files and the warehouse {wh.home} cannot be written")
+    if args.adopt:
+        print(f"registered {len(wh.adopted)} table file{'s' * (len(wh.adopted) != 1)} as they are now" + "".join(
+            f"\n  {r.table}/{r.partition}.parquet ({r.rows} rows, run {r.run_id})" for r in wh.adopted))
     problems = wh.check_files()
-    if not problems:
+    for path, why, record in problems:
+        if record is None:
+            fix = "no run needs it; " + ("moved aside" if args.repair else "`nkb check --repair` moves it aside")
+        else:
+            fix = _rebuild(get_run(wh, record.run_id), record.run_id, args)
+        print(f"{path.relative_to(wh.home)}: {why}; {fix}")
+    if problems and args.repair:
+        aside = wh.quarantine(problems)
+        print(f"\nMoved what was there to {aside} (nothing deleted; moved.json lists it); each table reads without "
+              "it now. Rerunning the pipeline (or the commands above) rebuilds what is missing.")
+    lacking = wh.unrebuilt()
+    if lacking:
+        print(f"\nNot rebuilt since --repair moved {'it' if len(lacking) == 1 else 'them'} aside, so "
+              f"{'its table lacks its' if len(lacking) == 1 else 'their tables lack their'} rows:")
+        for entry in lacking:
+            print(f"  {entry['file']} (in {Path(entry['folder']).relative_to(wh.home)}): "
+                  f"{_rebuild(get_run(wh, entry['run_id']), entry['run_id'], args)}")
+    if not problems and not lacking:
         print(f"every table file of {wh.home} is as its run committed it")
         return 0
-    aside = wh.home / "quarantine" / time.strftime("%Y%m%dT%H%M%S") if args.repair else None
-    for path, why, record in problems:
-        where = path.relative_to(wh.home)
-        if record is None:
-            fix = "no run needs it" + (f"; moved to {aside / where}" if aside else "; `nkb check --repair` moves it "
-                                                                                     "aside")
-        else:
-            run = get_run(wh, record.run_id)
-            fix = (f"run {record.run_id} wrote it; rebuild it: {rerun_command(run, args)}" if run
-                   else f"run {record.run_id} wrote it and is gone: rerun the pipeline")
-        print(f"{where}: {why}; {fix}")
-    if aside:
-        wh.quarantine([p for p, _, _ in problems], aside)
-        print(f"\nMoved what was there to {aside} (nothing deleted); each table reads without it now. "
-              "Rerunning the pipeline (or the commands above) rebuilds what is missing.")
     return 2
+
+
+def _rebuild(run, run_id: str, args) -> str:
+    return (f"run {run_id} wrote it; rebuild it: {rerun_command(run, args)}" if run
+            else f"run {run_id} wrote it and its record is gone: rerun the pipeline")
 
 
 def rerun_command(run, args) -> str:
@@ -175,10 +185,14 @@ def add_commands(sub) -> None:
     check = sub.add_parser("check", help="verify every table file against what its run wrote",
                            description="Read every Parquet file of the warehouse and compare it with the size and "
                                        "SHA-256 its run recorded. Lists damaged, missing and foreign files (files no "
-                                       "run wrote) with the command that rebuilds each; exit status 2 if any.")
-    check.add_argument("--repair", action="store_true", help="move damaged and foreign files to "
-                       "HOME/quarantine/TIME/ (nothing is deleted): every table then reads without them, and "
-                       "rerunning the pipeline rebuilds what is missing")
+                                       "run wrote) with the command that rebuilds each, and the files an earlier "
+                                       "--repair moved aside that no run has rebuilt since; exit status 2 if any.")
+    check.add_argument("--repair", action="store_true", help="move damaged and foreign files to a new folder "
+                       "HOME/quarantine/TIME/ (nothing is deleted or overwritten; its moved.json lists them): every "
+                       "table then reads without them, and rerunning the pipeline rebuilds what is missing")
+    check.add_argument("--adopt", action="store_true", help="register the table files that the registry does not "
+                       "list but whose footer names the run that wrote them, as they are now: after "
+                       "warehouse.duckdb was lost (a new one is made) or files were copied in on purpose")
     check.set_defaults(func=cmd_check)
 
     tables = sub.add_parser("tables", help="list tables with row counts", description="List tables with row counts.")

@@ -39,6 +39,20 @@ def file_digest(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def footer_digest(path: str | os.PathLike) -> str:
+    """sha256 of a Parquet file's footer (its metadata, length and closing magic): what page checksums leave
+    uncovered, read in two small reads. A file too short to hold a footer is hashed whole."""
+    with open(path, "rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size >= 12:
+            fh.seek(size - 8)
+            length = int.from_bytes(fh.read(4), "little") + 8
+            fh.seek(size - min(length, size))
+        else:
+            fh.seek(0)
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
 def fingerprint(stage: str, config: dict[str, Any], inputs: Iterable[str] = ()) -> str:
     """The identity of a stage's work: its name, its config, and digests of everything it reads."""
     payload = json.dumps({"stage": stage, "config": config, "inputs": list(inputs)}, sort_keys=True, default=str)

@@ -19,6 +19,7 @@ import decimal
 import io
 import json
 import re
+import sys
 import threading
 import time
 from typing import Iterator
@@ -27,13 +28,15 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from warehouse.schemas import DERIVED_VIEWS, NATIVE_TABLES, PARQUET_TABLES
-from warehouse.store import Warehouse
+from warehouse.parquet import CHECKED_PARQUET
+from warehouse.schemas import DERIVED_VIEWS, NATIVE_TABLES, PARQUET_TABLES, empty_select
+from warehouse.store import DAMAGED_HINT, DamagedFileError, Warehouse
 
 _LEADING_COMMENTS = re.compile(r"^(\s|--[^\n]*(\n|$)|/\*.*?\*/)*", re.S)
 _EXPLAIN = re.compile(r"^EXPLAIN\b", re.I)
 _PIVOT = re.compile(r"^PIVOT\b", re.I)
 _MISSING_FILE_TABLE = re.compile(r"Table with name (\S*[/\\.]\S*) does not exist")
+_FAILED_STREAM = re.compile(r"reading the stream registered as '(\w+)' failed")  # a page failed its checksum
 
 
 class ReadOnlyError(ValueError):
@@ -87,10 +90,13 @@ def sandbox(wh: Warehouse) -> Iterator[duckdb.DuckDBPyConnection]:
         try:
             for name, table in copies.items():
                 con.register(name, table)
-            for name, schema in PARQUET_TABLES.items():  # a damaged or foreign file is reported and left out
-                files = [str(f) for f in wh.partition_files(name, strict=False)]
-                con.register(name, ds.dataset(files, schema=schema, format="parquet") if files
-                             else schema.empty_table())
+            for name, schema in PARQUET_TABLES.items():  # a foreign file is reported and left out
+                files, damaged = wh.table_files(name)
+                if damaged:  # the table fails in one line when read (and only then)
+                    con.execute(f'CREATE TEMP VIEW "{name}" AS {empty_select(schema, failing_with=str(damaged[0]))}')
+                else:
+                    con.register(name, ds.dataset([str(f) for f in files], schema=schema, format=CHECKED_PARQUET)
+                                 if files else schema.empty_table())
             for name, body in DERIVED_VIEWS.items():
                 con.execute(f'CREATE TEMP VIEW "{name}" AS {body}')
             for setting in ("temp_directory", "secret_directory", "home_directory", "extension_directory"):
@@ -102,12 +108,28 @@ def sandbox(wh: Warehouse) -> Iterator[duckdb.DuckDBPyConnection]:
             con.close()
 
 
-def row_counts(wh: Warehouse) -> list[tuple[str, str, int]]:
-    """(table, kind, rows) for every table: Parquet, native, and derived views."""
+def row_counts(wh: Warehouse) -> list[tuple[str, str, int | None]]:
+    """(table, kind, rows) for every table: Parquet, native, and derived views. A table that cannot be read (a
+    damaged or missing file) has None rows, and its one line goes to standard error."""
     kinds = [(PARQUET_TABLES, "parquet"), (NATIVE_TABLES, "native"), (DERIVED_VIEWS, "view")]
+    counts = []
     with sandbox(wh) as con:
-        return [(name, kind, con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0])
-                for names, kind in kinds for name in names]
+        for names, kind in kinds:
+            for name in names:
+                try:
+                    rows = con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
+                except duckdb.InvalidInputException as exc:
+                    if DAMAGED_HINT not in str(exc):
+                        raise
+                    print(f"warning: {name}: {_damaged_line(exc)}", file=sys.stderr)
+                    rows = None
+                counts.append((name, kind, rows))
+    return counts
+
+
+def _damaged_line(exc: BaseException) -> str:
+    """The DamagedFileError text inside DuckDB's error for a table that fails when read."""
+    return str(exc).split("Error: ", 1)[-1]
 
 
 def query(wh: Warehouse, sql: str, timeout: float | None = None) -> pa.Table:
@@ -129,6 +151,12 @@ def query(wh: Warehouse, sql: str, timeout: float | None = None) -> pa.Table:
                                     f"{path.group(1)!r} is a file") from None
             raise
         except (duckdb.IOException, duckdb.InvalidInputException, duckdb.InternalException) as exc:
+            if DAMAGED_HINT in str(exc):  # a table whose file was found damaged or missing before the query
+                raise DamagedFileError(_damaged_line(exc)) from None
+            stream = _FAILED_STREAM.search(str(exc))
+            if stream:  # a page that failed its checksum: the table's file that differs, by digest
+                table = stream.group(1)
+                raise wh.read_error(table, wh.partition_files(table, strict=False), exc) from None
             damaged = next(((path, why, rec) for path, why, rec in wh.check_files() if rec is not None), None)
             if damaged:
                 raise wh.damaged(*damaged) from None

@@ -12,19 +12,25 @@ Layout of a warehouse home (default `./.nkb`, or `$NKB_HOME`):
 DuckDB allows one read-write process at a time, so connections are short-lived and taken under the
 lock; a reader waits for a writer's commit to finish instead of failing.
 
-Every Parquet file a run commits is registered in `partitions` with its rows, size and SHA-256. Only registered
-files are read: a file no run wrote (copied in by hand) is reported and left out, and a registered file whose
-size no longer matches is damaged: reading its table fails with one line that names it and says how to rebuild
-it, while every other table keeps answering. `nkb check` compares every file with its digest.
+Every Parquet file a run commits is registered in `partitions` with its rows, size, SHA-256 and the digest of its
+footer. Only registered files are read: a file no run wrote (copied in by hand) is reported and left out. A
+registered file that is no longer what its run committed is damaged, and reading its table fails with one line
+that names it and says how to rebuild it, while every other table keeps answering. A read checks each file's size
+and footer digest before it starts (two small reads a file) and each page's checksum as it decodes it, so no
+byte that changed since the commit is returned as data; a registered file that is gone fails its table the same
+way. `nkb check` compares every file with its whole digest.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import json
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -34,9 +40,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from warehouse.fingerprint import file_digest
-from warehouse.parquet import LINEAGE_FINGERPRINT, LINEAGE_RUN_ID
-from warehouse.schemas import DERIVED_VIEWS, NATIVE_TABLES, PARQUET_TABLES, empty_select
+from warehouse.fingerprint import file_digest, footer_digest
+from warehouse.parquet import CHECKED_PARQUET, LINEAGE_FINGERPRINT, LINEAGE_RUN_ID, PAGE_CHECKSUMS
+from warehouse.schemas import DERIVED_VIEWS, NATIVE_MIGRATIONS, NATIVE_TABLES, PARQUET_TABLES, empty_select
 
 DEFAULT_HOME = ".nkb"
 # Written so the plain `duckdb` CLI from PyPI (duckdb-cli 1.5.x) can open the file.
@@ -49,7 +55,11 @@ class WarehouseError(Exception):
 
 
 class DamagedFileError(WarehouseError):
-    """A table's Parquet file is not what the run that wrote it left there."""
+    """A table's Parquet file is not what the run that wrote it left there (changed, cut, gone)."""
+
+
+# Ends every DamagedFileError's message: how a failed SQL read that carries one is recognised (`warehouse.sql`).
+DAMAGED_HINT = "`nkb check` lists what is damaged and the command that rebuilds each file"
 
 
 @dataclass(frozen=True)
@@ -62,19 +72,25 @@ class PartitionRecord:
     rows: int
     bytes: int
     sha256: str
+    footer_sha256: str | None = None  # None: the file's pages carry no checksums (written before they did)
 
     @classmethod
     def of_file(cls, table: str, path: Path) -> "PartitionRecord":
-        """The record of a finished file: its lineage (from the footer), rows, size and digest."""
+        """The record of a finished file: its lineage (from the footer), rows, size and digests."""
         meta = pq.read_metadata(path)
         lineage = meta.metadata or {}
+        checked = PAGE_CHECKSUMS.encode() in lineage
         return cls(table, path.stem, lineage.get(LINEAGE_RUN_ID.encode(), b"").decode(),
                    lineage.get(LINEAGE_FINGERPRINT.encode(), b"?").decode(), meta.num_rows, path.stat().st_size,
-                   file_digest(path))
+                   file_digest(path), footer_digest(path) if checked else None)
+
+
+_COLUMNS = ("table_name", "partition", "run_id", "inputs_fingerprint", "rows", "bytes", "sha256", "footer_sha256")
 
 
 _NO_EXTENSIONS = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 _REPORTED: set[str] = set()  # files already reported in this process (a warning once, not on every read)
+_DIGESTS: dict[tuple, str] = {}  # (path, inode, size, mtime) → sha256 of files without page checksums, this process
 
 
 def _report_once(message: str) -> None:
@@ -110,9 +126,12 @@ class Warehouse:
     run opens the same warehouse; only the leader (rank 0) writes it, the others train alongside.
     `create`: make the warehouse if it is not there (what stages need). Read commands pass False: a mistyped
     --home then says there is no warehouse instead of answering from a new empty one, and a warehouse on a
-    read-only file system can still be read."""
+    read-only file system can still be read. A home whose `warehouse.duckdb` is gone while `tables/` still holds
+    committed files is refused either way (a new registry would take them for files no run wrote), unless `adopt`:
+    then it is made afresh and `adopt_files` registers them."""
 
-    def __init__(self, home: str | os.PathLike | None = None, leader: bool = True, create: bool = True):
+    def __init__(self, home: str | os.PathLike | None = None, leader: bool = True, create: bool = True,
+                 adopt: bool = False):
         self.home = resolve_home(home)
         self.leader = leader
         self.tables_dir = self.home / "tables"
@@ -125,7 +144,14 @@ class Warehouse:
         self._lock_held: tuple | None = None  # (file, exclusive) while this object holds warehouse.lock
         if self.home.exists() and not self.home.is_dir():
             raise WarehouseError(f"{self.home} is a file, not a warehouse directory (see --home or $NKB_HOME)")
-        if not create:
+        if not self.db_path.exists() and not adopt and (left := self._files_on_disk()):
+            raise WarehouseError(
+                f"{self.db_path} is gone, but {self.tables_dir} still holds {len(left)} Parquet "
+                f"file{'s' * (len(left) != 1)} that runs committed: `nkb --home {self.home} check --adopt` makes a "
+                "new warehouse.duckdb and registers them as they are (the runs' records went with the file, so each "
+                "stage runs once more), or move "
+                f"{self.tables_dir} aside to start an empty warehouse")
+        if not create and not adopt:
             if not self.db_path.exists():
                 raise WarehouseError(f"no warehouse at {self.home} (no warehouse.duckdb there): check --home or "
                                      "$NKB_HOME; `nkb demo` or any stage run creates one")
@@ -141,8 +167,15 @@ class Warehouse:
                                  "it works (nkb tables, sql, runs, report, check); stages need a writable --home")
         for d in (self.tables_dir, self.files_dir, *(self.tables_dir / name for name in PARQUET_TABLES)):
             d.mkdir(exist_ok=True)
-        if not self.db_path.exists() or not self._views_point_here():
+        self.adopted: list[PartitionRecord] = []
+        if adopt:  # registered before the views are made, which would report each file as foreign
+            self.adopted = self.adopt_files()
+        elif not self.db_path.exists() or not self._views_point_here():
             self._refresh()  # creates the file, the native tables and the views (again, for a moved or copied one)
+
+    def _files_on_disk(self) -> list[Path]:
+        """Every table file under tables/ (committed ones; staging folders are not looked into)."""
+        return [p for name in PARQUET_TABLES for p in sorted((self.tables_dir / name).glob("*.parquet"))]
 
     @property
     def writable(self) -> bool:
@@ -208,7 +241,7 @@ class Warehouse:
         full disk). The checkpoint that follows may fail without losing anything: the committed work is in the
         write-ahead log, which the next reader checkpoints (`read_connection`)."""
         with self._attached() as con:
-            for ddl in NATIVE_TABLES.values():
+            for ddl in [*NATIVE_TABLES.values(), *NATIVE_MIGRATIONS]:
                 con.execute(ddl)
             con.execute("BEGIN TRANSACTION")
             self._writing = con
@@ -269,10 +302,13 @@ class Warehouse:
         return any(p.exists() and (p.stat().st_size > 0 or p.suffix != ".wal") for p in logs)
 
     def _refresh_views(self, con: duckdb.DuckDBPyConnection) -> None:
-        """A view per Parquet table over its registered files (a damaged or foreign file stays out of it)."""
+        """A view per Parquet table over its registered files (a foreign file stays out of it); the view of a table
+        with a damaged or missing file fails with the line that names it (the duckdb CLI shows it as it is)."""
         for name, schema in PARQUET_TABLES.items():
-            files = self.partition_files(name, strict=False)
-            if files:
+            files, damaged = self.table_files(name)
+            if damaged:
+                body = empty_select(schema, failing_with=str(damaged[0]))
+            elif files:
                 listed = ", ".join(f"'{_sql_str(f)}'" for f in files)
                 body = f"SELECT * FROM read_parquet([{listed}], union_by_name = true)"
             else:
@@ -305,10 +341,12 @@ class Warehouse:
 
     def record_partitions(self, con: duckdb.DuckDBPyConnection, records: Iterable[PartitionRecord]) -> None:
         """Register committed files (replacing what their partitions held), on the open write connection."""
-        rows = [(r.table, r.partition, r.run_id, r.inputs_fingerprint, r.rows, r.bytes, r.sha256) for r in records]
+        rows = [(r.table, r.partition, r.run_id, r.inputs_fingerprint, r.rows, r.bytes, r.sha256, r.footer_sha256)
+                for r in records]
         self.forget_partitions(con, [(r[0], r[1]) for r in rows])
         if rows:
-            con.executemany("INSERT INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            con.executemany(f"INSERT INTO partitions ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+                            rows)
 
     def forget_partitions(self, con: duckdb.DuckDBPyConnection, keys: Iterable[tuple[str, str]]) -> None:
         keys = list(keys)
@@ -321,17 +359,30 @@ class Warehouse:
             return
         self.record_partitions(con, self._adoptable(con).values())
 
-    def _adoptable(self, con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], PartitionRecord]:
-        """The files on disk whose footer names a successful run of this warehouse, as records."""
+    def _adoptable(self, con: duckdb.DuckDBPyConnection,
+                   any_run: bool = False) -> dict[tuple[str, str], PartitionRecord]:
+        """The unregistered files on disk whose footer names a successful run of this warehouse (`any_run`: any run
+        at all, its record lost), as records."""
         succeeded = {r[0] for r in con.execute("SELECT run_id FROM runs WHERE status = 'success'").fetchall()}
+        registered = set(_registry_rows(con)) if _has_registry(con) else set()
         adopted = {}
-        for table in PARQUET_TABLES:
-            for path in sorted((self.tables_dir / table).glob("*.parquet")):
-                with contextlib.suppress(OSError, pa.ArrowException):
-                    record = PartitionRecord.of_file(table, path)
-                    if record.run_id in succeeded:
-                        adopted[(table, path.stem)] = record
+        for path in self._files_on_disk():
+            table = path.parent.name
+            if (table, path.stem) in registered:
+                continue
+            with contextlib.suppress(OSError, pa.ArrowException):
+                record = PartitionRecord.of_file(table, path)
+                if record.run_id in succeeded or any_run and record.run_id:
+                    adopted[(table, path.stem)] = record
         return adopted
+
+    def adopt_files(self) -> list[PartitionRecord]:
+        """Register the table files no registry row lists but whose footer names the run that wrote them (after
+        `warehouse.duckdb` was lost, or files copied in on purpose), as they are now; returns their records."""
+        with self.write_connection() as con:
+            records = list(self._adoptable(con, any_run=True).values())
+            self.record_partitions(con, records)
+        return records
 
     def check_files(self) -> list[tuple[Path, str, PartitionRecord | None]]:
         """Every table file that is not what its run committed: (path, what is wrong, its record or None for a
@@ -342,29 +393,48 @@ class Warehouse:
             on_disk = {p.stem: p for p in (self.tables_dir / table).glob("*.parquet")}
             for stem, path in sorted(on_disk.items()):
                 record = registry.get((table, stem))
-                if record is None:
-                    problems.append((path, "no run of this warehouse wrote it", None))
-                elif path.stat().st_size != record.bytes or file_digest(path) != record.sha256:
-                    problems.append((path, "its bytes differ from what was written", record))
-            for (t, stem), record in registry.items():
-                if t == table and stem not in on_disk:
-                    problems.append((self.tables_dir / table / f"{stem}.parquet", "it is missing", record))
+                why = "no run of this warehouse wrote it" if record is None else _why_damaged(path, record, whole=True)
+                if why:
+                    problems.append((path, why, record))
+            problems += [(self.tables_dir / table / f"{stem}.parquet", "it is missing", record)
+                         for (t, stem), record in sorted(registry.items()) if t == table and stem not in on_disk]
         return problems
 
-    def quarantine(self, paths: Iterable[Path], aside: Path) -> None:
-        """Move table files to `aside` (keeping their place under the home) and forget them: a stage that needs
-        them then finds them missing and rebuilds them."""
+    def quarantine(self, problems: Iterable[tuple[Path, str, PartitionRecord | None]]) -> Path:
+        """Move table files (`check_files`'s problems) into a new folder `quarantine/<time>/`, keeping their place
+        under the home, and forget them: every table then reads without them, and a stage that needs them finds
+        them missing and rebuilds them. Nothing is overwritten: each call has a folder of its own, whose
+        `moved.json` lists what was moved and why (what `unrebuilt` reads). Returns the folder."""
+        problems = list(problems)
+        aside = _new_folder(self.home / "quarantine" / time.strftime("%Y%m%dT%H%M%S"))
+        moved = [{"file": str(path.relative_to(self.home)), "why": why, "run_id": record.run_id if record else None}
+                 for path, why, record in problems]
+        (aside / "moved.json").write_text(json.dumps(moved, indent=1))
         with self.write_connection() as con:
-            for path in paths:
-                if path.exists():
-                    moved = aside / path.relative_to(self.home)
-                    moved.parent.mkdir(parents=True, exist_ok=True)
-                    path.rename(moved)
+            for path, _, _ in problems:
+                if os.path.lexists(path):  # a link is moved as the link it is, dangling or not
+                    target = aside / path.relative_to(self.home)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    path.rename(target)
                 self.forget_partitions(con, [(path.parent.name, path.stem)])
+        return aside
+
+    def unrebuilt(self) -> list[dict]:
+        """Committed files `quarantine` moved aside whose partitions no run has written again since: the data the
+        tables now lack ({file, why, run_id, folder}), oldest move first."""
+        registry = self.registry()
+        missing = {}
+        for manifest in sorted((self.home / "quarantine").glob("*/moved.json")):
+            with contextlib.suppress(OSError, ValueError):
+                for entry in json.loads(manifest.read_text()):
+                    path = Path(entry["file"])
+                    if entry.get("run_id") and (path.parent.name, path.stem) not in registry:
+                        missing.setdefault(entry["file"], entry | {"folder": str(manifest.parent)})
+        return list(missing.values())
 
     def damaged(self, path: Path, why: str, record: PartitionRecord) -> DamagedFileError:
-        return DamagedFileError(f"{path} is damaged ({why}; run {record.run_id} wrote it): `nkb check` lists what "
-                                "is damaged and the command that rebuilds each file")
+        state = "missing" if why.startswith("it is missing") else "damaged"
+        return DamagedFileError(f"{path} is {state} ({why}; run {record.run_id} wrote it): {DAMAGED_HINT}")
 
     # ---- Parquet tables -------------------------------------------------------------------
 
@@ -378,31 +448,43 @@ class Warehouse:
         self.schema(table)
         return self.tables_dir / table / f"{check_partition(partition)}.parquet"
 
-    def partition_files(self, table: str, partitions: Iterable[str] | None = None, strict: bool = True) -> list[Path]:
-        """The table's committed partition files (only those named in `partitions`, when given). A file no run
-        wrote is reported and left out; a registered file whose size changed raises DamagedFileError (`strict`)
-        or is reported and left out. A registered file someone deleted is simply gone."""
+    def table_files(self, table: str,
+                    partitions: Iterable[str] | None = None) -> tuple[list[Path], list[DamagedFileError]]:
+        """(the table's intact committed files, one error for each registered file that is damaged or gone), only
+        those of `partitions` when given. A file no run wrote is reported and left out. Cheap: each file's size and
+        footer digest (the rest is checked page by page as it is read), or its whole digest for a file written
+        before pages carried checksums (once per process)."""
         self.schema(table)
-        registry = self.registry()
         wanted = set(partitions) if partitions is not None else None
-        files = []
+        registry = {stem: record for (t, stem), record in self.registry().items()
+                    if t == table and (wanted is None or stem in wanted)}
+        files, damaged = [], []
         for path in sorted((self.tables_dir / table).glob("*.parquet")):
             if wanted is not None and path.stem not in wanted:
                 continue
-            record = registry.get((table, path.stem))
+            record = registry.pop(path.stem, None)
             if record is None:
                 _report_once(f"{path}: no run of this warehouse wrote this file, so it is not read "
                              "(`nkb check --repair` moves it aside)")
-            elif path.stat().st_size != record.bytes:
-                error = self.damaged(path, "its size differs from what was written", record)
-                if strict:
-                    raise error
-                _report_once(f"{error}; it is left out until then")
+            elif why := _why_damaged(path, record):
+                damaged.append(self.damaged(path, why, record))
             else:
                 files.append(path)
+        damaged += [self.damaged(self.tables_dir / table / f"{stem}.parquet", "it is missing", record)
+                    for stem, record in sorted(registry.items())]
+        return files, damaged
+
+    def partition_files(self, table: str, partitions: Iterable[str] | None = None, strict: bool = True) -> list[Path]:
+        """The table's intact committed files (`table_files`). A damaged or missing one raises DamagedFileError
+        (`strict`), or is reported and left out."""
+        files, damaged = self.table_files(table, partitions)
+        if damaged and strict:
+            raise damaged[0]
+        for error in damaged:
+            _report_once(f"{error}; it is left out until then")
         return files
 
-    def _read_error(self, table: str, files: list[Path], exc: BaseException) -> BaseException:
+    def read_error(self, table: str, files: list[Path], exc: BaseException) -> BaseException:
         """What a failed read of `files` says: the damaged file it met (found by digest), else the error itself."""
         registry = self.registry()
         for path in files:
@@ -419,20 +501,20 @@ class Warehouse:
         if not files:
             return schema.empty_table().select(columns) if columns else schema.empty_table()
         try:
-            return ds.dataset(files, schema=schema, format="parquet").to_table(columns=columns, filter=filter)
+            return ds.dataset(files, schema=schema, format=CHECKED_PARQUET).to_table(columns=columns, filter=filter)
         except (OSError, pa.ArrowException) as exc:
-            raise self._read_error(table, files, exc) from None
+            raise self.read_error(table, files, exc) from None
 
     def scan(self, table: str, columns: list[str] | None = None, filter=None, batch_size: int = 10_000,
              partitions: Iterable[str] | None = None) -> Iterator[pa.RecordBatch]:
         """A Parquet table's rows as a stream of batches (memory does not grow with the table)."""
         files = self.partition_files(table, partitions)
         if files:
-            dataset = ds.dataset(files, schema=self.schema(table), format="parquet")
+            dataset = ds.dataset(files, schema=self.schema(table), format=CHECKED_PARQUET)
             try:
                 yield from dataset.to_batches(columns=columns, filter=filter, batch_size=batch_size)
             except (OSError, pa.ArrowException) as exc:
-                raise self._read_error(table, files, exc) from None
+                raise self.read_error(table, files, exc) from None
 
     def rows_written_by(self, table: str, run_id: str) -> tuple[int, int]:
         """(files, rows) of the table that run `run_id` committed and that are still there, intact as far as their
@@ -453,9 +535,53 @@ class Warehouse:
 
 
 def _registry_rows(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], PartitionRecord]:
-    rows = con.execute("SELECT table_name, partition, run_id, inputs_fingerprint, rows, bytes, sha256 "
-                       "FROM partitions").fetchall()
+    try:
+        rows = con.execute(f"SELECT {', '.join(_COLUMNS)} FROM partitions").fetchall()
+    except duckdb.BinderException:  # read-only, made before the last column was added (a writer adds it)
+        rows = [(*r, None) for r in con.execute(f"SELECT {', '.join(_COLUMNS[:-1])} FROM partitions").fetchall()]
     return {(r[0], r[1]): PartitionRecord(*r) for r in rows}
+
+
+def _has_registry(con: duckdb.DuckDBPyConnection) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'partitions' "
+                            "AND database_name = current_database()").fetchone()[0])
+
+
+def _why_damaged(path: Path, record: PartitionRecord, whole: bool = False) -> str | None:
+    """What is wrong with a registered file, or None: its size, then its footer's digest (`whole`, or a file whose
+    pages carry no checksums: its whole digest)."""
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:  # a link whose target is gone
+            return "it is missing: a link to a file that is not there"
+        return f"it cannot be read: {exc.strerror}"
+    if stat.st_size != record.bytes:
+        return "its size differs from what was written"
+    try:
+        if not whole and record.footer_sha256:
+            same = footer_digest(path) == record.footer_sha256
+        else:
+            key = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            if key not in _DIGESTS or whole:
+                _DIGESTS[key] = file_digest(path)
+            same = _DIGESTS[key] == record.sha256
+    except OSError as exc:
+        return f"it cannot be read: {exc.strerror}"
+    return None if same else "its bytes differ from what was written"
+
+
+def _new_folder(base: Path) -> Path:
+    """`base`, or `base-2`, `base-3`, ... : the first that did not exist, made now (two callers never share one)."""
+    for n in range(1, 10_000):
+        folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise WarehouseError(f"cannot make a new folder beside {base}")
 
 def _sql_str(value) -> str:
     """A value quoted for use inside a single-quoted SQL string literal."""
