@@ -9,7 +9,7 @@ import sys
 
 from flows import cli_models, cli_pipeline, cli_server, cli_warehouse
 from flows.cli_common import EPILOG
-from flows.error_lines import USER_ERRORS, describe_error
+from flows.error_lines import USER_ERRORS, describe_error, disk_full
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {describe_error(exc)}", file=sys.stderr)
         return 1
     except OSError as exc:  # the machine's: a full disk, a read-only mount, a missing permission
+        print(f"error: {describe_error(exc)}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a full disk met by a library that raises its own type (safetensors)
+        if not disk_full(exc):
+            raise
         print(f"error: {describe_error(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -20,7 +20,7 @@ def describe_error(exc: BaseException) -> str:
     """One line for an error a user can act on. A full disk reads the same whoever met it (DuckDB, Arrow, Python):
     what was being written was dropped, and nothing committed is lost."""
     text = str(exc) or type(exc).__name__
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left on device" in text:
+    if disk_full(exc):
         where = f" (writing {exc.filename})" if isinstance(exc, OSError) and exc.filename else ""
         return (f"the disk is full{where}: the unfinished work was dropped and the warehouse keeps its last "
                 "committed state; free space and run the command again")
@@ -31,10 +31,15 @@ def describe_error(exc: BaseException) -> str:
     return text
 
 
+def disk_full(exc: BaseException) -> bool:
+    """A full disk, whoever met it: Python and Arrow say ENOSPC, DuckDB and safetensors only in their text."""
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left on device" in str(exc)
+
+
 def is_user_error(exc: BaseException | None) -> bool:
     """Whether a run's log should show `exc` as one line rather than a traceback."""
-    return isinstance(exc, USER_ERRORS) or isinstance(exc, OSError) and exc.errno in (
-        errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.ENOENT)
+    return isinstance(exc, USER_ERRORS) or disk_full(exc) or isinstance(exc, OSError) and exc.errno in (
+        errno.EROFS, errno.EACCES, errno.EDQUOT, errno.ENOENT)
 
 
 class WithoutTraceback(logging.Filter):

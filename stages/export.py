@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from stages.model_card import model_card
@@ -30,9 +31,9 @@ def export_model(wh: Warehouse, name: str, target: Path, adapter: bool = False) 
     if hasattr(model, "kformer"):
         raise ValueError(f"model {name!r} is a Kformer model: it reads retrieved documents at run time, which stock "
                          "transformers cannot do; it has no export")
-    staging = target.with_name(f".{target.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # A staging folder of a name no one else has: one that happens to be there (the user's) is never touched.
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.nkb-export-", dir=target.parent))
     try:
         if adapter:
             if not mounted_layers(model):

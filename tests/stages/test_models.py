@@ -645,3 +645,26 @@ def test_a_copied_warehouse_finds_loads_and_exports_its_own_models(world, tmp_pa
     assert json.loads((adapter / "nkb" / "base.json").read_text())["sha256"]
     reloaded, _, _ = load_model(adapter)
     assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), original.state_dict().values()))
+
+
+def test_export_stages_in_a_folder_of_its_own_and_a_full_disk_is_one_line(world, tmp_path, capsys):
+    """Issue 53: export deleted a user's `.NAME.partial/` beside its target, and a full disk was a traceback."""
+    from flows.cli import main
+    from stages.export import export_model
+    from tests.warehouse.test_faults import fill, small_disk
+    training.pretrain_base_model(world, TINY)
+    training.inject(world, INJECT)
+    users = tmp_path / ".export.partial"
+    users.mkdir()
+    (users / "mine.txt").write_text("keep")
+    export_model(world, "base+nkb", tmp_path / "export")
+    assert (users / "mine.txt").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".export.partial", "export"]
+    with small_disk(tmp_path / "disk", "3m") as disk:
+        filler = fill(disk, 200)
+        capsys.readouterr()
+        code = main(["--home", str(world.home), "export", "base+nkb", str(disk / "mine")])
+        err = capsys.readouterr().err
+        assert code == 1 and err.startswith("error: the disk is full") and len(err.strip().splitlines()) == 1, err
+        assert sorted(p.name for p in disk.iterdir()) == ["filler"]  # nothing half-written left
+        filler.unlink()
