@@ -79,9 +79,9 @@ def load_model(directory: str | Path, with_nkb: bool = True):
     return model, tokenizer, info
 
 
-def load_tokenizer(directory: str | Path):
+def load_tokenizer(directory: str | Path, local_files_only: bool = True):
     """A model's tokenizer, with a pad token: GPT-2's has none, and batches pad (with EOS, which the loss skips)."""
-    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=local_files_only)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -93,6 +93,7 @@ def load_gguf(path: str | Path):
     Hugging Face folder. `metadata`: the file's own name, organisation, license and quantisation."""
     import contextlib
     import io
+    import struct
 
     import gguf
     path = Path(path)
@@ -100,6 +101,9 @@ def load_gguf(path: str | Path):
         with contextlib.redirect_stderr(io.StringIO()):
             loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except struct.error:  # the reader ran past the end of the file
+        raise ValueError(f"{path}: ends before its GGUF header and tensors do ({path.stat().st_size:,} bytes): "
+                         "a download or copy that stopped early? Fetch the file again") from None
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ValueError(f"{path}: cannot be read as a GGUF model of a family transformers converts "
                          f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
@@ -120,9 +124,14 @@ def load_gguf(path: str | Path):
     return model, tokenizer, read
 
 
-def model_class(directory: str | Path):
+def model_class(directory: str | Path, local_files_only: bool = True):
     """The Auto class for a Hugging Face directory or hub name: encoder-decoder (T5) or causal LM (GPT-2, Llama)."""
-    config = AutoConfig.from_pretrained(directory)
+    from huggingface_hub.errors import StrictDataclassError
+    try:
+        config = AutoConfig.from_pretrained(directory, local_files_only=local_files_only)
+    except StrictDataclassError as exc:  # a field of the wrong type: which one is in its message's lines
+        where = Path(directory) / "config.json" if Path(directory).is_dir() else directory
+        raise ValueError(f"{where}: {' '.join(str(exc).split())}") from None
     return family(config).auto_class()
 
 

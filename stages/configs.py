@@ -334,7 +334,9 @@ class BaseModelConfig(TrainingConfig):
                                                               "text whose rows the no-forgetting check holds out.")
     source: Optional[str] = Field(None, description="A Hugging Face T5 or causal-LM (GPT-2, Llama-style) folder, a "
                                                     ".gguf file (converted once into a plain folder), pip:PACKAGE (the "
-                                                    "model file an installed package ships), or a hub name, to bring "
+                                                    "model file an installed package ships), a name in the local "
+                                                    "Hugging Face cache, or hub:NAME (downloaded from the Hub if the "
+                                                    "cache lacks it: the one source that reaches a network), to bring "
                                                     "in as this base instead of pretraining one (steps and the "
                                                     "pretraining settings are then unused).")
     steps: int = Field(1500, ge=0, description="Optimizer steps; 0 keeps the random initialisation (the "

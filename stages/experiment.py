@@ -32,6 +32,7 @@ from stages.configs import (REPORT_ROWS, AnalyzeConfig, BaseModelConfig, DaskAdd
                             IngestConfig, InjectConfig, Name, PrecisionChoice, PretrainingDataConfig,
                             QuestionsConfig, ReportConfig, RetrieveConfig, Row, SalientSpansConfig, SampleWorldConfig,
                             StageConfig, SurgeryConfig, set_value)
+from stages.sources import resolve_source
 
 SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-world.yaml"  # `nkb demo --arch t5`
 SAMPLE_WORLD_SMOLLM2 = SAMPLE_WORLD.with_name("sample-world-smollm2.yaml")  # `nkb demo`
@@ -293,6 +294,11 @@ class Experiment(StageConfig):
         generated = ("{sample_world}",) + ((str(world_dir),) if world_dir else ())
         missing = [f"{key}: {path}" for key, path in entries if path and not path.startswith(generated)
                    and not (glob.glob(path) if is_pattern(path) else Path(path).is_file())]
+        if self.base_model:
+            try:
+                resolve_source(self.base_model)
+            except ValueError as exc:
+                missing.append(f"base_model: {str(exc).removeprefix('base model ')}")
         if missing:
             raise ExperimentError(f"experiment {self.name}: no such file for {'; '.join(missing)} (nothing was run)")
 

