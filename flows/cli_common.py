@@ -8,12 +8,14 @@ import contextlib
 import os
 import shlex
 import shutil
+import secrets
 import sys
 import typing
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from flows.error_lines import disk_full
 from stages.configs import is_list, set_value, validation_problems
 from warehouse.sql import FORMATTERS
 
@@ -138,15 +140,25 @@ def output_format(args) -> str:
     return suffix if suffix in FORMATTERS else "table"
 
 
-def write_output(path: str, data: str | bytes) -> None:
-    """Write an output file the user named, creating its folder."""
+def write_output(path: str, data: str | bytes | typing.Callable[[str], None]) -> None:
+    """Write an output file the user named, creating its folder: text, bytes, or what `data(temporary path)`
+    writes. Whole or not at all: written beside it under a name of its own, then renamed over it, so a full disk
+    leaves neither an empty file nor a half-written one (nor spoils one that was there)."""
+    target = Path(path)
     try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(data, str):
-            Path(path).write_text(data, encoding="utf-8")
-        else:
-            Path(path).write_bytes(data)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = str(target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.nkb-partial"))
+        try:
+            if callable(data):
+                data(partial)
+            else:
+                Path(partial).write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+            os.replace(partial, target)
+        finally:
+            Path(partial).unlink(missing_ok=True)
     except OSError as exc:
+        if disk_full(exc):
+            raise
         raise ValueError(f"cannot write {path}: {exc.strerror or exc}") from None
     print(f"wrote {path}", file=sys.stderr)
 

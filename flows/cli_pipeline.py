@@ -15,9 +15,10 @@ from warehouse import Warehouse, resolve_home, row_counts
 
 def cmd_run(args) -> int:
     from stages.registry import STAGES
-    from stages.runner import dispatch, summarize
+    from stages.runner import dispatch, require_devices, summarize
     stage = STAGES[args.stage]
     config = parse_sets(stage.config, args.set or [], f"nkb run {stage.name}")
+    require_devices([(stage.name, config)])
     started = time.perf_counter()
     wh = Warehouse(args.home)  # refused here if it cannot be written, before Prefect starts
     if args.prefect or os.environ.get("PREFECT_API_URL") or getattr(config, "dask", None):
@@ -71,8 +72,10 @@ def export_and_check(wh: Warehouse, name: str, folder) -> None:
 
 def run_experiment(experiment, args, export: bool = False) -> int:
     """Run an experiment's plan through the pipeline flow, then say what ran and where the results are."""
+    from stages.runner import require_devices
     home = resolve_home(args.home)
-    experiment.require_files()  # before Prefect starts (the flow checks again, for runs from the UI)
+    experiment.require_files()  # before Prefect starts (the flow checks both again, for runs from the UI)
+    require_devices(experiment.plan(args.models))
     wh = Warehouse(home)  # a warehouse that cannot be written is refused here, not by Prefect's own state
     prepare_environment(home)
     from flows.flows import pipeline

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import shlex
 import sys
@@ -20,9 +22,7 @@ def cmd_sql(args) -> int:
         import pyarrow.parquet as pq
         if not args.output:
             raise ValueError("--format parquet writes a file: give it with --output FILE.parquet")
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, args.output)
-        print(f"wrote {args.output} ({table.num_rows} rows)", file=sys.stderr)
+        write_output(args.output, lambda partial: pq.write_table(table, partial))
         return 0
     emit(FORMATTERS[fmt](table), args.output)
     return 0
@@ -32,8 +32,27 @@ def _sql_timeout(given: float | None) -> float | None:
     """--timeout, else $NKB_SQL_TIMEOUT (what a shared machine sets for everyone), else 600 s where a Prefect
     server is shared (PREFECT_API_URL set), else none. 0 means none."""
     if given is None:
-        given = float(os.environ.get("NKB_SQL_TIMEOUT") or (600 if os.environ.get("PREFECT_API_URL") else 0))
+        setting = os.environ.get("NKB_SQL_TIMEOUT")
+        given = seconds(setting, "$NKB_SQL_TIMEOUT") if setting else 600 if os.environ.get("PREFECT_API_URL") else 0
     return given or None
+
+
+def seconds(text: str, what: str = "--timeout") -> float:
+    """A number of seconds, 0 or more and finite (-1 would never stop, nan would mean no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} takes seconds, 0 or more (0: no limit), not {text!r}")
+    return value
+
+
+def _timeout_option(text: str) -> float:
+    try:
+        return seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--timeout ")) from None
 
 
 def cmd_check(args) -> int:
@@ -119,6 +138,7 @@ def cmd_runs(args) -> int:
 
 
 def cmd_report(args) -> int:
+    from warehouse.runs import get_run
     from stages.report import (edits_summary, em_intervals, generation_table, interval_table, refresh_table,
                                report_rows, report_table, surgery_table)
     wh = Warehouse(args.home, create=False)
@@ -141,6 +161,9 @@ def cmd_report(args) -> int:
         print(f"Report {rows[0]['run_id']} ({rows[0]['split']}; EM in %; probe: cloze prompts in unseen wordings, "
               "before fine-tuning)")
     emit(FORMATTERS[fmt](report_table(wh, rows)), args.output)
+    held_out = (get_run(wh, rows[0]["run_id"]).outputs or {}).get("heldout_loss")
+    if held_out:  # why the column is empty
+        print(f"held-out loss: {held_out}", file=sys.stderr)
     if fmt == "table" and not args.output:
         intervals = interval_table(wh, rows)
         if intervals is not None:
@@ -177,7 +200,7 @@ def add_commands(sub) -> None:
     sql.add_argument("--format", choices=[*FORMATTERS, "parquet"], help=fmt_help + ", or Parquet (with --output); "
                      "default: from --output's extension (.csv, .json, .parquet), else table")
     sql.add_argument("--output", metavar="FILE", help="write the result to FILE instead of standard output")
-    sql.add_argument("--timeout", type=float, metavar="SECONDS", help="stop the query after this long (default: "
+    sql.add_argument("--timeout", type=_timeout_option, metavar="SECONDS", help="stop the query after this long (default: "
                      "$NKB_SQL_TIMEOUT, else 600 where PREFECT_API_URL names a shared server, else none; 0: none). "
                      "Ctrl-C stops it at once")
     sql.set_defaults(func=cmd_sql, formats=[*FORMATTERS, "parquet"])

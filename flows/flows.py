@@ -19,7 +19,7 @@ from stages.data import ingest_part, ner_shard
 from stages.experiment import Experiment, ExperimentError
 from stages.inputs import world_dir
 from stages.registry import STAGES, Stage, run_subject
-from stages.runner import dispatch, summarize
+from stages.runner import dispatch, require_devices, summarize
 from warehouse import Warehouse, resolve_home
 
 
@@ -151,6 +151,8 @@ def pipeline(experiment: Optional[Experiment] = None, experiment_file: Optional[
     world = world_dir(Warehouse(home))
     chosen = load_experiment(experiment, experiment_file).with_world(world)
     chosen.require_files(world)
-    rows = [run(name, config, home, force, dispatch) for name, config in chosen.plan(train_models)]
+    plan = chosen.plan(train_models)
+    require_devices(plan, frozenset({"gpu"}) if dispatch else frozenset())
+    rows = [run(name, config, home, force, dispatch) for name, config in plan]
     create_table_artifact(key="pipeline-run", table=rows, description=f"Stages of experiment {chosen.name}")
     return rows

@@ -112,6 +112,12 @@ def pack(token_ids: Iterable[list[int]], length: int, eos_id: int) -> np.ndarray
     return np.asarray(flat[: rows * length], dtype=np.int64).reshape(rows, length)
 
 
+def held_out_count(sequences: int, share: float) -> int:
+    """How many of `sequences` packed rows to hold out for the no-forgetting check: `share` of them, and at least one
+    where the share is not zero and a row is left to train on (4 rows at 5 % would otherwise hold out none)."""
+    return max(int(sequences * share), 1 if share > 0 and sequences > 1 else 0)
+
+
 class SpanCorruptionBatches:
     """`batch(step)`: span-corrupted packed sequences; epochs reshuffle rows and redraw the noise."""
 

@@ -29,6 +29,8 @@ def probe(model, tokenizer, prompts: list[str], answers: list[str], device: Devi
 def heldout_loss(model, tokenizer, rows: np.ndarray, device: Device, batch_size: int = 32, seed: int = 1234) -> float:
     """Mean span-corruption loss on held-out text rows, with a fixed noise draw (comparable across models); a
     decoder-only model's next-token loss on them."""
+    if not len(rows):
+        raise ValueError("no held-out rows to measure the held-out loss on")
     model.eval()
     batches = family(model).text_batches(rows, tokenizer, min(batch_size, len(rows)), seed)
     losses, weights = [], []

@@ -67,6 +67,17 @@ class Device:
         return model
 
 
+class DeviceUnavailable(ValueError):
+    """A device was asked for that this machine does not have."""
+
+
+def require_device(preference: str) -> None:
+    """Refuse a device this machine lacks (`cuda` without a CUDA GPU), in one line."""
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise DeviceUnavailable("device=cuda was asked for, but this machine has no CUDA GPU that torch can use: "
+                                "leave device at auto (a GPU where there is one) or run where one is")
+
+
 def choose_device(preference: str = "auto", precision: str = "auto") -> Device:
     """Where and in what precision a stage runs. auto: CUDA with bf16 autocast when available (or asked for), else
     CPU in fp32 with flush-denormal on. precision bf16: bf16 autocast on a CPU too, where it computes bf16 natively
@@ -76,8 +87,7 @@ def choose_device(preference: str = "auto", precision: str = "auto") -> Device:
         raise ValueError(f"device must be auto, cpu or cuda, not {preference!r}")
     if precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"precision must be auto, fp32 or bf16, not {precision!r}")
-    if preference == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda was asked for but no CUDA GPU is available")
+    require_device(preference)
     if preference != "cpu" and torch.cuda.is_available():
         cuda = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(cuda)

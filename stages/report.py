@@ -70,6 +70,10 @@ def _probe(run: StagedRun, name: str, model, tokenizer, probes: list[dict], spli
     return ems
 
 
+HELD_OUT_EMPTY = ("not measured: the base holds no held-out rows (its general corpus packed into too few sequences "
+                  "for held_out_share to keep one); rerun pretraining-data and base-model --force on more text")
+
+
 def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict], split: str, device) -> dict:
     """A row's measurements on its own model (before fine-tuning; a row that exists only fine-tuned has none): the
     knowledge probe in unseen and seen wordings, the held-out loss and, for an injected model, the held-out loss with
@@ -86,6 +90,9 @@ def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict],
         probe_em, probe_seen_em = _probe(run, info["name"], model, tokenizer, probes, split, device)
         held_path = base_dir_of(directory) / "held_out.npy"
         held = np.load(held_path) if held_path.exists() else None
+        if held is not None and not len(held):  # pretraining data made before a tiny corpus kept one row
+            run.output("heldout_loss", HELD_OUT_EMPTY)
+            held = None
         loss = heldout_loss(model, tokenizer, held, device) if held is not None else None
     unmounted = None
     if info["kind"] in ("nkb", "nkb-a") and loss is not None:

@@ -34,6 +34,15 @@ def dispatch(name: str, wh: Warehouse, config: StageConfig, force: bool = False,
     return stage.entry(wh, config, force, **options)
 
 
+def require_devices(runs: list[tuple[str, StageConfig]], elsewhere: frozenset[str] = frozenset()) -> None:
+    """Refuse, before the first of `runs` starts, a device that a stage running here asks for and this machine
+    lacks (device=cuda without a GPU), so that no data stage runs first only for training to fail after it. Stages
+    of the pools in `elsewhere` run on those pools' workers, which have their own devices."""
+    if any(getattr(config, "device", "auto") == "cuda" for name, config in runs if STAGES[name].pool not in elsewhere):
+        from nkb_model.train import require_device
+        require_device("cuda")
+
+
 def summarize(stage: str, result: StageResult, seconds: float) -> dict[str, Any]:
     """One row describing a stage run: what it wrote, how long it took, how fast."""
     run = result.run

@@ -48,7 +48,7 @@ def prepare_pretraining_data(wh: Warehouse, config: PretrainingDataConfig, force
             (t for c in config.tokenizer_corpora for t in corpus_texts(wh, c)), config.vocab_size)
         rows = packed_rows(wh, tokenizer, config.corpus, config.seq_len)
         order = np.random.default_rng(config.seed).permutation(len(rows))
-        n_held = int(len(rows) * config.held_out_share)
+        n_held = base_model.held_out_count(len(rows), config.held_out_share)
         held_out, train_rows = rows[order[:n_held]], rows[order[n_held:]]
         # The training rows' own text, cut at documents and sentences: salient span masking asks for what the
         # model reads, and the held-out rows stay unseen. Ids sort in the order the pieces come.
@@ -164,6 +164,7 @@ def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fals
     target = model_dir(wh, config.name, fp)
 
     def body(run: StagedRun) -> dict:
+        from nkb_model import base_model
         from nkb_model.checkpoint import load_gguf, load_tokenizer, model_class
         from nkb_model.mounting import block_names, ffn_maps, get_ffn, layout
         started = time.perf_counter()
@@ -184,7 +185,7 @@ def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fals
         if config.pretrain_corpus:
             rows = packed_rows(wh, tokenizer, config.pretrain_corpus, GENERAL_SEQ_LEN)
             order = np.random.default_rng(config.seed).permutation(len(rows))
-            held_out = rows[order[:max(1, int(len(rows) * 0.05))]]
+            held_out = rows[order[:base_model.held_out_count(len(rows), 0.05)]]
         n_params = sum(p.numel() for p in model.parameters())
         info = {"name": config.name, "kind": "base", "arch": layout(model).family, "source": config.source,
                 "params": n_params, "vocab": len(tokenizer), "built_by": run.run_id, **origin}

@@ -167,3 +167,36 @@ def test_a_base_model_that_is_not_here_is_refused_before_the_first_stage(capsys,
     code, _, err = run_cli(capsys, "--home", str(tmp_path / "wh"), "pipeline", str(experiment))
     assert code == 1 and "base_model: models/t5-bse: no such folder or file" in err and "hub:NAME" in err, err
     assert time.monotonic() - started < 10 and not (tmp_path / "wh").exists()
+
+
+def test_a_device_this_machine_lacks_is_refused_before_any_stage_runs(capsys, tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    home = str(tmp_path / "wh")
+    for argv in (["run", "inject", "--set", "device=cuda"], ["demo", "--set", "device=cuda"]):
+        code, _, err = run_cli(capsys, "--home", home, *argv)
+        assert code == 1 and err.startswith("error: device=cuda was asked for, but this machine has no CUDA GPU")
+        assert len(err.strip().splitlines()) == 1 and not Path(home).exists(), argv
+
+
+def test_a_timeout_that_would_never_stop_or_means_nothing_is_refused(capsys, home, monkeypatch):
+    for value in ("-1", "nan", "inf", "soon"):
+        with pytest.raises(SystemExit) as refused:
+            main(["--home", home, "sql", "SELECT 1", "--timeout", value])
+        assert refused.value.code == 2 and f"takes seconds, 0 or more (0: no limit), not '{value}'" in \
+            capsys.readouterr().err
+    monkeypatch.setenv("NKB_SQL_TIMEOUT", "-5")
+    code, _, err = run_cli(capsys, "--home", home, "sql", "SELECT 1")
+    assert code == 1 and "$NKB_SQL_TIMEOUT takes seconds" in err
+
+
+def test_an_output_file_on_a_full_disk_is_not_left_behind_empty(capsys, home, tmp_path):
+    from tests.warehouse.test_faults import fill, small_disk
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        fill(disk, 0)
+        for name in ("x.csv", "x.parquet"):
+            code, _, err = run_cli(capsys, "--home", home, "sql", "SELECT * FROM range(100000)", "--output",
+                                   str(disk / "out" / name))
+            assert code == 1 and err.startswith("error: the disk is full"), err
+        assert sorted(p.name for p in disk.rglob("*")) == ["filler", "out"]

@@ -3,6 +3,7 @@ activation new_t5 builds is T5 v1.1's and survives a save and reload."""
 
 from typing import get_args
 
+import pytest
 import torch
 from transformers import T5ForConditionalGeneration
 from transformers.activations import ACT2FN
@@ -47,3 +48,18 @@ def test_interleaved_spreads_the_share_and_numbers_each_source_consecutively():
         # evenly spread: every window of 20 steps has its share of the second source, give or take one
         for lo in range(0, 80):
             assert abs(sum(name == "second" for name, _ in drawn[lo:lo + 20]) - 20 * share) <= 1
+
+
+def test_a_tiny_corpus_still_holds_out_one_row_for_the_no_forgetting_check():
+    """Issue 53: 4 packed sequences at the default 5 % held out none, and the report divided by zero."""
+    from nkb_model.base_model import held_out_count
+    assert [held_out_count(n, 0.05) for n in (0, 1, 2, 4, 19, 20, 100)] == [0, 0, 1, 1, 1, 1, 5]
+    assert held_out_count(4, 0.0) == 0  # asked for none
+
+
+def test_the_held_out_loss_of_no_rows_is_refused_in_words():
+    import numpy as np
+
+    from nkb_model.checks import heldout_loss
+    with pytest.raises(ValueError, match="no held-out rows"):
+        heldout_loss(None, None, np.zeros((0, 8), dtype=np.int64), None)

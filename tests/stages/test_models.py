@@ -668,3 +668,18 @@ def test_export_stages_in_a_folder_of_its_own_and_a_full_disk_is_one_line(world,
         assert code == 1 and err.startswith("error: the disk is full") and len(err.strip().splitlines()) == 1, err
         assert sorted(p.name for p in disk.iterdir()) == ["filler"]  # nothing half-written left
         filler.unlink()
+
+
+def test_a_base_without_held_out_rows_is_reported_without_its_loss_and_says_why(world, tmp_path):
+    """Issue 53: a tiny corpus's pretraining data held out no rows, and the report divided by zero."""
+    import shutil
+
+    import numpy as np
+    training.pretrain_base_model(world, TINY)
+    training.inject(world, INJECT)
+    copy = Warehouse(shutil.copytree(world.home, tmp_path / "copy"))
+    held = find_model(copy, "base") / "held_out.npy"
+    np.save(held, np.load(held)[:0])
+    run = report.report(copy, ReportConfig(), force=True).run
+    assert run.outputs["heldout_loss"] == report.HELD_OUT_EMPTY
+    assert {r["model"]: r["heldout_loss"] for r in copy.read("report").to_pylist()}["base"] is None
