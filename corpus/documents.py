@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -78,8 +79,7 @@ def read_mediawiki(path: str | os.PathLike, workers: int = 1) -> Iterator[Docume
             yield Document(page.doc_id, page.title, wikitext_to_text(page.text), page.where)
         return
     # Batches go to a pool with a bounded number in flight, so memory stays flat and order is kept.
-    # `spawn`: forking a process that holds DuckDB/Arrow threads is unsafe.
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+    with cleaning_pool(workers) as pool:
         in_flight: collections.deque = collections.deque()
         for batch in batched(pages, 64):
             in_flight.append((batch, pool.map_async(wikitext_to_text, [p.text for p in batch], chunksize=16)))
@@ -87,6 +87,17 @@ def read_mediawiki(path: str | os.PathLike, workers: int = 1) -> Iterator[Docume
                 yield from _cleaned(*in_flight.popleft())
         while in_flight:
             yield from _cleaned(*in_flight.popleft())
+
+
+def cleaning_pool(workers: int):
+    """Worker processes for wikitext cleaning. `spawn`: forking a process that holds DuckDB/Arrow threads is unsafe."""
+    return multiprocessing.get_context("spawn").Pool(workers, initializer=_leave_interrupts_to_the_parent)
+
+
+def _leave_interrupts_to_the_parent() -> None:
+    """A pool worker ignores Ctrl-C, which reaches the whole process group: the parent stops and ends the pool,
+    and no worker prints a traceback of its own over the parent's one line."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _cleaned(batch: list[Document], texts) -> Iterator[Document]:

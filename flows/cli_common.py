@@ -45,6 +45,24 @@ def local_flow_settings():
             yield
 
 
+def import_uninterrupted(*modules: str) -> None:
+    """Import `modules` with Ctrl-C (and SIGTERM) held back until they are in, then delivered as usual: an import
+    of torch cut in half leaves its C part registered and its Python part gone, and every later import of it fails
+    with an error about something else ("could not parse dispatch key: MPS") in place of the "interrupted" line."""
+    import importlib
+    import signal
+    held: list[int] = []  # a Python handler, so that whichever thread the signal reaches, the import finishes
+    previous = {s: signal.signal(s, lambda signum, _: held.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if held:
+        os.kill(os.getpid(), held[0])  # delivered now, as it would have been
+
+
 def _kind(field) -> tuple[str, list | None]:
     """How a config field's values look (`int`, `a,b,...`, `specific|top`), and its choices when it has a few."""
     annotation = field.annotation

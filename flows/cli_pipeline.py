@@ -7,8 +7,8 @@ import os
 import time
 from pathlib import Path
 
-from flows.cli_common import (config_epilog, experiment_epilog, home_flag, prepare_environment, program,
-                              local_flow_settings, parse_sets)
+from flows.cli_common import (config_epilog, experiment_epilog, home_flag, import_uninterrupted, local_flow_settings,
+                              parse_sets, prepare_environment, program)
 from flows.cli_warehouse import cmd_report
 from warehouse import Warehouse, resolve_home, row_counts
 
@@ -18,6 +18,8 @@ def cmd_run(args) -> int:
     from stages.runner import dispatch, require_devices, summarize
     stage = STAGES[args.stage]
     config = parse_sets(stage.config, args.set or [], f"nkb run {stage.name}")
+    if stage.imports_torch:  # whole, whenever Ctrl-C is pressed
+        import_uninterrupted("torch", "transformers")
     require_devices([(stage.name, config)])
     started = time.perf_counter()
     wh = Warehouse(args.home)  # refused here if it cannot be written, before Prefect starts
@@ -72,10 +74,14 @@ def export_and_check(wh: Warehouse, name: str, folder) -> None:
 
 def run_experiment(experiment, args, export: bool = False) -> int:
     """Run an experiment's plan through the pipeline flow, then say what ran and where the results are."""
+    from stages.registry import STAGES
     from stages.runner import require_devices
     home = resolve_home(args.home)
     experiment.require_files()  # before Prefect starts (the flow checks both again, for runs from the UI)
-    require_devices(experiment.plan(args.models))
+    plan = experiment.plan(args.models)
+    if any(STAGES[name].imports_torch for name, _ in plan):  # whole, whenever Ctrl-C is pressed
+        import_uninterrupted("torch", "transformers")
+    require_devices(plan)
     wh = Warehouse(home)  # a warehouse that cannot be written is refused here, not by Prefect's own state
     prepare_environment(home)
     from flows.flows import pipeline

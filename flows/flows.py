@@ -17,7 +17,7 @@ from flows.deployments import flow_attribute
 from flows.error_lines import tidy_run_logs
 from stages.data import ingest_part, ner_shard
 from stages.experiment import Experiment, ExperimentError
-from stages.inputs import world_dir
+from stages.inputs import require_shots, world_dir
 from stages.registry import STAGES, Stage, run_subject
 from stages.runner import dispatch, require_devices, summarize
 from warehouse import Warehouse, resolve_home
@@ -153,6 +153,10 @@ def pipeline(experiment: Optional[Experiment] = None, experiment_file: Optional[
     chosen.require_files(world)
     plan = chosen.plan(train_models)
     require_devices(plan, frozenset({"gpu"}) if dispatch else frozenset())
-    rows = [run(name, config, home, force, dispatch) for name, config in plan]
+    rows = []
+    for i, (name, config) in enumerate(plan):
+        if STAGES[name].pool == "gpu" and all(STAGES[n].pool != "gpu" for n, _ in plan[:i]):
+            require_shots(Warehouse(home), plan[i:])  # the data stages have loaded the questions by now
+        rows.append(run(name, config, home, force, dispatch))
     create_table_artifact(key="pipeline-run", table=rows, description=f"Stages of experiment {chosen.name}")
     return rows

@@ -122,6 +122,23 @@ def read_questions(wh: Warehouse, datasets: list[str] | None, split: str) -> pa.
     return table.sort_by("question_id")
 
 
+def require_shots(wh: Warehouse, runs: list[tuple[str, object]]) -> None:
+    """Refuse runs that ask for more solved examples (`shots`) than a dataset's train split holds, before the first
+    of them starts: the draw would fail only when the question is asked, after every model was trained."""
+    counts = wh.read("questions", ["dataset", "split"]).group_by(["dataset", "split"]).aggregate([([], "count_all")])
+    held = {(d, s): n for d, s, n in zip(*(counts.column(c).to_pylist() for c in ("dataset", "split", "count_all")))}
+    for name, config in runs:
+        shots = getattr(config, "shots", 0)
+        if not shots:
+            continue
+        asked = getattr(config, "datasets", None) or sorted(d for d, s in held if s == config.split)
+        for dataset in asked:
+            if held.get((dataset, "train"), 0) < shots:
+                raise ValueError(f"{name}: shots={shots} draws {shots} solved examples for each question from "
+                                 f"dataset {dataset}'s train split, which holds {held.get((dataset, 'train'), 0)} "
+                                 "questions: lower shots (no model was trained)")
+
+
 def gen_examples(wh: Warehouse, task: str, split: str) -> pa.Table:
     """A general-generation task's split from `gen_examples`, in id order."""
     table = wh.read("gen_examples", filter=(pc.field("task") == task) & (pc.field("split") == split))

@@ -31,6 +31,11 @@ class Stage:
         return getattr(importlib.import_module(f"stages.{module}"), name)
 
     @property
+    def imports_torch(self) -> bool:
+        """Whether running it imports torch: every model stage, and pretraining-data, which packs rows for one."""
+        return self.pool == "gpu" or self.function.startswith("training:")
+
+    @property
     def summary(self) -> str:
         """The config's docstring up to its first blank line, on one line (help text, Prefect descriptions)."""
         return " ".join((self.config.__doc__ or "").strip().split("\n\n")[0].split())

@@ -246,3 +246,13 @@ def test_document_batches_end_at_a_count_or_at_a_text_size():
     batches = [[d.doc_id for d in b] for b in batched_documents(iter(docs), max_docs=3, max_chars=10)]
     # [5, 5] reaches 10 characters; [20] alone is over; the ones end at three documents; the rest is kept
     assert batches == [["0", "1"], ["2"], ["3", "4", "5"], ["6"]]
+
+
+def test_cleaning_workers_leave_ctrl_c_to_the_parent():
+    """Issue 53: Ctrl-C during a parallel ingest reached every worker, which printed `Process SpawnPoolWorker-2:`
+    and its own traceback over the command's one line."""
+    import signal
+
+    from corpus.documents import cleaning_pool
+    with cleaning_pool(1) as pool:
+        assert pool.apply(signal.getsignal, (signal.SIGINT,)) == signal.SIG_IGN

@@ -200,3 +200,18 @@ def test_an_output_file_on_a_full_disk_is_not_left_behind_empty(capsys, home, tm
                                    str(disk / "out" / name))
             assert code == 1 and err.startswith("error: the disk is full"), err
         assert sorted(p.name for p in disk.rglob("*")) == ["filler", "out"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_torchs_import_waits_for_it_and_then_interrupts():
+    """Issue 53: Ctrl-C that landed inside torch's import left it half made, and the next import of it failed with
+    `could not parse dispatch key: MPS` in place of the "interrupted" line. Here the signal comes 0.3 s into it."""
+    script = ("import os, signal, sys, threading\n"
+              "from flows.cli_common import import_uninterrupted\n"
+              "assert 'torch' not in sys.modules\n"
+              "threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+              "try:\n    import_uninterrupted('torch', 'transformers')\n"
+              "except KeyboardInterrupt:\n    import torch.nn\n    print('interrupted after the import', torch.nn.Linear)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.stdout.startswith("interrupted after the import <class 'torch.nn.modules.linear.Linear'>"), done.stderr

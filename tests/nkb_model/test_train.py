@@ -65,7 +65,7 @@ def test_nothing_to_train():
 def test_device_choice():
     assert choose_device("cpu").device.type == "cpu" and choose_device("cpu").autocast_dtype is None
     if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        with pytest.raises(ValueError, match="this machine has no CUDA GPU"):
             choose_device("cuda")
 
 

@@ -10,7 +10,7 @@ from stages.experiment import (FULL_DEMO, SAMPLE_WORLD, SAMPLE_WORLD_SMOLLM2, Ex
                                decoder_only_demo)
 
 EXAMPLE = SAMPLE_WORLD.parent / "example.yaml"
-MINIMAL = {"name": "mine", "knowledge": [{"path": "wiki.jsonl", "corpus": "wiki"}], "base_model": "t5-base",
+MINIMAL = {"name": "mine", "knowledge": [{"path": "wiki.jsonl", "corpus": "wiki"}], "base_model": "hub:t5-base",
            "questions": [{"path": "nq.train.jsonl", "format": "nq_open", "dataset": "nq", "split": "train"},
                          {"path": "nq.dev.jsonl", "format": "nq_open", "dataset": "nq", "split": "validation"}]}
 
@@ -109,7 +109,7 @@ def test_a_hugging_face_base_is_imported_not_built():
     stages = [stage for stage, _ in plan]
     assert "pretraining-data" not in stages and "sample-world" not in stages
     (base,) = [c for s, c in plan if s == "base-model"]
-    assert isinstance(base, BaseModelConfig) and base.source == "t5-base" and base.name == "base"
+    assert isinstance(base, BaseModelConfig) and base.source == "hub:t5-base" and base.name == "base"
     assert not {"transformer", "large"} & set(names(plan))
     with pytest.raises(ExperimentError, match=r"rows \['large'\] need a base built here"):
         Experiment.parse(MINIMAL | {"rows": ["base", "large"]})
@@ -253,6 +253,9 @@ def test_every_missing_input_file_is_named_before_anything_runs(tmp_path):
         (tmp_path / entry["path"]).write_text("")
     experiment.require_files()
     Experiment.load(SAMPLE_WORLD).require_files()  # the sample world's files are made by its first stage
+    (tmp_path / "typo.yaml").write_text(yaml.safe_dump(MINIMAL | {"base_model": "models/t5-bse"}))
+    with pytest.raises(ExperimentError, match=r"no such file for base_model: models/t5-bse: no such folder or file"):
+        Experiment.load(tmp_path / "typo.yaml").require_files()
 
 
 def test_the_knowledge_may_be_the_parts_of_a_split_dump(tmp_path):

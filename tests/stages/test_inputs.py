@@ -27,3 +27,19 @@ def test_only_fine_tuning_s_ways_of_reading_documents_are_retrieval_modes(info, 
 ])
 def test_a_decoder_only_model_never_fine_tuned_is_asked_in_the_harness_prompt(info, shots, prompted):
     assert asked_in_prompt(info, shots) == prompted
+
+
+def test_more_shots_than_a_train_split_holds_are_refused_before_a_model_stage(tmp_path):
+    """Issue 53: shots=1000 on a tiny set was refused only at evaluate, after every model was trained."""
+    from stages.configs import EvaluateConfig, SurgeryConfig
+    from stages.inputs import require_shots
+    from warehouse import Warehouse, run_stage
+    wh = Warehouse(tmp_path / "wh")
+    for split, n in (("train", 3), ("validation", 2)):
+        run_stage(wh, "questions", {"split": split}, split, lambda run, split=split, n=n: run.write(
+            "questions", f"nq.{split}", {"question_id": [f"{split}{i}" for i in range(n)], "dataset": ["nq"] * n,
+                                         "split": [split] * n, "question": ["q?"] * n, "answers": [["a"]] * n}))
+    require_shots(wh, [("evaluate", EvaluateConfig(model="m", shots=3)), ("surgery", SurgeryConfig(shots=0))])
+    with pytest.raises(ValueError, match=r"surgery: shots=5 draws 5 solved examples for each question from dataset "
+                                         r"nq's train split, which holds 3 questions: lower shots"):
+        require_shots(wh, [("evaluate", EvaluateConfig(model="m", shots=2)), ("surgery", SurgeryConfig(shots=5))])
