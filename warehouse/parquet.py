@@ -22,7 +22,8 @@ LINEAGE_FINGERPRINT = "nkb.inputs_fingerprint"
 # cover (`Warehouse.partition_files`). Files written before lack it; they are checked by their whole digest.
 PAGE_CHECKSUMS = "nkb.page_checksums"
 
-# How every table file is read: each page's checksum verified as it is decoded (about 2 % of a full scan's time).
+# How every table file is read: each page's checksum verified as it is decoded (a full scan of a 2 GB table took 16 %
+# longer on a 2-core AMD EPYC; docs/results.md).
 CHECKED_PARQUET = ds.ParquetFileFormat(
     default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
 

@@ -1,0 +1,131 @@
+"""What it costs that no read returns a byte its run did not commit (issue 53), on a large `documents` table.
+
+A documents table of about `--mb` MB of Parquet is written through a real stage run (the sample world's articles,
+repeated under new ids), then measured with the page cache warm:
+- writing: the same rows written with and without page checksums (CRC-32 per page);
+- the check before each read (`Warehouse.table_files`: each file's size and footer digest) against hashing every
+  byte (`file_digest`: what checking the registry's SHA-256 on every read would cost);
+- a full scan through `nkb sql` (`SELECT count(*), sum(length(text)) FROM documents`) with pages verified, as the
+  warehouse reads, and the same scan with verification off, as before; and `count(*)`, which reads only footers.
+Prints JSON and records `metrics` rows.
+
+    python -m bench.integrity [--mb 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from bench.world import record
+from stages import data
+from stages.configs import SampleWorldConfig
+from warehouse import Warehouse, file_digest, query, run_stage
+from warehouse.parquet import CHECKED_PARQUET
+
+SCAN = "SELECT count(*) AS n, sum(length(text)) AS chars FROM documents"
+
+
+def best_of(times: int, work) -> float:
+    """The fastest of `times` runs of `work()`, in seconds (the page cache warm after the first)."""
+    best = float("inf")
+    for _ in range(times):
+        started = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def source_rows(people: int, home: Path) -> pa.Table:
+    """The sample world's knowledge articles, as its stages load them: real stage output to repeat."""
+    world = Warehouse(home)
+    data.load_sample_world(world, SampleWorldConfig(people=people, background_people=0), general=False)
+    return world.read("documents", ["doc_id", "title", "text"], filter=pc.field("corpus") == "sampleworld")
+
+
+def big_documents(wh: Warehouse, rows: pa.Table, mb: int) -> dict:
+    """One committed `documents` partition of about `mb` MB, written by a stage run in batches of `rows` under new
+    ids; returns its size and the seconds the run took."""
+    def body(run):
+        with run.writer("documents", "big") as w:
+            copy = 0
+            while w.rows == 0 or Path(w.path).stat().st_size < mb * 1e6:
+                ids = pc.binary_join_element_wise(pa.scalar(f"{copy}/"), rows.column("doc_id"), "")
+                w.write(rows.set_column(0, "doc_id", ids).append_column("corpus", pa.array(["big"] * rows.num_rows)))
+                copy += 1
+    started = time.perf_counter()
+    run_stage(wh, "ingest", {"corpus": "big", "mb": mb}, f"big-{mb}", body, force=True)
+    path = wh.partition_path("documents", "big")
+    return {"rows": pq.read_metadata(path).num_rows, "bytes": path.stat().st_size,
+            "stage_write_s": round(time.perf_counter() - started, 2)}
+
+
+def write_seconds(path: Path, checksums: bool, scratch: Path) -> float:
+    """Seconds to rewrite the file's rows with the warehouse's writer settings, with or without page checksums."""
+    source = pq.ParquetFile(path)
+    target = scratch / f"rewrite-{checksums}.parquet"
+
+    def rewrite():
+        with pq.ParquetWriter(target, source.schema_arrow, compression="zstd", write_page_checksum=checksums) as w:
+            for group in range(source.num_row_groups):
+                w.write_table(source.read_row_group(group))
+    return best_of(1, rewrite)
+
+
+def scan_seconds(path: Path, schema: pa.Schema, verify: bool) -> float:
+    """The sql scan over the file registered as nkb sql registers it, pages verified or not."""
+    fmt = CHECKED_PARQUET if verify else ds.ParquetFileFormat()
+    con = duckdb.connect(":memory:")
+    con.register("documents", ds.dataset([str(path)], schema=schema, format=fmt))
+    seconds = best_of(3, lambda: con.execute(SCAN).fetchall())
+    con.close()
+    return seconds
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=int, default=2000, help="size of the documents table to build, in MB")
+    parser.add_argument("--people", type=int, default=20_000, help="people in the sample world whose articles repeat")
+    parser.add_argument("--home", default="bench/results/integrity", help="benchmark warehouse (rebuilt)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("NKB_PROGRESS", "0")
+    home = Path(args.home)
+    shutil.rmtree(home / "big", ignore_errors=True)
+    rows = source_rows(args.people, home / "world")
+    wh = Warehouse(home / "big")
+    figures = big_documents(wh, rows, args.mb)
+    path = wh.partition_path("documents", "big")
+    schema = wh.schema("documents")
+    with tempfile.TemporaryDirectory(dir=home) as scratch:
+        figures["write_with_checksums_s"] = round(write_seconds(path, True, Path(scratch)), 2)
+        figures["write_without_checksums_s"] = round(write_seconds(path, False, Path(scratch)), 2)
+    figures["check_before_read_s"] = round(best_of(5, lambda: Warehouse(wh.home).table_files("documents")), 4)
+    figures["whole_digest_s"] = round(best_of(2, lambda: file_digest(path)), 2)
+    figures["scan_verified_s"] = round(scan_seconds(path, schema, verify=True), 2)
+    figures["scan_unverified_s"] = round(scan_seconds(path, schema, verify=False), 2)
+    figures["nkb_sql_scan_s"] = round(best_of(3, lambda: query(Warehouse(wh.home), SCAN)), 2)
+    figures["nkb_sql_count_s"] = round(best_of(3, lambda: query(Warehouse(wh.home), "SELECT count(*) FROM documents")),
+                                       3)
+    figures["scan_overhead_pct"] = round(100 * (figures["scan_verified_s"] / figures["scan_unverified_s"] - 1), 1)
+    figures["write_overhead_pct"] = round(100 * (figures["write_with_checksums_s"] /
+                                                 figures["write_without_checksums_s"] - 1), 1)
+    figures["run_id"] = record(wh, "integrity", {k: v for k, v in figures.items() if isinstance(v, (int, float))},
+                               {"mb": args.mb, "people": args.people})
+    print(json.dumps({"benchmark": "integrity", "cpus": os.cpu_count(), **figures}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
