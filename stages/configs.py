@@ -103,15 +103,29 @@ DaskAddress = Annotated[Optional[str], Field(
                 "as in-process. Workers must see the warehouse path and the input files.")]
 Seed = Annotated[int, Field(description="Seed for initialisation, data order and masking.")]
 AskedShots = Annotated[int, Field(ge=0, description=(
-    "Ask the questions few-shot, as evaluate's `shots` asks a decoder-only LM that was not fine-tuned: each after "
-    "this many solved questions of its dataset's train split, the answer the words after `A:`. 0: a model fine-tuned "
-    "on questions gets the question alone, as it was fine-tuned on it; a decoder-only LM never fine-tuned gets the "
-    "prompt with no examples (lm-evaluation-harness's zero-shot)."))]
+    "Few-shot QA, as decoder-only LMs are evaluated (no fine-tuning): each question after this many solved questions "
+    "of its dataset's train split, in lm-evaluation-harness's nq_open prompt, the answer the first line written up "
+    "to a full stop or comma (evaluate files the answers under `MODEL.Kshot`). 0: a model fine-tuned on questions "
+    "gets the question alone, as it was fine-tuned on it; a decoder-only LM never fine-tuned gets the prompt with no "
+    "examples (the harness's zero-shot)."))]
 ShotsSeed = Annotated[int, Field(description="Seed that draws the few-shot examples.")]
 ShotsDrawn = Annotated[Literal["per_question", "once"], Field(description=(
     "per_question: each question its own draw of examples (lm-evaluation-harness's default sampler, the same draws "
     "for the same seed): shots shared by every prompt let a model copy one answer everywhere, and EM then moves with "
     "that one draw (docs/decisions.md); once: one draw for every question."))]
+
+
+class Asking(BaseModel):
+    """How a model is asked its questions, one value wherever a model is asked (`stages.inputs.model_inputs` turns
+    questions into what the model reads): after `shots` solved questions of the dataset's train split, drawn with
+    `seed` for each question (`per_question`) or once for all; with 0, as the model was fine-tuned on them (with
+    its retrieved documents, if it was fine-tuned with them), or the harness's zero-shot prompt for a decoder-only
+    LM never fine-tuned on questions."""
+    model_config = ConfigDict(frozen=True)
+
+    shots: int = 0
+    seed: int = 0
+    per_question: bool = True
 
 
 class StageConfig(BaseModel):
@@ -126,8 +140,6 @@ class StageConfig(BaseModel):
         """The fields that decide what the stage produces: the config part of its inputs fingerprint."""
         unchanged = {f for f in self.later_settings
                      if getattr(self, f) == type(self).model_fields[f].get_default(call_default_factory=True)}
-        if getattr(self, "shots", None) == 0:
-            unchanged.add("shots_drawn")  # nothing is drawn: a zero-shot run's fingerprint stays what it was
         return self.model_dump(exclude=set(self.volatile) | unchanged)
 
 
@@ -138,6 +150,24 @@ class ModelStageConfig(StageConfig):
 
     device: DeviceChoice = "auto"
     precision: PrecisionChoice = "auto"
+
+
+class AskingStageConfig(ModelStageConfig):
+    """A stage that asks a model questions: the settings of its way of asking (`Asking`), declared here once."""
+
+    shots: AskedShots = 0
+    shots_seed: ShotsSeed = 0
+    shots_drawn: ShotsDrawn = "per_question"
+
+    @property
+    def asking(self) -> Asking:
+        return Asking(shots=self.shots, seed=self.shots_seed, per_question=self.shots_drawn == "per_question")
+
+    def identity(self) -> dict[str, Any]:
+        identity = super().identity()
+        if self.shots == 0:
+            identity.pop("shots_drawn")  # nothing is drawn: a zero-shot run's fingerprint stays what it was
+        return identity
 
 
 class TrainingConfig(ModelStageConfig):
@@ -461,7 +491,7 @@ class FinetuneConfig(TrainingConfig):
 
 # ---- evaluation, report, knowledge ----------------------------------------------------------------
 
-class EvaluateConfig(ModelStageConfig):
+class EvaluateConfig(AskingStageConfig):
     """Answer questions closed-book with greedy decoding; exact match into `predictions` and `metrics`."""
     volatile = frozenset({"device", "batch_size"})
 
@@ -476,14 +506,6 @@ class EvaluateConfig(ModelStageConfig):
     batch_size: int = Field(64, ge=1, description="Questions per generation batch.")
     max_new_tokens: Optional[int] = Field(None, ge=1, description="Longest output in tokens; default 24 for QA "
                                                                   "answers, 64 for generation tasks.")
-    shots: int = Field(0, ge=0, description=(
-        "Few-shot QA, as decoder-only LMs are evaluated (no fine-tuning): each prompt holds this many solved questions of "
-        "the dataset's train split (lm-evaluation-harness's nq_open prompt), and the answer is the first line "
-        "written, up to a full stop or comma. Results go under the name `MODEL.Kshot`. 0: a model fine-tuned on "
-        "questions gets the question alone, as it was fine-tuned on it; a decoder-only LM never fine-tuned gets the "
-        "prompt with no examples (the harness's zero-shot), under its own name."))
-    shots_seed: ShotsSeed = 0
-    shots_drawn: ShotsDrawn = "per_question"
 
 
 @dataclass(frozen=True)
@@ -545,7 +567,7 @@ class ReportConfig(_ReportRows):
                                                     "without one the probe columns stay empty.")
 
 
-class AnalyzeConfig(ModelStageConfig):
+class AnalyzeConfig(AskingStageConfig):
     """Read NKB slots (or a FFN's neurons) as key-value memories: values on the vocabulary, keys by the
     questions that make them fire."""
 
@@ -558,9 +580,6 @@ class AnalyzeConfig(ModelStageConfig):
     split: Name = Field("validation", description="Questions whose activations are recorded.")
     facts: Optional[str] = Field(None, description="JSONL with question_id and relation, for key coherence "
                                                    "(none without it).")
-    shots: AskedShots = 0
-    shots_seed: ShotsSeed = 0
-    shots_drawn: ShotsDrawn = "per_question"
 
 
 # Relative edit strengths (an edit s times as long as the residual stream at the step edited): from no effect to
@@ -582,7 +601,7 @@ class SlotEditConfig(ModelStageConfig):
                                                  "(slot=specific).")
 
 
-class SurgeryConfig(SlotEditConfig):
+class SurgeryConfig(SlotEditConfig, AskingStageConfig):
     """Knowledge surgery (the paper's section 6): edit one slot's value to change one answer; sweep the strength."""
 
     model: str = Field("base+nkb.qa", description="Fine-tuned model with an NKB (a name, or a model directory).")
@@ -597,9 +616,6 @@ class SurgeryConfig(SlotEditConfig):
     others: int = Field(20, ge=1, description="Other validation questions checked for changed predictions per edit.")
     split: Name = Field("validation", description="Questions to edit.")
     seed: int = Field(0, description="Seed for choosing the questions.")
-    shots: AskedShots = 0
-    shots_seed: ShotsSeed = 0
-    shots_drawn: ShotsDrawn = "per_question"
 
 
 class EditConfig(SlotEditConfig):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 from stages.configs import EvaluateConfig
-from stages.inputs import (fewshot_prompts, gen_examples, gen_inputs, gen_lineage, qa_inputs, questions_lineage,
-                           asked_in_prompt, read_questions, retrieval_mode, retrievals_lineage)
+from stages.inputs import (asked_in_prompt, gen_examples, gen_inputs, gen_lineage, model_inputs, questions_lineage,
+                           read_questions, retrieval_mode, retrievals_lineage)
 from stages.models import model_lineage, source_model
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, run_stage
 
@@ -70,25 +70,14 @@ def model_outputs(wh: Warehouse, examples, model, tokenizer, info: dict, config:
     its line), beam search for a generation task. `info`: the model's, whose prompt format and input length apply."""
     from nkb_model.decoding import generate
     from nkb_model.fewshot import answer_of
-    texts, knowledge_ids = evaluation_inputs(wh, examples, model, tokenizer, info, config, task)
+    texts, knowledge_ids = ((gen_inputs(examples), None) if task
+                            else model_inputs(wh, examples, model, tokenizer, info, config.asking))
     prompted = not task and asked_in_prompt(info, config.shots)
     outputs = generate(model, tokenizer, texts, device, config.batch_size,
                        None if prompted else info.get("max_input_len", 256),
                        config.max_new_tokens or (64 if task else 24), config.num_beams or (4 if task else 1),
                        knowledge_ids)
     return [answer_of(o) for o in outputs] if prompted else outputs
-
-
-def evaluation_inputs(wh: Warehouse, examples, model, tokenizer, info: dict, config: EvaluateConfig,
-                      task: str | None) -> tuple[list[str], object]:
-    """(the texts the model is given, Kformer's documents or None): a generation task's sources, each question's
-    few-shot prompt (zero-shot for a decoder-only model never fine-tuned: `asked_in_prompt`), or the questions as the
-    model was fine-tuned on them (with their retrieved documents)."""
-    if task:
-        return gen_inputs(examples), None
-    if asked_in_prompt(info, config.shots):
-        return fewshot_inputs(wh, examples, model, config), None
-    return qa_inputs(wh, examples, tokenizer, info)
 
 
 def generation_scores(examples, outputs: list[str], task: str):
@@ -118,12 +107,3 @@ def model_card_with(wh: Warehouse, info: dict, new_scores: dict) -> str:
     """The model's card with its new scores ({(dataset, split, metric): score})."""
     from stages.model_card import model_card
     return model_card(wh, info, model_lineage(wh, info), new_scores=new_scores)
-
-
-def fewshot_inputs(wh: Warehouse, examples, model, config: EvaluateConfig) -> list[str]:
-    """Each question's few-shot prompt: K solved questions of its own dataset's train split (`shots_drawn`)."""
-    from nkb_model.families import family
-    if not family(model).decoder_only:
-        raise ValueError(f"evaluate: shots is for decoder-only models; {config.model} is an encoder-decoder model, "
-                         "which is fine-tuned (finetune) and then asked with shots: 0")
-    return fewshot_prompts(wh, examples, config.shots, config.shots_seed)

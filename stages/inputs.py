@@ -176,6 +176,21 @@ def asked_in_prompt(info: dict, shots: int) -> bool:
     return shots > 0 or (never_fine_tuned and "arch" in info and family_of_arch(info["arch"]).decoder_only)
 
 
+def model_inputs(wh: Warehouse, questions: pa.Table, model, tokenizer, info: dict, asking=None):
+    """What `model` reads for each question when asked as `asking` (a `stages.configs.Asking`; None: as it was
+    fine-tuned): (texts, Kformer's document ids or None). The one place that turns questions into a model's inputs:
+    the few-shot prompt (or the harness's zero-shot one for a decoder-only LM never fine-tuned, `asked_in_prompt`),
+    else the question in the form the model was fine-tuned on, with its retrieved documents if it was fine-tuned
+    with them."""
+    from nkb_model.families import family
+    if asking is not None and asked_in_prompt(info, asking.shots):
+        if asking.shots and not family(model).decoder_only:
+            raise ValueError(f"shots is for decoder-only models; {info.get('name', 'this model')} is an "
+                             "encoder-decoder model, which is fine-tuned (finetune) and then asked with shots: 0")
+        return fewshot_prompts(wh, questions, asking.shots, asking.seed, asking.per_question), None
+    return qa_inputs(wh, questions, tokenizer, info)
+
+
 def fewshot_prompts(wh: Warehouse, questions: pa.Table, k: int, seed: int, per_question: bool = True) -> list[str]:
     """Each question after K solved questions of its own dataset's train split, as decoder-only LMs are asked
     (`nkb_model.fewshot`), drawn with `seed` for each question (or once for all). A question's draw is the one its

@@ -13,8 +13,8 @@ import numpy as np
 
 from corpus.errors import InputFileError
 from corpus.files import iter_jsonl
-from stages.configs import AnalyzeConfig, EditConfig, SlotEditConfig, SurgeryConfig
-from stages.inputs import answer_frame, asked_in_prompt, fewshot_prompts, qa_pair, read_questions
+from stages.configs import AnalyzeConfig, Asking, EditConfig, SlotEditConfig, SurgeryConfig
+from stages.inputs import answer_frame, asked_in_prompt, model_inputs, qa_pair, read_questions
 from stages.models import model_dir, model_present, publish_model, source_model
 from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, run_stage
 
@@ -39,13 +39,9 @@ def _retrieved_span_partitions(wh: Warehouse) -> list[tuple[str, str]]:
     return [(n, f) for n, f in wh.lineage("salient_spans") if ".pretraining-" not in n]
 
 
-def _model_texts(wh: Warehouse, questions, info: dict, asked=None) -> list[str]:
-    """Model inputs of the questions: each after solved ones as `asked` (a config's shots, shots_seed and
-    shots_drawn: a decoder-only LM asked few-shot, or zero-shot: `asked_in_prompt`) says, else in the format the
-    model was fine-tuned on."""
-    if asked is not None and asked_in_prompt(info, asked.shots):
-        return fewshot_prompts(wh, questions, asked.shots, asked.shots_seed, asked.shots_drawn == "per_question")
-    return [qa_pair(q, None, info.get("answer_format", "plain"))[0] for q in questions.column("question").to_pylist()]
+def _model_texts(wh: Warehouse, questions, model, tokenizer, info: dict, asking: Asking | None = None) -> list[str]:
+    """The texts the model reads for the questions, asked as `asking` says (`model_inputs`)."""
+    return model_inputs(wh, questions, model, tokenizer, info, asking)[0]
 
 
 # ---- analyze --------------------------------------------------------------------------------------
@@ -70,7 +66,7 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
         layers = config.layers or (list(mounted_layers(model)) if config.kind == "nkb" else ["decoder.-1"])
         spans = wh.read("salient_spans", ["text", "label"], partitions=[n for n, _ in span_parts])
         lexicon = analysis.SpanLexicon(spans.column("text").to_pylist(), spans.column("label").to_pylist())
-        texts = _model_texts(wh, questions, info, config)
+        texts = _model_texts(wh, questions, model, tokenizer, info, config.asking)
         qids = questions.column("question_id").to_pylist()
         values_out: dict[str, list] = {}
         keys_out: dict[str, list] = {}
@@ -154,19 +150,19 @@ def _category_plot(shares: dict[str, float], title: str, path: Path) -> None:
 
 # ---- surgery -------------------------------------------------------------------------------------
 
-def _site(wh: Warehouse, config: SlotEditConfig, model, tokenizer, info: dict, asked=None):
+def _site(wh: Warehouse, config: SlotEditConfig, model, tokenizer, info: dict, asking: Asking | None = None):
     """Where a surgery or an edit goes: the configured block (default the last decoder NKB), the decoder ids before
-    the model's answers, and for slot=specific each slot's usual activation on the reference questions (asked
-    few-shot as `asked` says: their answers end with the line, not with EOS)."""
+    the model's answers, and for slot=specific each slot's usual activation on the reference questions (asked as
+    `asking` says: few-shot, their answers end with the line, not with EOS)."""
     from nkb_model import slot_edits
     layer = config.layer or slot_edits.default_layer(model)
     prefix, end = answer_frame(tokenizer, info.get("answer_format", "plain"))
-    end = None if asked is not None and asked_in_prompt(info, asked.shots) else end
+    end = None if asking is not None and asked_in_prompt(info, asking.shots) else end
     typical = None
     if config.slot == "specific":
         reference = read_questions(wh, None, config.reference)
         answers = [a[0] for a in reference.column("answers").to_pylist()]
-        texts = _model_texts(wh, reference, info, asked)
+        texts = _model_texts(wh, reference, model, tokenizer, info, asking)
         typical = slot_edits.slot_profile(model, tokenizer, texts, answers, layer, prefix, end)
     return slot_edits.Site(layer, tuple(prefix), typical)
 
@@ -192,9 +188,9 @@ def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageR
         started = time.perf_counter()
         model, tokenizer, info = source.load(device)
         gold = [a[0] for a in questions.column("answers").to_pylist()]
-        texts = _model_texts(wh, questions, info, config)
+        texts = _model_texts(wh, questions, model, tokenizer, info, config.asking)
         with device.autocast():
-            site = _site(wh, config, model, tokenizer, info, config)
+            site = _site(wh, config, model, tokenizer, info, config.asking)
             rows, wrong = slot_edits.sweep(model, tokenizer, texts, gold, site, grid,
                                            config.questions, config.others, config.seed, absolute)
         qids = questions.column("question_id").to_pylist()
@@ -278,7 +274,8 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
         strength, absolute = (config.lam, True) if config.lam else (config.strength, False)
         with device.autocast():
             done = slot_edits.edit_many(model, tokenizer, asked,
-                                        _locality_texts(wh, config, requests, info) if batch else [],
+                                        _locality_texts(wh, config, requests, model, tokenizer, info) if batch
+                                        else [],
                                         site, strength, device, absolute, end)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         log = list(source.info.get("edits", [])) + [
@@ -312,10 +309,11 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
                      still_valid=model_present)
 
 
-def _locality_texts(wh: Warehouse, config: EditConfig, requests: list[dict], info: dict) -> list[str]:
+def _locality_texts(wh: Warehouse, config: EditConfig, requests: list[dict], model, tokenizer,
+                    info: dict) -> list[str]:
     """Model inputs of up to `config.locality` questions of the split that no edit asks (in any wording)."""
     questions = read_questions(wh, None, config.split)
     asked = {q for r in requests for q in [r["question"], *r["paraphrases"]]}
     keep = [i for i, q in enumerate(questions.column("question").to_pylist()) if q not in asked]
     chosen = sorted(np.random.default_rng(config.seed).permutation(keep)[:config.locality].tolist())
-    return _model_texts(wh, questions.take(chosen), info)
+    return _model_texts(wh, questions.take(chosen), model, tokenizer, info)
