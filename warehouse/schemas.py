@@ -1,4 +1,5 @@
-"""Table contracts (DESIGN.md §4): one pyarrow schema per Parquet table, DDL for the native tables.
+"""Table contracts (docs/architecture.md, "Warehouse contracts"): one pyarrow schema per Parquet table, DDL for
+the native tables.
 
 Parquet tables live under `tables/<name>/<partition>.parquet` and are seen through DuckDB views.
 Every Parquet row carries the `run_id` of the run that wrote it.
