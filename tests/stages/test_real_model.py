@@ -85,9 +85,8 @@ def test_smollm2_is_injected_cached_as_uncached_asked_few_shot_and_exported_with
     from stages import data, evaluation, training
     from stages.configs import EvaluateConfig, IndexConfig, InjectConfig, RetrieveConfig, SalientSpansConfig
     from stages.configs import SampleWorldConfig
-    from stages.evaluation import fewshot_inputs
     from stages.export import check_export, export_model
-    from stages.inputs import read_questions
+    from stages.inputs import model_inputs, read_questions
     from warehouse import run_metrics
     wh = Warehouse(tmp_path / "wh")
     data.load_sample_world(wh, SampleWorldConfig(people=6, background_people=6))
@@ -111,7 +110,8 @@ def test_smollm2_is_injected_cached_as_uncached_asked_few_shot_and_exported_with
     folder = export_model(wh, "base+nkb", tmp_path / "export")
     stock, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
     questions = read_questions(wh, None, "validation")
-    prompts = fewshot_inputs(wh, questions, stock, EvaluateConfig(model="base+nkb", shots=2))
+    prompts, _ = model_inputs(wh, questions, stock, tokenizer, {"arch": "llama"},
+                              EvaluateConfig(model="base+nkb", shots=2).asking)
     assert len(prompts) == len(predicted) and result.status == "success"
     for prompt, row in zip(prompts, predicted):
         ids = tokenizer(prompt)["input_ids"]  # as a stock user (and the harness) encodes a prompt
