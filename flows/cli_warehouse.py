@@ -200,7 +200,8 @@ def add_commands(sub) -> None:
     sql.add_argument("--format", choices=[*FORMATTERS, "parquet"], help=fmt_help + ", or Parquet (with --output); "
                      "default: from --output's extension (.csv, .json, .parquet), else table")
     sql.add_argument("--output", metavar="FILE", help="write the result to FILE instead of standard output")
-    sql.add_argument("--timeout", type=_timeout_option, metavar="SECONDS", help="stop the query after this long (default: "
+    sql.add_argument("--timeout", type=_timeout_option, metavar="SECONDS", help="stop the query after this long "
+                     "(default: "
                      "$NKB_SQL_TIMEOUT, else 600 where PREFECT_API_URL names a shared server, else none; 0: none). "
                      "Ctrl-C stops it at once")
     sql.set_defaults(func=cmd_sql, formats=[*FORMATTERS, "parquet"])

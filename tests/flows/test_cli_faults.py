@@ -211,7 +211,8 @@ def test_ctrl_c_during_torchs_import_waits_for_it_and_then_interrupts():
               "assert 'torch' not in sys.modules\n"
               "threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
               "try:\n    import_uninterrupted('torch', 'transformers')\n"
-              "except KeyboardInterrupt:\n    import torch.nn\n    print('interrupted after the import', torch.nn.Linear)\n")
+              "except KeyboardInterrupt:\n    import torch.nn\n"
+              "    print('interrupted after the import', torch.nn.Linear)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.stdout.startswith("interrupted after the import <class 'torch.nn.modules.linear.Linear'>"), done.stderr
