@@ -1,12 +1,12 @@
 """What it costs that no read returns a byte its run did not commit (issue 53), on a large `documents` table.
 
 A documents table of about `--mb` MB of Parquet is written through a real stage run (the sample world's articles,
-repeated under new ids), then measured with the page cache warm:
+repeated under new ids), then measured, each figure the best of a few runs (the page cache warm where the file fits):
 - writing: the same rows written with and without page checksums (CRC-32 per page);
 - the check before each read (`Warehouse.table_files`: each file's size and footer digest) against hashing every
   byte (`file_digest`: what checking the registry's SHA-256 on every read would cost);
 - a full scan through `nkb sql` (`SELECT count(*), sum(length(text)) FROM documents`) with pages verified, as the
-  warehouse reads, and the same scan with verification off, as before; and `count(*)`, which reads only footers.
+  warehouse reads, and the same scan with verification off, as before; and `count(*)` through `nkb sql`.
 Prints JSON and records `metrics` rows.
 
     python -m bench.integrity [--mb 2000]

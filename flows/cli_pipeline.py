@@ -15,12 +15,10 @@ from warehouse import Warehouse, resolve_home, row_counts
 
 def cmd_run(args) -> int:
     from stages.registry import STAGES
-    from stages.runner import dispatch, require_devices, summarize
+    from stages.runner import dispatch, summarize
     stage = STAGES[args.stage]
     config = parse_sets(stage.config, args.set or [], f"nkb run {stage.name}")
-    if stage.imports_torch:  # whole, whenever Ctrl-C is pressed
-        import_uninterrupted("torch", "transformers")
-    require_devices([(stage.name, config)])
+    ready_to_run([(stage.name, config)])
     started = time.perf_counter()
     wh = Warehouse(args.home)  # refused here if it cannot be written, before Prefect starts
     if args.prefect or os.environ.get("PREFECT_API_URL") or getattr(config, "dask", None):
@@ -36,6 +34,16 @@ def cmd_run(args) -> int:
         details = ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("stage", "run_id", "skipped", "written"))
         print(f"{stage.name}: run {row['run_id']} done: {details}")
     return 0
+
+
+def ready_to_run(runs) -> None:
+    """Before the first of `runs` (stage, config) starts: torch imported whole if any of them needs it, whenever
+    Ctrl-C is pressed, and a device this machine lacks refused."""
+    from stages.registry import STAGES
+    from stages.runner import require_devices
+    if any(STAGES[name].imports_torch for name, _ in runs):
+        import_uninterrupted("torch", "transformers")
+    require_devices(runs)
 
 
 def cmd_pipeline(args) -> int:
@@ -74,14 +82,9 @@ def export_and_check(wh: Warehouse, name: str, folder) -> None:
 
 def run_experiment(experiment, args, export: bool = False) -> int:
     """Run an experiment's plan through the pipeline flow, then say what ran and where the results are."""
-    from stages.registry import STAGES
-    from stages.runner import require_devices
     home = resolve_home(args.home)
     experiment.require_files()  # before Prefect starts (the flow checks both again, for runs from the UI)
-    plan = experiment.plan(args.models)
-    if any(STAGES[name].imports_torch for name, _ in plan):  # whole, whenever Ctrl-C is pressed
-        import_uninterrupted("torch", "transformers")
-    require_devices(plan)
+    ready_to_run(experiment.plan(args.models))
     wh = Warehouse(home)  # a warehouse that cannot be written is refused here, not by Prefect's own state
     prepare_environment(home)
     from flows.flows import pipeline

@@ -153,10 +153,11 @@ def pipeline(experiment: Optional[Experiment] = None, experiment_file: Optional[
     chosen.require_files(world)
     plan = chosen.plan(train_models)
     require_devices(plan, frozenset({"gpu"}) if dispatch else frozenset())
+    first_model = next((i for i, (name, _) in enumerate(plan) if STAGES[name].pool == "gpu"), None)
     rows = []
     for i, (name, config) in enumerate(plan):
-        if STAGES[name].pool == "gpu" and all(STAGES[n].pool != "gpu" for n, _ in plan[:i]):
-            require_shots(Warehouse(home), plan[i:])  # the data stages have loaded the questions by now
+        if i == first_model:  # the data stages have loaded the questions by now
+            require_shots(Warehouse(home), plan[i:])
         rows.append(run(name, config, home, force, dispatch))
     create_table_artifact(key="pipeline-run", table=rows, description=f"Stages of experiment {chosen.name}")
     return rows

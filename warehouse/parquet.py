@@ -19,7 +19,7 @@ LINEAGE_RUN_ID = "nkb.run_id"
 LINEAGE_FINGERPRINT = "nkb.inputs_fingerprint"
 # Set in every file whose pages carry a CRC-32 (Parquet's page checksum): reads verify each page they decode, so a
 # flipped byte in the data fails the read, and the registry keeps a digest of the footer, which checksums do not
-# cover (`Warehouse.partition_files`). Files written before lack it; they are checked by their whole digest.
+# cover (`Warehouse.table_files`). Files written before lack it; they are checked by their whole digest.
 PAGE_CHECKSUMS = "nkb.page_checksums"
 
 # How every table file is read: each page's checksum verified as it is decoded (a full scan of a 2 GB table took 16 %

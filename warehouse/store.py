@@ -359,12 +359,11 @@ class Warehouse:
             return
         self.record_partitions(con, self._adoptable(con).values())
 
-    def _adoptable(self, con: duckdb.DuckDBPyConnection,
-                   any_run: bool = False) -> dict[tuple[str, str], PartitionRecord]:
-        """The unregistered files on disk whose footer names a successful run of this warehouse (`any_run`: any run
-        at all, its record lost), as records."""
+    def _adoptable(self, con: duckdb.DuckDBPyConnection, any_run: bool = False,
+                   registered=frozenset()) -> dict[tuple[str, str], PartitionRecord]:
+        """The files on disk, less the `registered` (table, partition) keys, whose footer names a successful run of
+        this warehouse (`any_run`: any run at all, its record lost), as records."""
         succeeded = {r[0] for r in con.execute("SELECT run_id FROM runs WHERE status = 'success'").fetchall()}
-        registered = set(_registry_rows(con)) if _has_registry(con) else set()
         adopted = {}
         for path in self._files_on_disk():
             table = path.parent.name
@@ -380,7 +379,7 @@ class Warehouse:
         """Register the table files no registry row lists but whose footer names the run that wrote them (after
         `warehouse.duckdb` was lost, or files copied in on purpose), as they are now; returns their records."""
         with self.write_connection() as con:
-            records = list(self._adoptable(con, any_run=True).values())
+            records = list(self._adoptable(con, any_run=True, registered=self.registry()).values())
             self.record_partitions(con, records)
         return records
 
@@ -540,11 +539,6 @@ def _registry_rows(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], Part
     except duckdb.BinderException:  # read-only, made before the last column was added (a writer adds it)
         rows = [(*r, None) for r in con.execute(f"SELECT {', '.join(_COLUMNS[:-1])} FROM partitions").fetchall()]
     return {(r[0], r[1]): PartitionRecord(*r) for r in rows}
-
-
-def _has_registry(con: duckdb.DuckDBPyConnection) -> bool:
-    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'partitions' "
-                            "AND database_name = current_database()").fetchone()[0])
 
 
 def _why_damaged(path: Path, record: PartitionRecord, whole: bool = False) -> str | None:
