@@ -88,6 +88,8 @@ def run_experiment(experiment, args, export: bool = False) -> int:
     wh = Warehouse(home)  # a warehouse that cannot be written is refused here, not by Prefect's own state
     prepare_environment(home)
     from flows.flows import pipeline
+    from stages.configs import MAIN_ROW
+    from stages.names import evaluated_name
     started = time.perf_counter()
     with local_flow_settings():
         rows = pipeline(experiment=experiment, home=str(home), force=args.force, train_models=args.models)
@@ -116,14 +118,15 @@ def run_experiment(experiment, args, export: bool = False) -> int:
                 "SELECT input, target FROM ssm_examples LIMIT 5"):
         print(f'  {h} sql "{sql}"')
     print(f"  {h} runs")
+    # the main row's model, fine-tuned if it was: the one the demo exports
+    injected = next((m for m in (evaluated_name(MAIN_ROW.model, 0), MAIN_ROW.model) if m in models), None)
     if models:
-        example = next((m for m in models if m.endswith("+nkb.qa")), list(models)[-1])
+        example = injected or list(models)[-1]
         print(f"  {h} export {example} exported-model    # a folder stock transformers loads")
     if not args.models:
         return 0
-    injected = [m for m in models if m.endswith("+nkb.qa")] or [m for m in models if m.endswith("+nkb")]
     if export and injected:
-        export_and_check(wh, injected[0], models[injected[0]])
+        export_and_check(wh, injected, models[injected])
     plot = wh.files_dir / "report.png"
     code = cmd_report(argparse.Namespace(home=args.home, format="table", output=None, plot=str(plot)))
     plots = [plot, *sorted((wh.files_dir / "analysis").glob("*.png"))[-1:]]

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from stages.configs import StageConfig
+from stages.configs import MAIN_ROW, StageConfig
 from stages.experiment import SAMPLE_WORLD_SMOLLM2, Experiment
 from stages.registry import STAGES
 
@@ -43,20 +43,15 @@ def config_defaults(config: type[StageConfig]) -> dict[str, Any]:
             for name, value in defaults.items()}
 
 
-# The row whose settings a stage's deployment offers: pressing Run on `inject` in the UI builds the demo's base+NKB.
-DEMO_ROW = {"inject": "base+nkb", "evaluate": "base+nkb"}
-# Stages that read one of several input files: their form starts from the config's defaults, the file left to fill in.
-FILE_READERS = {"sample-world", "ingest", "questions", "generation-data"}
-
-
 def demo_defaults() -> dict[str, dict[str, Any]]:
-    """{stage: `nkb demo`'s experiment's settings for it} (its main row's, for the model stages); a field
-    naming a file of the generated world keeps its config default, since the world's folder depends on the
-    warehouse."""
+    """{stage: `nkb demo`'s experiment's settings for it} (its main row's where the stage makes or reads it:
+    pressing Run on `inject` in the UI builds the demo's base+NKB); a field naming a file of the generated world
+    keeps its config default, since the world's folder depends on the warehouse. A stage that reads one of an
+    experiment's files starts from its config's defaults, the file left to fill in."""
     chosen: dict[str, StageConfig] = {}
     for stage, config in Experiment.load(SAMPLE_WORLD_SMOLLM2).plan():
         row = config.model_name() if hasattr(config, "model_name") else getattr(config, "model", None)
-        if stage not in FILE_READERS and (stage not in chosen or (stage in DEMO_ROW and row == DEMO_ROW[stage])):
+        if not STAGES[stage].reads_file and (stage not in chosen or row == MAIN_ROW.model):
             chosen[stage] = config
     defaults = {}
     for stage, config in chosen.items():

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, field_validator, model_validator
 
 from corpus.files import is_pattern
+from stages.names import ModelName as MadeName, evaluated_name
 
 ModelSize = Literal["tiny", "mini", "small", "large"]  # nkb_model.base_model.SIZES
 
@@ -509,34 +510,67 @@ class EvaluateConfig(AskingStageConfig):
 
 
 @dataclass(frozen=True)
+class Route:
+    """A knowledge route: how knowledge is added to a base before its questions are asked, by one of a stage's runs
+    (an injection's variant)."""
+    name: str                  # the route's part of a model's name: BASE+ROUTE
+    stage: str                 # the stage whose run adds it
+    settings: tuple[str, ...]  # the keys of an experiment's `stages:` that set that run, later ones over earlier
+
+
+ROUTES = {r.name: r for r in (Route("nkb", "inject", ("inject",)), Route("nkb-a", "inject", ("inject", "nkb-a")))}
+# Keys of an experiment's `stages:` that set one kind of a stage's runs over that stage's own settings.
+RUN_SETTINGS = {"nkb-a": ("inject", "the base+NKB-a injection, over inject's"),
+                "generation": ("finetune", "fine-tuning on the generation tasks, over finetune's")}
+
+
+@dataclass(frozen=True)
 class ReportRow:
-    """One row of the report (the paper's Table 3), defined here once: the experiment's plan builds it, the report
-    reads it, and `ReportConfig` has a setting naming its model."""
+    """One row of the report (the paper's Table 3), defined here once as a recipe: the base it stands on, the
+    knowledge route added to it, and what it is fine-tuned with. The experiment's plan builds each row from these
+    alone, the report reads it, and `ReportConfig` has a setting naming its model."""
     key: str                  # its name in an experiment's `rows`
     field: str                # ReportConfig's setting that names the model the row reads
     label: str                # how the report shows it
-    model: str                # the model that setting names by default
     description: str
-    built_here: bool = False  # only a base pretrained here has it
+    base: str = "base"        # the experiment's base, or one built here beside it (transformer, large)
+    route: str | None = None  # the knowledge route added to the base (ROUTES)
+    knowledge: str | None = None  # fine-tuned with the questions' retrieved documents, read this way (no model before)
     t5_only: bool = False     # a T5 baseline
-    finetuned: bool = False   # its model exists only fine-tuned: no probe or held-out loss of its own
     generation: bool = False  # fine-tuned on the generation tasks too (the general-generation check)
-    knowledge: str | None = None  # built by fine-tuning the base with its retrieved documents, read this way
+    main: bool = False        # the row whose slots analyze, surgery and edit study, and whose settings forms offer
+
+    @property
+    def model(self) -> str:
+        """The model the row reads: its recipe's name (`stages.names`)."""
+        return str(MadeName(self.base, self.route, self.knowledge))
+
+    @property
+    def built_here(self) -> bool:
+        """Whether only a base pretrained here has it."""
+        return self.base != "base"
+
+    @property
+    def finetuned(self) -> bool:
+        """Whether its model exists only fine-tuned: no probe or held-out loss of its own."""
+        return self.knowledge is not None
 
 
 REPORT_ROWS = (
-    ReportRow("transformer", "transformer", "Transformer", "transformer",
-              "Randomly initialised model of the base's architecture.", built_here=True),
-    ReportRow("base", "base", "base", "base", "The base model.", generation=True),
-    ReportRow("base+nkb", "nkb", "base+NKB", "base+nkb", "The base with NKB slots injected.", generation=True),
-    ReportRow("base+nkb-a", "nkb_a", "base+NKB-a", "base+nkb-a", "The base with NKB injected while training everything.",
-              generation=True),
-    ReportRow("large", "large", "large", "large", "The larger base model.", built_here=True),
-    ReportRow("kformer", "kformer", "Kformer", "base.kformer", "The base fine-tuned with Kformer (a fine-tuned model).",
-              t5_only=True, finetuned=True, knowledge="kformer"),
-    ReportRow("concat", "concat", "concat", "base.concat", "The base fine-tuned on questions with their retrieved "
-              "documents appended (a fine-tuned model).", t5_only=True, finetuned=True, knowledge="concat"),
+    ReportRow("transformer", "transformer", "Transformer", "Randomly initialised model of the base's architecture.",
+              base="transformer"),
+    ReportRow("base", "base", "base", "The base model.", generation=True),
+    ReportRow("base+nkb", "nkb", "base+NKB", "The base with NKB slots injected.", route="nkb", generation=True,
+              main=True),
+    ReportRow("base+nkb-a", "nkb_a", "base+NKB-a", "The base with NKB injected while training everything.",
+              route="nkb-a", generation=True),
+    ReportRow("large", "large", "large", "The larger base model.", base="large"),
+    ReportRow("kformer", "kformer", "Kformer", "The base fine-tuned with Kformer (a fine-tuned model).",
+              knowledge="kformer", t5_only=True),
+    ReportRow("concat", "concat", "concat", "The base fine-tuned on questions with their retrieved documents "
+              "appended (a fine-tuned model).", knowledge="concat", t5_only=True),
 )
+MAIN_ROW = next(r for r in REPORT_ROWS if r.main)
 Row = Literal[tuple(r.key for r in REPORT_ROWS)]
 GenerationRow = Literal[tuple(r.key for r in REPORT_ROWS if r.generation)]
 
@@ -550,21 +584,27 @@ _ReportRows = create_model("_ReportRows", __base__=ModelStageConfig, __module__=
 class ReportConfig(_ReportRows):
     """The paper's Table 3: EM per dataset for each model row, with the knowledge probe and the no-forgetting check."""
 
-    later_settings = _ReportRows.later_settings | {"also_suffix"}
-
-    finetuned_suffix: str = Field(".qa", description="Each row's evaluated model is `MODEL` + this suffix: `.qa` "
-                                                     "fine-tuned, `.Kshot` asked K-shot (Kformer and concat name "
-                                                     "their fine-tuned model directly).")
-    also_suffix: Optional[str] = Field(None, description=(
-        "A second evaluated model per row, `MODEL` + this suffix (`.qa` beside `.5shot`): each row is then reported "
-        "once per way of asking, as `LABEL (5-shot)` and `LABEL (fine-tuned)`, with the same probe and held-out loss "
-        "(Kformer and concat stay one row)."))
+    asked: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1, description=(
+        "How each row's model was asked: 0 fine-tuned on the questions (its answers under `MODEL.qa`), K asked "
+        "K-shot (`MODEL.Kshot`). Two or more: each row is reported once per way, as `LABEL (5-shot)` and "
+        "`LABEL (fine-tuned)`, with the same probe and held-out loss (Kformer and concat are fine-tuned models: "
+        "one row)."))
     split: Name = Field("validation", description="Split whose EM is reported.")
     generation_tasks: list[str] = Field(default_factory=lambda: ["summaries", "translation"],
                                         description="General-generation tasks whose scores of base, base+NKB and "
                                                     "base+NKB-a (fine-tuned as `MODEL.TASK`) are reported.")
     probes: Optional[str] = Field(None, description="Cloze probe file (JSONL: prompt, answer, split, wording); "
                                                     "without one the probe columns stay empty.")
+
+    def identity(self) -> dict[str, Any]:
+        # Fingerprinted as the two name suffixes `asked` replaced (`finetuned_suffix`, and `also_suffix` when set),
+        # so that a warehouse's reports stay current after the upgrade.
+        identity = super().identity()
+        suffixes = [evaluated_name("", shots) for shots in identity.pop("asked")]  # ".qa", ".5shot"
+        identity["finetuned_suffix"] = suffixes[0]
+        if len(suffixes) > 1:
+            identity["also_suffix"] = suffixes[1] if len(suffixes) == 2 else suffixes[1:]
+        return identity
 
 
 class AnalyzeConfig(AskingStageConfig):

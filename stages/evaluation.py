@@ -10,6 +10,7 @@ from stages.configs import EvaluateConfig
 from stages.inputs import (asked_in_prompt, gen_examples, gen_inputs, gen_lineage, model_inputs, questions_lineage,
                            read_questions, retrieval_mode, retrievals_lineage)
 from stages.models import model_lineage, source_model
+from stages.names import answers_name
 from warehouse import StagedRun, StageResult, Warehouse, fingerprint, run_stage
 
 
@@ -23,8 +24,7 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
     if config.shots and task:
         raise ValueError(f"evaluate: shots ({config.shots}) asks questions few-shot; {config.model} is evaluated on "
                          f"the generation task {task!r}")
-    if config.shots:
-        name = f"{name}.{config.shots}shot"
+    name = answers_name(name, config.shots)
     if task:
         examples = gen_examples(wh, task, config.split)
         groups = [task]

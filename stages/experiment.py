@@ -27,11 +27,12 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from corpus.files import is_pattern
-from stages.configs import (REPORT_ROWS, AnalyzeConfig, BaseModelConfig, DaskAddress, DeviceChoice, EditConfig,
-                            EvaluateConfig, FinetuneConfig, GenerationDataConfig, GenerationRow, IndexConfig,
-                            IngestConfig, InjectConfig, Name, PrecisionChoice, PretrainingDataConfig,
-                            QuestionsConfig, ReportConfig, RetrieveConfig, Row, SalientSpansConfig, SampleWorldConfig,
-                            StageConfig, SurgeryConfig, set_value)
+from stages.configs import (MAIN_ROW, REPORT_ROWS, ROUTES, RUN_SETTINGS, BaseModelConfig, DaskAddress, DeviceChoice,
+                            GenerationDataConfig, GenerationRow, IngestConfig, Name, PrecisionChoice,
+                            PretrainingDataConfig, QuestionsConfig, ReportRow, Row, SampleWorldConfig, StageConfig,
+                            set_value)
+from stages.names import ModelName, evaluated_name
+from stages.registry import experiment_settings
 from stages.sources import resolve_source
 
 SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-world.yaml"  # `nkb demo --arch t5`
@@ -50,16 +51,14 @@ def decoder_only_demo(arch: str) -> list[str]:
     three blocks alone (as the T5 base has them on three of its four) base+NKB's EM was 12.0, on all four 19.7."""
     return [f"pretrain.arch={arch}", "stages.inject.layers=decoder.0,decoder.1,decoder.2,decoder.3"]
 NEXT_SIZE = {"tiny": "mini", "mini": "small", "small": "large"}
+# How each base that a row may stand on beside the experiment's own is built from it (a base built here only).
+BUILT_BASES = {"transformer": lambda base, experiment: {"steps": 0},  # its architecture, untrained
+               "large": lambda base, experiment: {"size": NEXT_SIZE.get(base.size, base.size)} | experiment.large}
 # What each key of `stages:` changes: a stage's config (nkb-a and generation are inject and finetune runs too).
-OVERRIDABLE: dict[str, type[StageConfig]] = {
-    "index": IndexConfig, "retrieve": RetrieveConfig, "salient-spans": SalientSpansConfig,
-    "pretraining-data": PretrainingDataConfig, "base-model": BaseModelConfig, "inject": InjectConfig,
-    "nkb-a": InjectConfig, "finetune": FinetuneConfig, "generation": FinetuneConfig, "evaluate": EvaluateConfig,
-    "report": ReportConfig, "analyze": AnalyzeConfig, "surgery": SurgeryConfig, "edit": EditConfig}
+OVERRIDABLE: dict[str, type[StageConfig]] = experiment_settings()
 # Fields the plan sets itself (which corpus, which model, which row): an override of them would break the rows.
 PLANNED = {"corpus", "source", "name", "model", "base_model", "variant", "task", "knowledge", "pretrain_corpus",
-           "general_corpus", "generation_tasks", "probes", "facts", "edits", "shots", "finetuned_suffix",
-           "also_suffix"} | {
+           "general_corpus", "generation_tasks", "probes", "facts", "edits", "shots", "asked"} | {
            r.field for r in REPORT_ROWS}
 
 
@@ -171,8 +170,8 @@ class Experiment(StageConfig):
     generation_rows: Optional[list[GenerationRow]] = Field(None, description=(
         "Rows fine-tuned on each generation task (of those in rows); default base, base+nkb and base+nkb-a."))
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
-        f"Settings of the stages: {', '.join(OVERRIDABLE)} (nkb-a: the base+NKB-a injection, over inject's; "
-        "generation: fine-tuning on the generation tasks, over finetune's)."))
+        f"Settings of the stages: {', '.join(OVERRIDABLE)} ("
+        + "; ".join(f"{key}: {what}" for key, (_, what) in RUN_SETTINGS.items()) + ")."))
     device: DeviceChoice = Field("auto", description="The device of every model stage; auto leaves each its own.")
     precision: PrecisionChoice = Field("auto", description=(
         "The precision of every model stage (bf16: where the device computes it natively); auto leaves each its "
@@ -333,11 +332,11 @@ class Experiment(StageConfig):
             steps += self._model_steps(knowledge, general)
         return steps
 
-    def _stage(self, stage: str, **planned):
-        """A stage's config: the experiment's settings for it, what the plan sets, and the models' device and
-        precision."""
+    def _stage(self, stage: str, settings: tuple[str, ...] = (), **planned):
+        """A stage's config: the experiment's settings for it (and for the `settings` keys over them: nkb-a,
+        generation), what the plan sets, and the models' device and precision."""
         config_type = OVERRIDABLE[stage]
-        values = {**self.stages.get(stage, {}), **planned}
+        values = {k: v for key in (stage, *settings) for k, v in self.stages.get(key, {}).items()} | planned
         for setting in ("device", "precision"):
             if getattr(self, setting) != "auto" and setting in config_type.model_fields:
                 values[setting] = getattr(self, setting)
@@ -347,66 +346,75 @@ class Experiment(StageConfig):
             first = exc.errors()[0]
             raise ExperimentError(f"stages.{stage}.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
+    @property
+    def asked(self) -> list[int]:
+        """How every QA row is asked: K-shot (shots), fine-tuned on the train split (0), or both (also_finetune)."""
+        return [self.shots] + ([0] if self.also_finetune else [])
+
+    def _rows(self) -> list[ReportRow]:
+        chosen = self.rows or [r.key for r in REPORT_ROWS if not (self.base_model and r.built_here)
+                               and not (self.decoder_only and r.t5_only)]
+        return [r for r in REPORT_ROWS if r.key in chosen]
+
     def _model_steps(self, knowledge: str, general: Optional[str]) -> list[tuple[str, StageConfig]]:
-        rows = self.rows or [r.key for r in REPORT_ROWS if not (self.base_model and r.built_here)
-                             and not (self.decoder_only and r.t5_only)]
-        steps: list[tuple[str, StageConfig]] = []
-        if self.pretrain is not None:
-            corpus = general or knowledge
-            # The tokenizer reads the pretraining text alone unless told otherwise: a base whose tokenizer read the
-            # knowledge corpus is rebuilt when the knowledge changes.
-            pretraining = {"tokenizer_corpora": [corpus]} | {
-                k: v for k, v in self.pretrain.items() if k in PretrainingDataConfig.model_fields}
-            base = {k: v for k, v in self.pretrain.items() if k in BaseModelConfig.model_fields}
-            steps.append(("pretraining-data", self._stage("pretraining-data", **pretraining, corpus=corpus)))
-            base_config = self._stage("base-model", **base, name="base", pretrain_corpus=corpus)
-            if base_config.ssm_share:
-                steps.append(("salient-spans", self._stage("salient-spans", corpus=corpus, source="pretraining")))
-            steps.append(("base-model", base_config))
-            if "transformer" in rows:
-                steps.append(("base-model", base_config.model_copy(update={"name": "transformer", "steps": 0})))
-            if "large" in rows:
-                large = {"size": NEXT_SIZE.get(base_config.size, base_config.size)} | self.large
-                steps.append(("base-model", base_config.model_copy(update={**large, "name": "large"})))
-        else:
-            steps.append(("base-model", self._stage("base-model", name="base", source=self.base_model,
-                                                    pretrain_corpus=general)))
-        inject = {"corpus": knowledge, "general_corpus": general, "base_model": "base"}
-        if "base+nkb" in rows:
-            steps.append(("inject", self._stage("inject", **inject, name="base+nkb")))
-        if "base+nkb-a" in rows:
-            nkb_a = {**self.stages.get("inject", {}), **self.stages.get("nkb-a", {})}
-            steps.append(("inject", InjectConfig(**{**self._stage("inject", **inject).model_dump(), **nkb_a,
-                                                   "variant": "nkb-a", "name": "base+nkb-a"})))
-        for name in (r.key for r in REPORT_ROWS if not r.finetuned):
-            if name in rows and self.shots:
-                steps.append(("evaluate", self._stage("evaluate", model=name, shots=self.shots)))
-            if name in rows and (not self.shots or self.also_finetune):
-                steps.append(("finetune", self._stage("finetune", model=name, name=f"{name}.qa")))
-                steps.append(("evaluate", self._stage("evaluate", model=f"{name}.qa")))
+        """Each row made by its recipe: its base, the knowledge route added to it, its fine-tuning and way of
+        asking; then the report, and what the main row's slots hold."""
+        rows = self._rows()
+        steps = self._base_steps(rows, knowledge, general)
+        for row in (r for r in rows if r.route):
+            route = ROUTES[row.route]
+            steps.append((route.stage, self._stage(route.stage, route.settings[1:], corpus=knowledge,
+                                                   general_corpus=general, base_model=row.base, variant=row.route,
+                                                   name=row.model)))
+        for row in (r for r in rows if not r.finetuned):
+            for shots in self.asked:
+                asked = evaluated_name(row.model, shots)
+                if not shots:
+                    steps.append(("finetune", self._stage("finetune", model=row.model, name=asked)))
+                steps.append(("evaluate", self._stage("evaluate", model=row.model, shots=shots) if shots
+                              else self._stage("evaluate", model=asked)))
         tasks = list(dict.fromkeys(g.task for g in self.generation))
-        generation = {**self.stages.get("finetune", {}), **self.stages.get("generation", {}), "answer_format": "plain"}
-        for name in (r.key for r in REPORT_ROWS if r.generation):
-            if name in rows and name in (self.generation_rows or [name]):
-                for task in tasks:
-                    made = {"model": name, "name": f"{name}.{task}", "task": task}
-                    steps.append(("finetune", FinetuneConfig(**{**self._stage("finetune").model_dump(), **generation,
-                                                                **made})))
-                    steps.append(("evaluate", self._stage("evaluate", model=f"{name}.{task}")))
-        for row in (r for r in REPORT_ROWS if r.knowledge and r.key in rows):
-            # the base with retrieved documents, on the same fine-tuning budget
-            steps.append(("finetune", self._stage("finetune", model="base", name=row.model, knowledge=row.knowledge)))
+        for row in (r for r in rows if r.generation and r.key in (self.generation_rows or [r.key])):
+            for task in tasks:
+                tuned = str(ModelName.parse(row.model).tuned(task))
+                steps.append(("finetune", self._stage("finetune", ("generation",), answer_format="plain",
+                                                      model=row.model, name=tuned, task=task)))
+                steps.append(("evaluate", self._stage("evaluate", model=tuned)))
+        for row in (r for r in rows if r.knowledge):  # the base with retrieved documents, on the same budget
+            steps.append(("finetune", self._stage("finetune", model=row.base, name=row.model, knowledge=row.knowledge)))
             steps.append(("evaluate", self._stage("evaluate", model=row.model)))
-        report = {r.field: r.model if r.key in rows else None for r in REPORT_ROWS if r.key != "base"}
-        asked = {"finetuned_suffix": f".{self.shots}shot"} if self.shots else {}
-        if self.also_finetune:
-            asked["also_suffix"] = ".qa"
-        steps.append(("report", self._stage("report", **report, **asked, generation_tasks=tasks, probes=self.probes)))
-        if "base+nkb" in rows:  # what the slots hold, and editing them (sections 5 and 6), asked as the rows were
-            model = {"model": "base+nkb", "shots": self.shots} if self.shots else {"model": "base+nkb.qa"}
+        report = {r.field: r.model if r in rows else None for r in REPORT_ROWS if r.field != "base"}
+        steps.append(("report", self._stage("report", **report, asked=self.asked, generation_tasks=tasks,
+                                            probes=self.probes)))
+        if MAIN_ROW in rows:  # what the slots hold, and editing them (sections 5 and 6), asked as the rows were
+            shots = self.asked[0]
+            model = {"model": MAIN_ROW.model, "shots": shots} if shots else {"model": evaluated_name(MAIN_ROW.model, 0)}
             steps.append(("analyze", self._stage("analyze", facts=self.facts, **model)))
             steps.append(("surgery", self._stage("surgery", **model)))
             if self.edits:
-                steps.append(("edit", self._stage("edit", model="base+nkb.qa", edits=self.edits,
-                                                  name="base+nkb.qa.edited")))
+                tuned = evaluated_name(MAIN_ROW.model, 0)
+                steps.append(("edit", self._stage("edit", model=tuned, edits=self.edits,
+                                                  name=str(ModelName.parse(tuned).tuned("edited")))))
+        return steps
+
+    def _base_steps(self, rows: list[ReportRow], knowledge: str, general: Optional[str]) -> list[tuple[str, StageConfig]]:
+        """The base: brought in, or pretrained here with the bases the rows stand on beside it (`BUILT_BASES`)."""
+        if self.pretrain is None:
+            return [("base-model", self._stage("base-model", name="base", source=self.base_model,
+                                               pretrain_corpus=general))]
+        corpus = general or knowledge
+        # The tokenizer reads the pretraining text alone unless told otherwise: a base whose tokenizer read the
+        # knowledge corpus is rebuilt when the knowledge changes.
+        pretraining = {"tokenizer_corpora": [corpus]} | {
+            k: v for k, v in self.pretrain.items() if k in PretrainingDataConfig.model_fields}
+        base = {k: v for k, v in self.pretrain.items() if k in BaseModelConfig.model_fields}
+        steps: list[tuple[str, StageConfig]] = [
+            ("pretraining-data", self._stage("pretraining-data", **pretraining, corpus=corpus))]
+        base_config = self._stage("base-model", **base, name="base", pretrain_corpus=corpus)
+        if base_config.ssm_share:
+            steps.append(("salient-spans", self._stage("salient-spans", corpus=corpus, source="pretraining")))
+        steps.append(("base-model", base_config))
+        for name in dict.fromkeys(r.base for r in rows if r.built_here):
+            steps.append(("base-model", base_config.model_copy(update={**BUILT_BASES[name](base_config, self),
+                                                                       "name": name})))
         return steps

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from stages.model_card import model_card
 from stages.models import model_lineage, source_model
+from stages.names import answers_name
 from warehouse import Warehouse, file_digest
 
 
@@ -74,7 +75,7 @@ def check_export(wh: Warehouse, name: str, folder: Path) -> dict:
     from warehouse import list_runs
     source = source_model(wh, name)
     asked = next((r for r in list_runs(wh, "evaluate") if r.status == "success" and not r.config.get("task")
-                  and r.config["model_name"] in (source.name, f"{source.name}.{r.config.get('shots')}shot")), None)
+                  and r.config["model_name"] == answers_name(source.name, r.config.get("shots") or 0)), None)
     if asked is None:
         raise ValueError(f"model {name!r} has no QA evaluation to compare its export with; run evaluate first")
     config = EvaluateConfig(**{k: v for k, v in asked.config.items() if k in EvaluateConfig.model_fields})

@@ -10,7 +10,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from stages.configs import (AnalyzeConfig, BaseModelConfig, EditConfig, EvaluateConfig, FinetuneConfig,
+from stages.configs import (RUN_SETTINGS, AnalyzeConfig, BaseModelConfig, EditConfig, EvaluateConfig, FinetuneConfig,
                             GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig, PretrainingDataConfig,
                             QuestionsConfig, ReportConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig,
                             StageConfig, SurgeryConfig)
@@ -23,6 +23,7 @@ class Stage:
     function: str                        # "module:function" in the stages package: stage(wh, config, force)
     pool: Literal["cpu", "gpu"] = "cpu"
     publishes_model: bool = False        # its runs publish a model folder that later stages find by name
+    reads_file: bool = False             # reads one of an experiment's files, named by the file's own entry there
 
     @property
     def entry(self) -> Callable:
@@ -42,10 +43,10 @@ class Stage:
 
 
 STAGES: dict[str, Stage] = {s.name: s for s in [
-    Stage("sample-world", SampleWorldConfig, "data:generate_sample_world"),
-    Stage("ingest", IngestConfig, "data:ingest"),
-    Stage("questions", QuestionsConfig, "data:load_questions"),
-    Stage("generation-data", GenerationDataConfig, "data:load_generation_data"),
+    Stage("sample-world", SampleWorldConfig, "data:generate_sample_world", reads_file=True),
+    Stage("ingest", IngestConfig, "data:ingest", reads_file=True),
+    Stage("questions", QuestionsConfig, "data:load_questions", reads_file=True),
+    Stage("generation-data", GenerationDataConfig, "data:load_generation_data", reads_file=True),
     Stage("index", IndexConfig, "data:build_index"),
     Stage("retrieve", RetrieveConfig, "data:retrieve"),
     Stage("salient-spans", SalientSpansConfig, "data:find_salient_spans"),
@@ -59,6 +60,17 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("surgery", SurgeryConfig, "knowledge:surgery", pool="gpu"),
     Stage("edit", EditConfig, "knowledge:edit", pool="gpu", publishes_model=True),
 ]}
+
+
+def experiment_settings() -> dict[str, type[StageConfig]]:
+    """What each key of an experiment's `stages:` sets: a stage's config (every stage but those that read one of
+    its files), or one kind of that stage's runs over the stage's own settings (`RUN_SETTINGS`)."""
+    settings: dict[str, type[StageConfig]] = {}
+    for name, stage in STAGES.items():
+        if not stage.reads_file:
+            settings[name] = stage.config
+            settings |= {key: stage.config for key, (over, _) in RUN_SETTINGS.items() if over == name}
+    return settings
 
 
 def model_of(stage: str, config: dict) -> str | None:

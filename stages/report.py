@@ -7,13 +7,13 @@ loss are measured here, on the model before fine-tuning.
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import pyarrow as pa
 
 from corpus.files import iter_jsonl
 from stages.configs import REPORT_ROWS, ReportConfig
+from stages.names import evaluated_name, way_of_asking
 from warehouse import (StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs, query, run_metrics,
                        run_stage)
 
@@ -109,7 +109,6 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
     from nkb_model.checkpoint import read_info
     from nkb_model.train import choose_device
     from stages.models import find_model  # here: `nkb report` only reads tables
-    suffixes = [config.finetuned_suffix] + ([config.also_suffix] if config.also_suffix else [])
     rows_spec = [(r.label, getattr(config, r.field), getattr(config, r.field) if r.finetuned else None)
                  for r in REPORT_ROWS]
     # (the row as reported, the row's own label, its model before fine-tuning, that model's directory, the model
@@ -123,8 +122,8 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
             except ValueError:
                 continue
             available += [(label, label, name, directory, finetuned)] if finetuned else [
-                (asked_label(label, suffix) if len(suffixes) > 1 else label, label, name, directory, name + suffix)
-                for suffix in suffixes]
+                (f"{label} ({way_of_asking(shots)})" if len(config.asked) > 1 else label, label, name, directory,
+                 evaluated_name(name, shots)) for shots in config.asked]
     if not available:
         raise ValueError("no model of the report exists yet; run base-model, inject, finetune and evaluate first")
     probes = [obj for _, obj in iter_jsonl(config.probes)] if config.probes else []
@@ -180,13 +179,6 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
                 "refreshed": sorted({r["model"] for r in refreshed})}
 
     return run_stage(wh, "report", config.model_dump(), fp, body, force=force, device=device.name)
-
-
-def asked_label(label: str, suffix: str) -> str:
-    """A row's label when the report shows it once per way of asking: `base+NKB (5-shot)`, `base+NKB (fine-tuned)`."""
-    shots = re.fullmatch(r"\.(\d+)shot", suffix)
-    how = f"{shots.group(1)}-shot" if shots else "fine-tuned" if suffix == ".qa" else suffix.lstrip(".")
-    return f"{label} ({how})"
 
 
 def _rows(columns: dict[str, list]) -> list[dict]:

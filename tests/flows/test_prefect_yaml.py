@@ -30,13 +30,13 @@ def test_prefect_yaml_is_generated_from_the_registry():
 
 
 def test_stage_deployments_offer_the_demos_settings_and_enforce_the_schema():
-    from flows.deployments import FILE_READERS, config_defaults
+    from flows.deployments import config_defaults
     from stages.experiment import SAMPLE_WORLD_SMOLLM2, Experiment
     by_name = {d["name"]: d for d in deployments()}
     for stage in STAGES.values():
         d = by_name[stage.name]
         assert d["enforce_parameter_schema"] is True and d["work_pool"]["name"] == stage.pool
-        if stage.name in FILE_READERS:  # their files are the run's to give
+        if stage.reads_file:  # their files are the run's to give
             assert d["parameters"]["config"] == config_defaults(stage.config)
         elif not any(f.is_required() for f in stage.config.model_fields.values()):  # a Run as offered is valid
             stage.config.model_validate(d["parameters"]["config"])

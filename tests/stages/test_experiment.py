@@ -120,7 +120,7 @@ def test_shots_ask_each_row_few_shot_instead_of_fine_tuning_it():
                                                "shots": 5}))
     evaluated = [(c.model, c.shots) for s, c in plan if s == "evaluate"]
     assert evaluated == [("base", 5), ("base+nkb", 5)]
-    assert "finetune" not in [s for s, _ in plan] and dict(plan)["report"].finetuned_suffix == ".5shot"
+    assert "finetune" not in [s for s, _ in plan] and dict(plan)["report"].asked == [5]
     # the slots are read and edited on the model the row asked, as it asked it
     assert [(s, c.model, c.shots) for s, c in plan if s in ("analyze", "surgery")] == [
         ("analyze", "base+nkb", 5), ("surgery", "base+nkb", 5)]
@@ -137,7 +137,10 @@ def test_also_finetune_reports_each_row_fine_tuned_beside_its_few_shot_row():
         ("base", 5), ("base.qa", 0), ("base+nkb", 5), ("base+nkb.qa", 0)]
     assert [(c.model, c.name) for s, c in plan if s == "finetune"] == [("base", "base.qa"), ("base+nkb", "base+nkb.qa")]
     report = dict(plan)["report"]
-    assert (report.finetuned_suffix, report.also_suffix) == (".5shot", ".qa")
+    assert report.asked == [5, 0]
+    # fingerprinted as the suffixes it replaced: a warehouse's report stays current after the upgrade
+    assert {k: v for k, v in report.identity().items() if "suffix" in k} == {
+        "finetuned_suffix": ".5shot", "also_suffix": ".qa"}
     assert [(s, c.model) for s, c in plan if s in ("analyze", "surgery")] == [  # the few-shot row's model
         ("analyze", "base+nkb"), ("surgery", "base+nkb")]
     Experiment.parse(MINIMAL | {"shots": 5, "also_finetune": True, "edits": "edits.jsonl"})  # base+nkb.qa is built
@@ -300,3 +303,26 @@ def test_the_report_rows_are_defined_once_and_everything_reads_them():
     report = [c for name, c in plan if name == "report"][0]
     assert (report.nkb, report.concat, report.nkb_a, report.kformer) == ("base+nkb", "base.concat", None, None)
     assert ("finetune", "base.concat") in [(name, getattr(c, "name", None)) for name, c in plan]
+
+
+def test_each_row_is_made_by_its_recipe_alone():
+    """The plan knows no row by name: each row's steps follow from its base, route and knowledge."""
+    from stages.configs import REPORT_ROWS, ROUTES
+    for row in REPORT_ROWS:
+        built = {"pretrain": {"size": "tiny"}, "base_model": None} if row.built_here else {}
+        plan = plan_of(Experiment.parse(MINIMAL | built | {"rows": ["base", row.key]}))
+        made = {c.model_name(): (s, c) for s, c in plan if hasattr(c, "model_name")}
+        if row.built_here:
+            assert ("base-model", row.base) in [(s, c.name) for s, c in plan if s == "base-model"]
+        if row.route:
+            stage, config = made[row.model]
+            assert (stage, config.base_model, config.variant) == (ROUTES[row.route].stage, row.base, row.route)
+        if row.knowledge:  # a fine-tuned model: evaluated as it is
+            stage, config = made[row.model]
+            assert (stage, config.model, config.knowledge) == ("finetune", row.base, row.knowledge)
+            evaluated = row.model
+        else:  # asked as every row is: fine-tuned on the questions, then evaluated
+            evaluated = f"{row.model}.qa"
+            assert made[evaluated][1].model == row.model
+        assert evaluated in [c.model for s, c in plan if s == "evaluate"]
+        assert getattr(dict(plan)["report"], row.field) == row.model

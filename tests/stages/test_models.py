@@ -595,14 +595,14 @@ def test_a_decoder_only_model_is_asked_few_shot_without_fine_tuning_and_reported
     with pytest.raises(ValueError, match="shots is for decoder-only models; base is an encoder-decoder"):
         evaluation.evaluate(world, EvaluateConfig(model="base", shots=2))
     none = dict.fromkeys(("transformer", "nkb", "nkb_a", "large", "kformer", "concat"))
-    report.report(world, ReportConfig(base="llama", finetuned_suffix=".2shot", **none))
+    report.report(world, ReportConfig(base="llama", asked=[2], **none))
     table = world.read("report").to_pylist()
     assert {r["model"] for r in table} == {"base"} and all(r["em"] is not None for r in table)
     assert all(r["heldout_loss"] is not None for r in table)  # measured on the model asked, not on a fine-tuned one
     # the same model also fine-tuned: one row per way of asking
     training.finetune(world, FinetuneConfig(model="llama", name="llama.qa", epochs=1, batch_size=16, train_blocks=1))
     evaluation.evaluate(world, EvaluateConfig(model="llama.qa", max_new_tokens=6))
-    both = report.report(world, ReportConfig(base="llama", finetuned_suffix=".2shot", also_suffix=".qa", **none)).run
+    both = report.report(world, ReportConfig(base="llama", asked=[2, 0], **none)).run
     table = world.read("report").to_pylist()
     assert [r["model"] for r in table if r["dataset"] == "average"] == ["base (2-shot)", "base (fine-tuned)"]
     for asked, evaluated in (("base (2-shot)", "llama.2shot"), ("base (fine-tuned)", "llama.qa")):

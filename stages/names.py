@@ -1,0 +1,70 @@
+"""Model names, built and read in one place. A model the pipeline makes is named by how it was made:
+
+    BASE[+ROUTE][.TUNING][.Kshot]      base, base+nkb, base+nkb.qa, base.kformer, base+nkb.summaries, base+nkb.3shot
+
+BASE is the model a base-model stage built or brought in, ROUTE the knowledge route added to it (an injection's
+variant: nkb, nkb-a), TUNING what it was fine-tuned on (qa, a generation task, qa with retrieved documents:
+kformer, concat; an edit adds its own part) and `.Kshot` the name a model's answers are filed under when it is asked
+K-shot. The plan, evaluate, the report and export all build names through `ModelName`, and read them back with
+`ModelName.parse`, which gives back exactly the text it read (`str(ModelName.parse(s)) == s`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+FINE_TUNED = "qa"  # the tuning of a model fine-tuned on the questions (closed-book)
+
+
+@dataclass(frozen=True)
+class ModelName:
+    base: str
+    route: str | None = None
+    tuning: str | None = None
+    shots: int = 0
+
+    def __str__(self) -> str:
+        return (self.base + (f"+{self.route}" if self.route else "") + (f".{self.tuning}" if self.tuning else "")
+                + (f".{self.shots}shot" if self.shots else ""))
+
+    @classmethod
+    def parse(cls, text: str) -> "ModelName":
+        """The parts of a name. A name given by hand (a brought model's own, `t5-base`, `Qwen2.5-0.5B`) reads as a
+        base with whatever follows its first dot as a tuning: what matters is that the text comes back unchanged."""
+        head, _, tail = text.partition(".")
+        base, _, route = head.partition("+")
+        parts = tail.split(".") if tail else []
+        count = parts[-1].removesuffix("shot") if parts else ""
+        shots = int(parts.pop()[:-4]) if count.isascii() and count.isdigit() and count[0] != "0" else 0
+        return cls(base, route or None, ".".join(parts) or None, shots)
+
+    def tuned(self, tuning: str) -> "ModelName":
+        """This model fine-tuned on `tuning` (qa, a task, ...)."""
+        return replace(self, tuning=f"{self.tuning}.{tuning}" if self.tuning else tuning)
+
+    def asked(self, shots: int) -> "ModelName":
+        """The name this model's answers are filed under when it is asked `shots`-shot (0: its own)."""
+        return replace(self, shots=shots)
+
+    @property
+    def made(self) -> "ModelName":
+        """The model itself, without the way it was asked."""
+        return replace(self, shots=0)
+
+
+def answers_name(model: str, shots: int) -> str:
+    """The name model `model`'s answers are filed under when it is asked `shots`-shot (0: its own name)."""
+    return str(ModelName.parse(model).asked(shots)) if shots else model
+
+
+def way_of_asking(shots: int) -> str:
+    """How a report row's model was asked, as its label says it: `5-shot`, or `fine-tuned` (0: the row's model
+    fine-tuned on the questions, then asked them alone)."""
+    return f"{shots}-shot" if shots else "fine-tuned"
+
+
+def evaluated_name(model: str | ModelName, shots: int) -> str:
+    """The name a report row's answers are filed under when its model `model` (before fine-tuning) is asked
+    `shots`-shot, or fine-tuned on the questions and asked them (0)."""
+    name = ModelName.parse(model) if isinstance(model, str) else model
+    return str(name.asked(shots) if shots else name.tuned(FINE_TUNED))
