@@ -28,7 +28,8 @@ from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 
 from nkb_model.base_model import FEED_FORWARD, SIZES, causal_config
-from nkb_model.families import family
+from nkb_model.architectures import ARCHITECTURES
+from nkb_model.families import family, family_of
 from nkb_model.nkb import NKBConfig, mark_only_nkb_trainable, mount_nkb
 from nkb_model.train import Device, TrainConfig, choose_device, make_optimizer
 
@@ -76,10 +77,7 @@ def time_steps(model, device: Device, batch: int, input_len: int, target_len: in
     vocab = model.config.vocab_size
     x = torch.randint(3, vocab, (batch, input_len), device=device.device)
     y = torch.randint(3, vocab, (batch, target_len), device=device.device)
-    inputs = {"input_ids": x, "labels": y}
-    if family(model).decoder_only:  # one sequence, the loss on the target's tokens
-        inputs = {"input_ids": torch.cat([x, y], 1), "labels": torch.cat([torch.full_like(x, -100), y], 1)}
-    return median_step(model, inputs, device, steps)
+    return median_step(model, family(model).training_inputs(x, y), device, steps)
 
 
 def median_step(module: nn.Module, inputs: dict, device: Device, steps: int) -> float:
@@ -147,7 +145,7 @@ def compare(build: Callable[[str], nn.Module], device: Device, batch: int, input
         out[variant] = {"step_s": round(seconds, 4), "tokens_per_s": round(tokens / seconds, 1),
                         "params": sum(p.numel() for p in model.parameters()),
                         "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
-        if not family(model).decoder_only:
+        if family(model).has_encoder:  # the FLOPs count is T5's
             flops = step_flops(model, variant, batch, input_len, target_len)
             out[variant] |= {"flops_per_step": flops, "flops_per_s": round(flops / seconds)}
         del model
@@ -210,7 +208,7 @@ def main(argv=None) -> int:
                      **compare(lambda v: model_for(arch, v, cpu), cpu, 64, 64, 8, args.steps)}
     # Decoder-only bases of the same size: 72-token sequences, the loss on the last 8; slots on the last block, and
     # on every block as `nkb demo --arch` mounts them (the backward then runs through the whole stack).
-    for arch_name in ("llama", "gpt2"):
+    for arch_name in (name for name in ARCHITECTURES if not family_of(name).has_encoder):
         for where, layers in (("last", ("decoder.-1",)), ("all", tuple(f"decoder.{i}" for i in range(8)))):
             layers = layers[:SIZES[args.size]["num_layers"] + SIZES[args.size]["num_decoder_layers"]]
             result[f"cpu_{arch_name}_{where}"] = {

@@ -10,7 +10,10 @@ from pathlib import Path
 from flows.cli_common import (config_epilog, experiment_epilog, home_flag, import_uninterrupted, local_flow_settings,
                               parse_sets, prepare_environment, program)
 from flows.cli_warehouse import cmd_report
+from stages.configs import ARCHITECTURES, DEFAULT_ARCH
 from warehouse import Warehouse, resolve_home, row_counts
+
+SMOLLM2 = "smollm2"  # `nkb demo`'s default: the real SmolLM2-135M-Instruct; every other --arch, a base built here
 
 
 def cmd_run(args) -> int:
@@ -52,14 +55,14 @@ def cmd_pipeline(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from stages.experiment import FULL_DEMO, SAMPLE_WORLD, SAMPLE_WORLD_SMOLLM2, Experiment, decoder_only_demo
-    arch = args.arch or ("t5" if args.full else "smollm2")
-    if args.full and arch == "smollm2":
+    from stages.experiment import FULL_DEMO, SAMPLE_WORLD, SAMPLE_WORLD_SMOLLM2, Experiment, arch_demo
+    arch = args.arch or (DEFAULT_ARCH if args.full else SMOLLM2)
+    if args.full and arch == SMOLLM2:
         raise ValueError("--full adds the paper's rows on bases built here (T5, Transformer, Kformer, concat); "
                          "use it with --arch t5 (its default) or llama/gpt2, not smollm2")
-    sets = (FULL_DEMO if args.full else []) + (decoder_only_demo(arch) if arch in ("llama", "gpt2") else []) + (
+    sets = (FULL_DEMO if args.full else []) + (arch_demo(arch) if arch != SMOLLM2 else []) + (
         args.set or []) + ([f"sample_world.people={args.people}"] if args.people else [])
-    experiment = SAMPLE_WORLD_SMOLLM2 if arch == "smollm2" else SAMPLE_WORLD
+    experiment = SAMPLE_WORLD_SMOLLM2 if arch == SMOLLM2 else SAMPLE_WORLD
     return run_experiment(Experiment.load(experiment, sets), args, export=True)
 
 
@@ -161,7 +164,7 @@ def add_commands(sub) -> None:
     demo.add_argument("--full", action="store_true", help="the T5 experiment with every row of the paper's Tables 3 "
                       "and 4 (adds the Transformer, larger-base, Kformer and concat rows to --arch t5's base, "
                       "base+NKB and base+NKB-a, and NKB-a to the generation check; what --arch t5 built is reused)")
-    demo.add_argument("--arch", choices=["smollm2", "t5", "llama", "gpt2"], help=(
+    demo.add_argument("--arch", choices=[SMOLLM2, *ARCHITECTURES], help=(
         "the base: smollm2 (default), the real pretrained SmolLM2-135M-Instruct, asked few-shot; t5 (the default "
         "with --full), the paper's experiment on tiny T5 bases pretrained here, fine-tuned on QA; llama or gpt2, a "
         "decoder-only base of the T5's size and budget with slots on every block (no Kformer or concat rows: "

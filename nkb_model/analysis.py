@@ -19,10 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nkb_model.mounting import (ffn_maps, final_norm, get_ffn, is_gated, key_layer, linear_layer, resolve_layers, rows,
-                                value_layer)
-from nkb_model.decoding import teacher_forced
-from nkb_model.families import family
+from nkb_model.mounting import (architecture_of, ffn_maps, final_norm, get_ffn, is_gated, key_layer, linear_layer,
+                                resolve_layers, rows, value_layer)
+from nkb_model.families import family, teacher_forced
 from nkb_model.nkb import NKBFeedForward, mounted_layers
 
 CATEGORIES = {"PERSON": "Person", "GPE": "Place", "LOC": "Place", "FAC": "Place", "ORG": "Organisation",
@@ -58,7 +57,7 @@ def output_logits(model: nn.Module, vectors: torch.Tensor) -> torch.Tensor:
     lm_head = model.get_output_embeddings()
     with torch.no_grad():
         hidden = final_norm(model)(vectors.to(lm_head.weight.dtype))
-        if model.config.model_type == "t5" and model.config.tie_word_embeddings:
+        if architecture_of(model).scales_tied_output and model.config.tie_word_embeddings:
             hidden = hidden * model.config.d_model ** -0.5
         return lm_head(hidden).float()
 
@@ -132,7 +131,7 @@ def first_step_weights(model: nn.Module, tokenizer, texts: list[str], layers: li
                 model(**inputs)
             for layer, name in read.items():
                 weights = captured[layer][-1]
-                if family(model).decoder_only or name.startswith("decoder"):
+                if family(model).reads_answer_at(name):
                     rows[layer].append(weights[torch.arange(len(batch)), torch.tensor(offsets)].float().cpu())
                 else:
                     mask = inputs["attention_mask"].unsqueeze(-1).bool()

@@ -15,10 +15,10 @@ from typing import Iterable
 
 import numpy as np
 import torch
-from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, T5Config,
-                          T5ForConditionalGeneration, T5Tokenizer)
+from transformers import T5Config, T5ForConditionalGeneration, T5Tokenizer
 
 from nkb_model.batches import pad_pairs
+from nkb_model.architectures import architecture
 from nkb_model.span_corruption import corrupt
 
 # T5 v1.1-style (gated-GELU) models. Their GELU is v1.1's tanh approximation as PyTorch's one fused kernel
@@ -62,38 +62,31 @@ def new_t5(tokenizer: T5Tokenizer, size: str = "small", dropout: float = 0.0, se
     return T5ForConditionalGeneration(config)
 
 
-ARCHS = ("t5", "llama", "gpt2")
 MAX_POSITIONS = 1024  # a decoder-only base's longest sequence (GPT-2 learns a position embedding for each)
 
 
-def new_causal(tokenizer, arch: str = "llama", size: str = "small", dropout: float = 0.0, seed: int = 0):
+def new_causal(tokenizer, arch: str, size: str = "small", dropout: float = 0.0, seed: int = 0):
     """A randomly initialised decoder-only model of T5 size `size` for `tokenizer`'s vocabulary (`causal_config`)."""
+    from transformers import AutoModelForCausalLM
     config = causal_config(arch, size, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, dropout)
     torch.manual_seed(seed)
-    return (LlamaForCausalLM if arch == "llama" else GPT2LMHeadModel)(config)
+    return AutoModelForCausalLM.from_config(config)
 
 
 def causal_config(arch: str, size: str, vocab_size: int, eos_id: int, pad_id: int, dropout: float = 0.0):
     """A decoder-only config of T5 size `size`: the same width, FFN width, heads and head size, with the encoder's
     and the decoder's blocks in one stack, so that it has about as many parameters (no cross-attention) and reads
-    as many tokens per step. Llama: gated SiLU MLP, RMS norm, rotary positions; GPT-2: GELU MLP with biases,
-    layer norm, learned positions. Embeddings tied, as in our T5s; EOS also begins a sequence."""
+    as many tokens per step; the architecture's own parts are its record's (`nkb_model.architectures`). Embeddings
+    tied, as in our T5s; EOS also begins a sequence."""
     if size not in SIZES:
         raise ValueError(f"size must be one of {', '.join(SIZES)}, not {size!r}")
+    record = architecture(arch)
+    if record.causal_config is None:
+        raise ValueError(f"{arch} is not a decoder-only architecture")
     dims = SIZES[size]
-    layers = dims["num_layers"] + dims["num_decoder_layers"]
-    shared = dict(vocab_size=vocab_size, tie_word_embeddings=True, eos_token_id=eos_id, bos_token_id=eos_id,
-                  pad_token_id=pad_id)
-    if arch == "llama":
-        return LlamaConfig(hidden_size=dims["d_model"], intermediate_size=dims["d_ff"], head_dim=dims["d_kv"],
-                           num_hidden_layers=layers, num_attention_heads=dims["num_heads"],
-                           num_key_value_heads=dims["num_heads"], max_position_embeddings=MAX_POSITIONS,
-                           attention_dropout=dropout, **shared)
-    if arch == "gpt2":
-        return GPT2Config(n_embd=dims["d_model"], n_inner=dims["d_ff"], n_layer=layers, n_head=dims["num_heads"],
-                          n_positions=MAX_POSITIONS, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
-                          **shared)
-    raise ValueError(f"a decoder-only arch is llama or gpt2, not {arch!r}")
+    return record.causal_config(dims, dims["num_layers"] + dims["num_decoder_layers"], dropout,
+                                max_position_embeddings=MAX_POSITIONS, vocab_size=vocab_size, tie_word_embeddings=True,
+                                eos_token_id=eos_id, bos_token_id=eos_id, pad_token_id=pad_id)
 
 
 def sentinel_ids(tokenizer) -> list[int]:

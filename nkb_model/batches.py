@@ -3,8 +3,9 @@
 `examples_for_epoch(epoch)` supplies the pairs of an epoch (SSM redraws its masks each epoch; QA
 pairs stay the same); each epoch visits them in a seeded random order, in full batches (with `group_by_length`,
 batches of examples of similar length, in random order: less padding). An encoder-decoder
-reads the input and is trained on the target; a decoder-only model (`decoder_only`) reads both as one sequence,
-trained on the target (`nkb_model.causal`). Stages make them through their model's family (`nkb_model.families`)."""
+reads the input and is trained on the target; a decoder-only model reads both as one sequence, trained on the
+target (`nkb_model.causal`): how pairs are encoded and padded is the `family`'s (`nkb_model.families`), through
+which stages make them."""
 
 from __future__ import annotations
 
@@ -16,10 +17,9 @@ import torch
 
 class PairBatches:
     def __init__(self, examples_for_epoch: Callable[[int], tuple[list[str], list[str]]], tokenizer, batch_size: int,
-                 seed: int = 0, max_input_len: int = 512, max_target_len: int = 64,
-                 knowledge_ids: torch.Tensor | None = None, decoder_only: bool = False, target_eos: bool = True,
-                 group_by_length: bool = False):
-        self.examples_for_epoch, self.tokenizer, self.decoder_only = examples_for_epoch, tokenizer, decoder_only
+                 seed: int = 0, max_input_len: int = 512, max_target_len: int = 64, *, family,
+                 knowledge_ids: torch.Tensor | None = None, target_eos: bool = True, group_by_length: bool = False):
+        self.examples_for_epoch, self.tokenizer, self.family = examples_for_epoch, tokenizer, family
         self.group_by_length = group_by_length
         self.target_eos = target_eos  # decoder-only: whether targets end with EOS (answers) or not (masked spans)
         self.knowledge_ids = knowledge_ids  # (examples, N, tokens): Kformer's documents of each (fixed) example
@@ -37,13 +37,8 @@ class PairBatches:
             inputs, targets = self.examples_for_epoch(epoch)
             if self._pairs != (inputs, targets):  # QA pairs repeat every epoch: tokenise them once
                 self._pairs = (inputs, targets)
-                if self.decoder_only:
-                    from nkb_model.causal import encode_pairs
-                    self._ids = tuple(zip(*encode_pairs(self.tokenizer, inputs, targets, self.max_input_len,
-                                                        self.max_target_len, self.target_eos)))
-                else:
-                    self._ids = (self.tokenizer(inputs, truncation=True, max_length=self.max_input_len)["input_ids"],
-                                 self.tokenizer(targets, truncation=True, max_length=self.max_target_len)["input_ids"])
+                self._ids = self.family.encode_pairs(self.tokenizer, inputs, targets, self.max_input_len,
+                                                     self.max_target_len, self.target_eos)
             rng = np.random.default_rng([self.seed, epoch])
             order = rng.permutation(len(inputs))
             if self.group_by_length:
@@ -60,11 +55,7 @@ class PairBatches:
         enc_in, enc_out, _ = self._encode(step // self.per_epoch)
         rows = self.rows(step)
         pairs = [(enc_in[r], enc_out[r]) for r in rows]
-        if self.decoder_only:
-            from nkb_model.causal import pad_causal
-            batch = pad_causal(pairs, self.tokenizer.pad_token_id)
-        else:
-            batch = pad_pairs(pairs, self.tokenizer.pad_token_id)
+        batch = self.family.pad(pairs, self.tokenizer.pad_token_id)
         if self.knowledge_ids is not None:
             batch["knowledge_ids"] = self.knowledge_ids[torch.as_tensor(rows)]
         return batch

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from nkb_model.decoding import generate
 from nkb_model.families import family
 from nkb_model.metrics import exact_match
 from nkb_model.train import Device
@@ -15,13 +14,7 @@ def probe(model, tokenizer, prompts: list[str], answers: list[str], device: Devi
           max_new_tokens: int = 16) -> tuple[list[str], list[bool]]:
     """LAMA-style cloze probe: what the model fills `<extra_id_0>` of each prompt with, and whether that is the answer.
     A decoder-only model continues the text before the blank; its first words, as many as the answer's, are the fill."""
-    if not family(model).decoder_only:
-        fills = generate(model, tokenizer, prompts, device, batch_size, max_new_tokens=max_new_tokens)
-    else:
-        from nkb_model.causal import cloze_prefix, probe_fill
-        written = generate(model, tokenizer, [cloze_prefix(p) for p in prompts], device, batch_size,
-                           max_new_tokens=max_new_tokens)
-        fills = [probe_fill(w, a) for w, a in zip(written, answers)]
+    fills = family(model).probe_fills(model, tokenizer, prompts, answers, device, batch_size, max_new_tokens)
     return fills, [exact_match(f, [a]) for f, a in zip(fills, answers)]
 
 

@@ -1,5 +1,5 @@
-"""Generating answers: the one decoding loop behind evaluation, the knowledge probe, the report and edits; and the
-teacher-forced inputs with which analysis and surgery read a model at a chosen step of an answer."""
+"""Generating answers: the decoding loops behind evaluation, the knowledge probe, the report and edits, one per model
+family (`nkb_model.families.generate` picks a model's)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import re
 
 import torch
 
-from nkb_model.families import family
 from nkb_model.train import Device
 
 
@@ -22,17 +21,10 @@ def filled_span(decoded: str) -> str:
 
 
 @torch.no_grad()
-def generate(model, tokenizer, texts: list[str], device: Device, batch_size: int = 64,
-             max_input_len: int | None = None, max_new_tokens: int = 24, num_beams: int = 1,
-             knowledge_ids: torch.Tensor | None = None) -> list[str]:
-    """Decoded outputs of `texts`, batch by batch, greedy unless `num_beams` > 1, in the stage's precision. A
-    decoder-only model continues each text as a prompt, up to its EOS (`causal_generate`).
-
-    max_input_len: inputs are cut to this many tokens (None: not cut). knowledge_ids: a Kformer model's
-    documents for each text, (texts, N, tokens)."""
-    model.eval()
-    if family(model).decoder_only:
-        return causal_generate(model, tokenizer, texts, device, batch_size, max_input_len, max_new_tokens, num_beams)
+def seq2seq_generate(model, tokenizer, texts: list[str], device: Device, batch_size: int = 64,
+                     max_input_len: int | None = None, max_new_tokens: int = 24, num_beams: int = 1,
+                     knowledge_ids: torch.Tensor | None = None) -> list[str]:
+    """What an encoder-decoder model writes for each text: the span it fills (`filled_span`)."""
     outputs = []
     for lo in range(0, len(texts), batch_size):
         enc = tokenizer(texts[lo:lo + batch_size], return_tensors="pt", padding=True,
@@ -63,30 +55,3 @@ def causal_generate(model, tokenizer, prompts: list[str], device: Device, batch_
         written = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         outputs += [" ".join(w.split("\n", 1)[0].split()) for w in written]
     return outputs
-
-
-def teacher_forced(model, tokenizer, texts: list[str], seen: list[list[int]], max_input_len: int = 256):
-    """Model inputs (on the model's device) that read each text and then the tokens `seen[r]` written after it,
-    and each row's offset: the logits at position `offset + k` predict the k-th token after the text. A T5 reads
-    the text with its encoder and `seen` after its decoder's start token (offset 0); a decoder-only model reads
-    them as one right-padded sequence (offset: the prompt's last position)."""
-    device = next(model.parameters()).device
-    if not family(model).decoder_only:
-        enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_input_len)
-        width, pad = max(len(s) for s in seen), model.config.pad_token_id
-        enc["decoder_input_ids"] = torch.tensor([[model.config.decoder_start_token_id] + s + [pad] * (width - len(s))
-                                                 for s in seen])
-        return enc.to(device), [0] * len(texts)
-    from nkb_model.causal import encode_prompts, pad_causal
-    prompts = encode_prompts(tokenizer, texts, max_input_len)
-    batch = pad_causal(list(zip(prompts, seen)), tokenizer.pad_token_id)
-    return {k: batch[k].to(device) for k in ("input_ids", "attention_mask")}, [len(p) - 1 for p in prompts]
-
-
-def answer_ids(model, tokenizer, texts: list[str], answers: list[str]) -> list[list[int]]:
-    """Each answer's tokens as the model writes it after its text: a T5's decoder starts afresh; a decoder-only
-    model continues the prompt (a GPT-2 token carries its leading space)."""
-    if not family(model).decoder_only:
-        return tokenizer(answers, add_special_tokens=False)["input_ids"]
-    from nkb_model.causal import encode_pairs
-    return [target for _, target in encode_pairs(tokenizer, texts, answers, eos=False)]

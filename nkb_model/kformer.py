@@ -30,9 +30,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from nkb_model.families import family
-from nkb_model.mounting import (FeedForwardAddition, get_ffn, key_layer, load_weights_exactly, mounted, resolve_layers,
-                                restore, save_addition, set_ffn)
+from nkb_model.mounting import (FeedForwardAddition, get_ffn, key_layer, layout, load_weights_exactly, mounted,
+                                resolve_layers, restore, save_addition, set_ffn)
 from nkb_model.nkb import NKBFeedForward
 
 WEIGHTS_FILE = "kformer.safetensors"
@@ -131,7 +130,7 @@ def mount_kformer(model: nn.Module, config: KformerConfig | None = None) -> list
         raise ValueError("this model has NKB slots; Kformer is mounted on a model without them")
     if hasattr(model, "kformer"):
         raise ValueError("this model already has Kformer mounted")
-    if family(model).decoder_only:
+    if "encoder" not in layout(model).stacks:
         raise ValueError(f"Kformer is mounted on a T5's encoder; a {type(model).__name__} has none")
     n_blocks = {"encoder": len(model.encoder.block), "decoder": len(model.decoder.block)}
     # "the top 3 layers" of a shallower model are all of its layers

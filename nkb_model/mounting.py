@@ -5,8 +5,8 @@ A wrapper (the NKB's `NKBFeedForward`, Kformer's `KformerFeedForward`) keeps the
 on the FFN's parent, so the model's code is untouched and unmounting puts the original object back. The added
 weights are saved apart from the model's (`save_addition`).
 
-Two small tables say where a model family keeps its FFNs (`LAYOUTS`) and what their maps are called
-(`FFN_MAPS`):
+Each architecture's record (`nkb_model.architectures`) says where it keeps its FFNs (its `Layout`), and
+a small table here what their maps are called (`FFN_MAPS`):
 - T5: blocks `encoder.block[N]`, `decoder.block[N]` (named `encoder.N`, `decoder.N`), FFN `layer[-1].DenseReluDense`
   with maps `wi` → act (ReLU) → `wo`, or gated (v1.1) act(`wi_0`) * `wi_1` → `wo`.
 - GPT-2: blocks `transformer.h[N]` (`h.N`), FFN `mlp`: `c_fc` → act (GELU) → `c_proj`, both Conv1D with biases.
@@ -27,22 +27,9 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from nkb_model.architectures import ARCHITECTURES, Architecture, Layout
+
 M = TypeVar("M", bound=nn.Module)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where a model family keeps its blocks and, in each block, its FFN."""
-    family: str
-    stacks: dict[str, str]   # layer-name prefix -> attribute path of that list of blocks
-    ffn: str                 # attribute path from a block to its FFN module (the one wrappers replace)
-    final_norm: str          # the norm between the last block and the output embedding
-
-
-LAYOUTS = [Layout("t5", {"encoder": "encoder.block", "decoder": "decoder.block"}, "layer.-1.DenseReluDense",
-                  "decoder.final_layer_norm"),
-           Layout("gpt2", {"h": "transformer.h"}, "mlp", "transformer.ln_f"),
-           Layout("llama", {"layers": "model.layers"}, "mlp", "model.norm")]
 
 
 @dataclass(frozen=True)
@@ -68,13 +55,18 @@ def _attribute(root: nn.Module, path: str):
     return root
 
 
-def layout(model: nn.Module) -> Layout:
-    """The model's family layout, or an error naming the model's class."""
-    for candidate in LAYOUTS:
-        if all(isinstance(_attribute(model, path), nn.ModuleList) for path in candidate.stacks.values()):
+def architecture_of(model: nn.Module) -> Architecture:
+    """The record of the model's architecture, found by where it keeps its blocks, or an error naming its class."""
+    for candidate in ARCHITECTURES.values():
+        if all(isinstance(_attribute(model, path), nn.ModuleList) for path in candidate.layout.stacks.values()):
             return candidate
-    raise ValueError(f"{type(model).__name__}: not a supported model (supported: T5, GPT-2 and Llama-style "
-                     f"models with model.layers[i].mlp)")
+    raise ValueError(f"{type(model).__name__}: not a supported model (supported: "
+                     f"{', '.join(a.title for a in ARCHITECTURES.values())})")
+
+
+def layout(model: nn.Module) -> Layout:
+    """Where the model keeps its blocks and FFNs."""
+    return architecture_of(model).layout
 
 
 def ffn_maps(ffn: nn.Module) -> FFNMaps:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nkb_model.causal import start_ids
-from nkb_model.mounting import block_names, block_stack, get_ffn, layout
+from nkb_model.mounting import architecture_of, block_names, block_stack, get_ffn
 from nkb_model.train import Device
 
 # The inner models whose blocks read `inputs_embeds` unchanged (the Llama-style table entries that do).
@@ -36,7 +36,7 @@ class _Stop(Exception):
 
 
 def supports_cache(model: nn.Module) -> bool:
-    return layout(model).family == "llama" and type(model.model).__name__ in PASS_THROUGH
+    return architecture_of(model).prefix_cache and type(model.model).__name__ in PASS_THROUGH
 
 
 def first_trainable_block(model: nn.Module) -> int:

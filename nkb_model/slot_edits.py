@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from nkb_model.decoding import answer_ids, generate, teacher_forced
+from nkb_model.families import answer_ids, generate, teacher_forced
 from nkb_model.mounting import block
 from nkb_model.nkb import mounted_layers
 from nkb_model.train import Device

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, field_validator, model_validator
 
 from corpus.files import is_pattern
+from nkb_model.architectures import ARCHITECTURES, DEFAULT_ARCH
 from stages.names import ModelName as MadeName, evaluated_name
 
 ModelSize = Literal["tiny", "mini", "small", "large"]  # nkb_model.base_model.SIZES
@@ -356,9 +357,9 @@ class BaseModelConfig(TrainingConfig):
     later_settings = TrainingConfig.later_settings | {"source", "arch"}
 
     name: Name = Field("base", description="Name of the model in reports, e.g. base or large.")
-    arch: Literal["t5", "llama", "gpt2"] = Field("t5", description=(
-        "The base built here: t5 (encoder-decoder, gated GELU), llama (decoder-only, gated SiLU MLP) or gpt2 "
-        "(decoder-only, GELU MLP), each with size's widths; a brought model (source) has its own."))
+    arch: Literal[tuple(ARCHITECTURES)] = Field(DEFAULT_ARCH, description=(
+        "The base built here: " + ", ".join(f"{a.name} ({a.built_here})" for a in ARCHITECTURES.values())
+        + ", each with size's widths; a brought model (source) has its own."))
     size: ModelSize = Field("small", description="tiny (~2M parameters), mini (~3M), small (~11M), large (~30M).")
     pretrain_corpus: Optional[Name] = Field(None, description="Corpus whose newest pretraining data (pretraining-data "
                                                               "stage) to pretrain on; default: the warehouse's only corpus. With source: the general "
@@ -536,7 +537,7 @@ class ReportRow:
     base: str = "base"        # the experiment's base, or one built here beside it (transformer, large)
     route: str | None = None  # the knowledge route added to the base (ROUTES)
     knowledge: str | None = None  # fine-tuned with the questions' retrieved documents, read this way (no model before)
-    t5_only: bool = False     # a T5 baseline
+    needs_encoder: bool = False  # a T5 baseline: reads the retrieved documents with the base's encoder
     generation: bool = False  # fine-tuned on the generation tasks too (the general-generation check)
     main: bool = False        # the row whose slots analyze, surgery and edit study, and whose settings forms offer
 
@@ -566,9 +567,9 @@ REPORT_ROWS = (
               route="nkb-a", generation=True),
     ReportRow("large", "large", "large", "The larger base model.", base="large"),
     ReportRow("kformer", "kformer", "Kformer", "The base fine-tuned with Kformer (a fine-tuned model).",
-              knowledge="kformer", t5_only=True),
+              knowledge="kformer", needs_encoder=True),
     ReportRow("concat", "concat", "concat", "The base fine-tuned on questions with their retrieved documents "
-              "appended (a fine-tuned model).", knowledge="concat", t5_only=True),
+              "appended (a fine-tuned model).", knowledge="concat", needs_encoder=True),
 )
 MAIN_ROW = next(r for r in REPORT_ROWS if r.main)
 Row = Literal[tuple(r.key for r in REPORT_ROWS)]

@@ -68,7 +68,7 @@ def model_outputs(wh: Warehouse, examples, model, tokenizer, info: dict, config:
                   device) -> list[str]:
     """What `model` answers to each example as evaluate asks it: greedy for questions (each few-shot answer cut at
     its line), beam search for a generation task. `info`: the model's, whose prompt format and input length apply."""
-    from nkb_model.decoding import generate
+    from nkb_model.families import generate
     from nkb_model.fewshot import answer_of
     texts, knowledge_ids = ((gen_inputs(examples), None) if task
                             else model_inputs(wh, examples, model, tokenizer, info, config.asking))

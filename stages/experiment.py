@@ -31,6 +31,8 @@ from stages.configs import (MAIN_ROW, REPORT_ROWS, ROUTES, RUN_SETTINGS, BaseMod
                             GenerationDataConfig, GenerationRow, IngestConfig, Name, PrecisionChoice,
                             PretrainingDataConfig, QuestionsConfig, ReportRow, Row, SampleWorldConfig, StageConfig,
                             set_value)
+from nkb_model.architectures import DEFAULT_ARCH
+from nkb_model.families import family_of
 from stages.names import ModelName, evaluated_name
 from stages.registry import experiment_settings
 from stages.sources import resolve_source
@@ -38,18 +40,21 @@ from stages.sources import resolve_source
 SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-world.yaml"  # `nkb demo --arch t5`
 SAMPLE_WORLD_SMOLLM2 = SAMPLE_WORLD.with_name("sample-world-smollm2.yaml")  # `nkb demo`
 BUILT_ROWS = {r.key for r in REPORT_ROWS if r.built_here}  # rows that only a base built here has
-T5_ROWS = {r.key for r in REPORT_ROWS if r.t5_only}
+ENCODER_ROWS = {r.key for r in REPORT_ROWS if r.needs_encoder}
 # What `nkb demo --full` sets over the sample world's file: every row of the paper's Tables 3 and 4 that applies
 # (rows emptied: the default, every row the base allows).
 FULL_DEMO = ["rows=", "generation_rows=base,base+nkb,base+nkb-a"]
 
 
-def decoder_only_demo(arch: str) -> list[str]:
-    """What `nkb demo --arch llama|gpt2` sets over the sample world's file: a decoder-only base of the T5 base's size
-    and budget (`nkb_model.base_model.causal_config`), with slots on every one of its four blocks. A causal LM
-    recalls a fact at the subject's tokens, early, and attention carries it to the answer: with slots on the last
-    three blocks alone (as the T5 base has them on three of its four) base+NKB's EM was 12.0, on all four 19.7."""
-    return [f"pretrain.arch={arch}", "stages.inject.layers=decoder.0,decoder.1,decoder.2,decoder.3"]
+def arch_demo(arch: str) -> list[str]:
+    """What `nkb demo --arch NAME` sets over the sample world's file (a T5 built here): a base of that architecture
+    of the T5 base's size and budget (`nkb_model.base_model.causal_config`); a decoder-only one with slots on every
+    one of its four blocks. A causal LM recalls a fact at the subject's tokens, early, and attention carries it to
+    the answer: with slots on the last three blocks alone (as the T5 base has them on three of its four) base+NKB's
+    EM was 12.0, on all four 19.7."""
+    every_block = [] if family_of(arch).has_encoder else [
+        "stages.inject.layers=decoder.0,decoder.1,decoder.2,decoder.3"]
+    return [f"pretrain.arch={arch}"] + every_block
 NEXT_SIZE = {"tiny": "mini", "mini": "small", "small": "large"}
 # How each base that a row may stand on beside the experiment's own is built from it (a base built here only).
 BUILT_BASES = {"transformer": lambda base, experiment: {"steps": 0},  # its architecture, untrained
@@ -191,8 +196,8 @@ class Experiment(StageConfig):
         if self.base_model and self.rows and BUILT_ROWS & set(self.rows):
             raise ValueError(f"rows {sorted(BUILT_ROWS & set(self.rows))} need a base built here (pretrain), "
                              "not base_model")
-        if self.decoder_only and self.rows and T5_ROWS & set(self.rows):
-            raise ValueError(f"rows {sorted(T5_ROWS & set(self.rows))} are T5 baselines; "
+        if not self.has_encoder and self.rows and ENCODER_ROWS & set(self.rows):
+            raise ValueError(f"rows {sorted(ENCODER_ROWS & set(self.rows))} are T5 baselines; "
                              f"pretrain.arch is {self.pretrain['arch']}")
         if self.also_finetune and not self.shots:
             raise ValueError("also_finetune adds fine-tuned rows beside the few-shot ones: it needs shots > 0 "
@@ -231,9 +236,10 @@ class Experiment(StageConfig):
         return self
 
     @property
-    def decoder_only(self) -> bool:
-        """Whether the base built here is decoder-only (pretrain.arch llama or gpt2): no Kformer or concat rows."""
-        return (self.pretrain or {}).get("arch", "t5") != "t5"
+    def has_encoder(self) -> bool:
+        """Whether the base has an encoder of its own, as the T5 baselines (Kformer, concat) need: a brought base's
+        is known when it is loaded (its rows are refused then); a base built here's by its `pretrain.arch`."""
+        return family_of((self.pretrain or {}).get("arch", DEFAULT_ARCH)).has_encoder
 
     # ---- files ----------------------------------------------------------------------------------
 
@@ -353,7 +359,7 @@ class Experiment(StageConfig):
 
     def _rows(self) -> list[ReportRow]:
         chosen = self.rows or [r.key for r in REPORT_ROWS if not (self.base_model and r.built_here)
-                               and not (self.decoder_only and r.t5_only)]
+                               and not (r.needs_encoder and not self.has_encoder)]
         return [r for r in REPORT_ROWS if r.key in chosen]
 
     def _model_steps(self, knowledge: str, general: Optional[str]) -> list[tuple[str, StageConfig]]:

@@ -171,9 +171,9 @@ def asked_in_prompt(info: dict, shots: int) -> bool:
     """Whether a model is asked in lm-evaluation-harness's prompt, after `shots` solved questions (none at 0): when
     asked few-shot, and when it is a decoder-only model never fine-tuned on questions (no `answer_format`), which has
     no form of its own to be asked in: the harness's zero-shot."""
-    from nkb_model.families import family_of_arch
+    from nkb_model.families import family_of
     never_fine_tuned = "answer_format" not in info and not info.get("task")
-    return shots > 0 or (never_fine_tuned and "arch" in info and family_of_arch(info["arch"]).decoder_only)
+    return shots > 0 or (never_fine_tuned and "arch" in info and family_of(info["arch"]).prompted)
 
 
 def model_inputs(wh: Warehouse, questions: pa.Table, model, tokenizer, info: dict, asking=None):
@@ -184,7 +184,7 @@ def model_inputs(wh: Warehouse, questions: pa.Table, model, tokenizer, info: dic
     with them."""
     from nkb_model.families import family
     if asking is not None and asked_in_prompt(info, asking.shots):
-        if asking.shots and not family(model).decoder_only:
+        if asking.shots and not family(model).prompted:
             raise ValueError(f"shots is for decoder-only models; {info.get('name', 'this model')} is an "
                              "encoder-decoder model, which is fine-tuned (finetune) and then asked with shots: 0")
         return fewshot_prompts(wh, questions, asking.shots, asking.seed, asking.per_question), None

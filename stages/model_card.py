@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from nkb_model.families import family_of_arch
+from nkb_model.architectures import DEFAULT_ARCH, architecture
+from nkb_model.families import family_of
 from stages.inputs import qa_pair, retrieval_mode
 from warehouse import RunRecord, Warehouse, list_runs, run_metrics
 
 EXAMPLE_QUESTION = "who wrote the origin of species?"
-FAMILIES = {"t5": "T5", "llama": "Llama-style decoder-only model", "gpt2": "GPT-2-style decoder-only model"}
 METRICS = {"em": "exact match, %", "rougeL": "ROUGE-L F1, %", "bleu": "SacreBLEU"}
 
 
@@ -16,8 +16,8 @@ def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool 
     """The card of a model described by `info` and built by `runs` (`stages.models.model_lineage`);
     `new_scores` {(dataset, split, metric): score} are those of an evaluation not yet recorded."""
     name, kind = info["name"], info.get("kind", "base")
-    arch = info.get("arch", "t5")
-    family = FAMILIES.get(arch, arch)
+    arch = info.get("arch", DEFAULT_ARCH)
+    family = architecture(arch).title
     what = {"base": f"a {family} base", "nkb": f"a {family} with Neural Knowledge Bank slots injected (the base frozen)",
             "nkb-a": f"a {family} whose every weight was trained on the knowledge corpus (NKB-a)",
             "finetuned": f"a closed-book QA model fine-tuned from `{info.get('source')}`",
@@ -47,15 +47,11 @@ def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool 
                   + (" (the answer between the two sentinels)" if "<extra_id_1>" in answer else "") + "."
                   + (f" The question is followed by its top {info.get('knowledge_docs')} retrieved documents "
                      f"({info['knowledge']})." if retrieval_mode(info) != "none" else ""), ""]
-    elif family_of_arch(arch).decoder_only:
-        lines += ["Text continued, as in pretraining and injection: `The Origin of Species was written by` continued "
-                  "by ` Charles Darwin`.", ""]
     else:
-        lines += ["Span corruption, as in pretraining and injection: input `The Origin of Species was written by "
-                  "<extra_id_0>.`, output `<extra_id_0> Charles Darwin <extra_id_1>`.", ""]
+        lines += [family_of(arch).prompt_format, ""]
     lines += ["## Loading", "", "```python"]
     if exported or (kind == "base" and not adapter):
-        auto = family_of_arch(arch).auto_class().__name__
+        auto = family_of(arch).auto_class().__name__
         lines += [f"from transformers import {auto}, AutoTokenizer",
                   f'model = {auto}.from_pretrained("path/to/this/folder")',
                   'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")']

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from nkb_model.families import Family, family, family_of_arch
+from nkb_model.architectures import DEFAULT_ARCH
+from nkb_model.families import Family, family, family_of, new_base
 from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig, PretrainingDataConfig
 from stages.inputs import (PRETRAINING, corpora, corpus_lineage, corpus_texts, gen_examples, gen_inputs, gen_lineage,
                            one_corpus, packed_rows, qa_inputs, qa_pair, questions_lineage, read_questions,
@@ -112,8 +113,7 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
         started = time.perf_counter()
         tokenizer = AutoTokenizer.from_pretrained(data)
         train_rows, held_out = np.load(data / "train_rows.npy"), np.load(data / "held_out.npy")
-        kind = family_of_arch(config.arch)
-        model = kind.new_model(tokenizer, config.arch, config.size, config.dropout, config.seed)
+        model, kind = new_base(config.arch, tokenizer, config.size, config.dropout, config.seed), family_of(config.arch)
         batches = kind.text_batches(train_rows, tokenizer, config.batch_size, config.seed)
         model.to(device.device).train()
         if config.ssm_share and config.steps:
@@ -166,7 +166,7 @@ def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fals
     def body(run: StagedRun) -> dict:
         from nkb_model import base_model
         from nkb_model.checkpoint import load_gguf, load_tokenizer, model_class
-        from nkb_model.mounting import block_names, ffn_maps, get_ffn, layout
+        from nkb_model.mounting import architecture_of, block_names, ffn_maps, get_ffn
         started = time.perf_counter()
         origin: dict = {}
         if gguf:
@@ -187,7 +187,7 @@ def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fals
             order = np.random.default_rng(config.seed).permutation(len(rows))
             held_out = rows[order[:base_model.held_out_count(len(rows), 0.05)]]
         n_params = sum(p.numel() for p in model.parameters())
-        info = {"name": config.name, "kind": "base", "arch": layout(model).family, "source": config.source,
+        info = {"name": config.name, "kind": "base", "arch": architecture_of(model).name, "source": config.source,
                 "params": n_params, "vocab": len(tokenizer), "built_by": run.run_id, **origin}
 
         def write(directory: Path) -> None:
@@ -230,7 +230,7 @@ def pretraining_ssm_batches(wh: Warehouse, tokenizer, config: BaseModelConfig, m
     @functools.lru_cache(maxsize=1)  # epoch 0 is asked for by the check below and twice by PairBatches
     def examples(epoch: int) -> tuple[list[str], list[str]]:
         ex = ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=True,
-                          decoder_only=kind.decoder_only)
+                          **kind.ssm_form(and_rest=False, cued=False))
         return ex.column("input").to_pylist(), ex.column("target").to_pylist()
 
     available = len(examples(0)[0])
@@ -282,7 +282,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
                        split="train", step=step)
         model.to("cpu")
         total = sum(p.numel() for p in model.parameters())
-        info = {"name": name, "kind": config.variant, "arch": base.info.get("arch", "t5"),
+        info = {"name": name, "kind": config.variant, "arch": base.info.get("arch", DEFAULT_ARCH),
                 "base_folder": relative_base(hf_dir(base.directory), target),
                 "base_model": config.base_model, "params": total, "params_injected": trainable,
                 "built_by": run.run_id, "final_loss": losses[-1][1], "knowledge_digest": knowledge_digest,
@@ -333,8 +333,7 @@ def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: 
     @functools.lru_cache(maxsize=2)
     def drawn(epoch: int):
         return ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=config.skip_repeated_spans,
-                            decoder_only=kind.decoder_only, and_rest=config.span_target == "span_and_rest",
-                            cued=config.cued_spans and kind.decoder_only)
+                            **kind.ssm_form(and_rest=config.span_target == "span_and_rest", cued=config.cued_spans))
 
     def examples(epoch: int) -> tuple[list[str], list[str]]:
         ex = drawn(epoch)
@@ -342,7 +341,7 @@ def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: 
 
     trained, ssm = model, kind.pair_batches(examples, tokenizer, config.batch_size, config.seed, config.max_input_len,
                                             target_eos=False, group_by_length=config.group_by_length)
-    if config.cache and config.variant == "nkb" and kind.decoder_only:
+    if config.cache and config.variant == "nkb":  # where the architecture allows it
         trained, ssm = cached_injection(model, tokenizer, segments, drawn, ssm, device)
     batches = ssm
     if config.general_share:
@@ -414,7 +413,7 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
         started = time.perf_counter()
         model, tokenizer, source_info = source.load()
         kind = family(model)
-        answer_format = decoder_only_answer_format(config, model) if kind.decoder_only else config.answer_format
+        answer_format = kind.answer_format(config.answer_format, config.knowledge, config.model)
         knowledge = {"knowledge": config.knowledge, "knowledge_docs": config.knowledge_docs,
                      "kformer_doc_tokens": config.kformer_doc_tokens, "kformer_rank": config.kformer_rank,
                      "answer_format": answer_format, "max_input_len": config.max_input_len, "task": config.task}
@@ -506,13 +505,3 @@ def top_block_parameters(model, blocks: int | None):
     if blocks > len(stack):
         raise ValueError(f"train_blocks={blocks} but the model's decoder has {len(stack)} blocks")
     return {p for block in stack[-blocks:] for p in block.parameters()}
-
-
-def decoder_only_answer_format(config: FinetuneConfig, model) -> str:
-    """A decoder-only model's answer format: `prompt`, whichever is asked for. Plain is the question and its answer;
-    sentinel asks for the answer the way salient span masking asks for a span, which on a decoder-only LM is as the
-    continuation of the text before it: both are a prompt. The retrieval baselines (Kformer, concat) are T5's."""
-    if config.knowledge != "none":
-        raise ValueError(f"knowledge={config.knowledge} is a T5 baseline; {config.model} is a decoder-only "
-                         f"{type(model).__name__}")
-    return "prompt"

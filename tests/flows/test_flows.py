@@ -10,7 +10,7 @@ from prefect.testing.utilities import prefect_test_harness
 from corpus import ner
 from flows.flows import STAGE_FLOWS, pipeline
 from stages.configs import IngestConfig, SalientSpansConfig
-from stages.experiment import FULL_DEMO, decoder_only_demo
+from stages.experiment import FULL_DEMO, arch_demo
 from tests.experiments import tiny_experiment
 from warehouse import Warehouse, list_runs, query, row_counts
 
@@ -166,7 +166,7 @@ def test_pipeline_trains_every_row_and_reports(tmp_path):
 
 def test_a_decoder_only_experiment_trains_every_row_that_applies_and_reports(tmp_path):
     home = str(tmp_path / "wh")
-    rows = pipeline(tiny_experiment(*FULL_DEMO, *decoder_only_demo("llama")), home=home)
+    rows = pipeline(tiny_experiment(*FULL_DEMO, *arch_demo("llama")), home=home)
     stages = [r["stage"] for r in rows]
     assert stages[-4:] == ["report", "analyze", "surgery", "edit"]
     wh = Warehouse(home)

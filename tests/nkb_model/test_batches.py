@@ -1,10 +1,11 @@
-"""PairBatches: batches are a pure function of the step; pairs that repeat every epoch are tokenised once."""
+"""PairBatches (a T5's): batches are a pure function of the step; pairs that repeat every epoch are tokenised
+once."""
 
 import numpy as np
 import torch
 
 from nkb_model.base_model import train_tokenizer
-from nkb_model.batches import PairBatches
+from nkb_model.families import ENCODER_DECODER
 
 TEXTS = [f"Person {i} was born in city {i % 7} and worked for company {i % 5}." for i in range(300)]
 
@@ -25,19 +26,20 @@ def test_repeated_pairs_are_tokenised_once_and_changed_pairs_again():
     tokenizer = train_tokenizer(TEXTS, vocab_size=60)
     questions = [(f"question: where was person {i} born?", f"city {i % 7}") for i in range(12)]
     fixed = CountingTokenizer(tokenizer)
-    batches = PairBatches(lambda epoch: tuple(map(list, zip(*questions))), fixed, batch_size=4, seed=3)
+    batches = ENCODER_DECODER.pair_batches(lambda epoch: tuple(map(list, zip(*questions))), fixed, batch_size=4, seed=3)
     steps = [batches(step) for step in range(3 * batches.per_epoch)]
     assert fixed.texts == 2 * len(questions)  # inputs and targets, once for all three epochs
 
     # The same batches as a fresh loader that meets each epoch for the first time.
     for step in (0, 4, 8):
-        fresh = PairBatches(lambda epoch: tuple(map(list, zip(*questions))), tokenizer, batch_size=4, seed=3)
+        fresh = ENCODER_DECODER.pair_batches(lambda epoch: tuple(map(list, zip(*questions))), tokenizer,
+                                             batch_size=4, seed=3)
         assert all(torch.equal(fresh(step)[k], steps[step][k]) for k in steps[step])
 
     def masked(epoch):  # like SSM: other targets every epoch
         return [q for q, _ in questions], [f"city {(i + epoch) % 7}" for i in range(len(questions))]
     redrawn = CountingTokenizer(tokenizer)
-    loader = PairBatches(masked, redrawn, batch_size=4, seed=3)
+    loader = ENCODER_DECODER.pair_batches(masked, redrawn, batch_size=4, seed=3)
     first, second = loader(0), loader(loader.per_epoch)
     assert redrawn.texts == 2 * 2 * len(questions)
     targets = {tokenizer.decode(row[row != -100], skip_special_tokens=True) for row in second["labels"]}
@@ -68,9 +70,9 @@ def test_grouped_batches_hold_pairs_of_similar_length_and_stay_a_function_of_the
     pairs = [(" ".join(["word"] * (1 + i % 23)), f"city {i % 7}") for i in range(200)]
 
     def loader():
-        return PairBatches(lambda epoch: tuple(map(list, zip(*pairs))), tokenizer, batch_size=8, seed=3,
-                           group_by_length=True)
-    plain = PairBatches(lambda epoch: tuple(map(list, zip(*pairs))), tokenizer, batch_size=8, seed=3)
+        return ENCODER_DECODER.pair_batches(lambda epoch: tuple(map(list, zip(*pairs))), tokenizer, batch_size=8,
+                                            seed=3, group_by_length=True)
+    plain = ENCODER_DECODER.pair_batches(lambda epoch: tuple(map(list, zip(*pairs))), tokenizer, batch_size=8, seed=3)
     grouped = loader()
     steps = range(2 * grouped.per_epoch)
     width = sum(grouped(s)["input_ids"].numel() for s in steps)

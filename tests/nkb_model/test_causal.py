@@ -14,7 +14,7 @@ from nkb_model.base_model import new_causal, train_tokenizer
 from nkb_model.batches import PairBatches
 from nkb_model.causal import cloze_prefix, encode_pairs, encode_prompts, pad_causal, probe_fill, start_ids
 from nkb_model.checks import heldout_loss, probe
-from nkb_model.decoding import generate, teacher_forced
+from nkb_model.families import DECODER_ONLY, generate, teacher_forced
 from nkb_model.nkb import NKBConfig, mount_nkb, mounted_layers
 from nkb_model.train import TrainConfig, choose_device, train
 
@@ -110,7 +110,7 @@ def test_causal_ssm_examples_recall_the_span_from_the_text_before_it():
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_a_tiny_decoder_only_model_learns_answers_and_stops_after_them(tokenizer, arch):
     model = new_causal(tokenizer, arch, "tiny").train()
-    batches = PairBatches(lambda epoch: (QUESTIONS, ANSWERS), tokenizer, 4, decoder_only=True)
+    batches = PairBatches(lambda epoch: (QUESTIONS, ANSWERS), tokenizer, 4, family=DECODER_ONLY)
     train(model, batches, TrainConfig(steps=60, batch_size=4, lr=3e-3, optimizer="adamw"), CPU)
     assert generate(model, tokenizer, QUESTIONS, CPU, batch_size=3) == ANSWERS  # left-padded batches of 3 and 1
     # the probe asks the text before the blank and reads as many words as the answer has

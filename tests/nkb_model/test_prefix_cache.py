@@ -8,6 +8,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from corpus.ssm import ssm_examples
+from nkb_model.families import DECODER_ONLY
 from nkb_model.causal import encode_pairs, pad_causal
 from nkb_model.nkb import NKBConfig, mark_only_nkb_trainable, mount_nkb, nkb_parameters
 from nkb_model.prefix_cache import CachedBatches, CachedTail, SegmentCache, first_trainable_block, supports_cache
@@ -103,11 +104,11 @@ def test_training_on_the_cache_follows_the_uncached_losses_step_by_step(and_rest
                            examples(epoch).column("target").to_pylist())
     config = TrainConfig(steps=6, batch_size=8, lr=3e-2, optimizer="adamw")
     plain = injected("llama", len(tokenizer), ["decoder.-1"])
-    expected = train(plain, PairBatches(pairs, tokenizer, 8, decoder_only=True, target_eos=False), config, CPU)
+    expected = train(plain, PairBatches(pairs, tokenizer, 8, family=DECODER_ONLY, target_eos=False), config, CPU)
     model = injected("llama", len(tokenizer), ["decoder.-1"])
     cache = SegmentCache(model, tokenizer, texts, 3, CPU)
     index = {s: i for i, s in enumerate(segments.column("segment_id").to_pylist())}
-    batches = CachedBatches(PairBatches(pairs, tokenizer, 8, decoder_only=True, target_eos=False),
+    batches = CachedBatches(PairBatches(pairs, tokenizer, 8, family=DECODER_ONLY, target_eos=False),
                             lambda epoch: [index[s] for s in examples(epoch).column("segment_id").to_pylist()],
                             cache, model)
     got = train(CachedTail(model, 3), batches, config, CPU)

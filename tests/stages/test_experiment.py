@@ -7,7 +7,7 @@ import yaml
 
 from stages.configs import BaseModelConfig, InjectConfig
 from stages.experiment import (FULL_DEMO, SAMPLE_WORLD, SAMPLE_WORLD_SMOLLM2, Experiment, ExperimentError, apply_sets,
-                               decoder_only_demo)
+                               arch_demo)
 
 EXAMPLE = SAMPLE_WORLD.parent / "example.yaml"
 MINIMAL = {"name": "mine", "knowledge": [{"path": "wiki.jsonl", "corpus": "wiki"}], "base_model": "hub:t5-base",
@@ -56,15 +56,15 @@ def test_the_sample_world_plans_every_row_with_its_own_settings():
     assert (edit.model, edit.edits, edit.name) == ("base+nkb.qa", "/world/edits.jsonl", "base+nkb.qa.edited")
 
 
-def test_a_decoder_only_demo_plans_every_row_that_applies_on_a_base_of_that_arch():
-    plan = plan_of(Experiment.load(SAMPLE_WORLD, FULL_DEMO + decoder_only_demo("gpt2")))
+def test_a_arch_demo_plans_every_row_that_applies_on_a_base_of_that_arch():
+    plan = plan_of(Experiment.load(SAMPLE_WORLD, FULL_DEMO + arch_demo("gpt2")))
     configs = made(plan)
     assert {configs[n].arch for n in ("base", "transformer", "large")} == {"gpt2"}
     assert configs["base+nkb"].layers == ["decoder.0", "decoder.1", "decoder.2", "decoder.3"]
     assert not {"base.kformer", "base.concat"} & set(configs)  # T5 baselines
     assert dict(plan)["report"].kformer is None
     with pytest.raises(ExperimentError, match=r"rows \['concat'\] are T5 baselines; pretrain.arch is gpt2"):
-        Experiment.load(SAMPLE_WORLD, decoder_only_demo("gpt2") + ["rows=base,concat"])
+        Experiment.load(SAMPLE_WORLD, arch_demo("gpt2") + ["rows=base,concat"])
 
 
 def test_the_default_demo_plans_the_method_rows_and_every_check_of_them():

@@ -70,10 +70,10 @@ def test_every_stage_that_asks_questions_draws_its_examples_as_its_config_says(t
     texts, _ = model_inputs(wh, questions, llama, None, info, EvaluateConfig(model="m", shots=3).asking)
     assert len({t.rsplit("Q:", 1)[0] for t in texts}) == len(texts)  # per question: each its own draw
     # evaluate's own path hands its config's way of asking on (the model's decoding stands aside here)
-    import nkb_model.decoding
+    import nkb_model.families
     from stages.evaluation import model_outputs
     asked = []
-    monkeypatch.setattr(nkb_model.decoding, "generate", lambda model, tok, texts, *rest: asked.extend(texts) or
+    monkeypatch.setattr(nkb_model.families, "generate", lambda model, tok, texts, *rest: asked.extend(texts) or
                         [""] * len(texts))
     model_outputs(wh, questions, llama, None, info, EvaluateConfig(model="m", shots=3, shots_drawn="once"), None, None)
     assert len(asked) == 6 and len({t.rsplit("Q:", 1)[0] for t in asked}) == 1
