@@ -1,8 +1,8 @@
 """Data stages: the sample world, corpora and QA datasets into tables, the BM25 index, retrieval, salient spans.
 
-Like every stage, each is a plain function `stage(wh, config, force) -> StageResult` that computes its
-inputs fingerprint (config + digests or lineage of what it reads), runs atomically via
-`warehouse.run_stage`, and is skipped when the same inputs already succeeded.
+Like every stage, each is a plain function `stage(wh, config, force) -> StageResult` that declares what it reads
+(`stages.lineage`), from which its inputs fingerprint follows, runs atomically via `warehouse.run_stage`, and is
+skipped when the same inputs already succeeded.
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ from corpus.errors import InputFileError, require_file
 from corpus.files import matching_files, repeats
 from stages.configs import (GenerationDataConfig, IndexConfig, IngestConfig, QuestionsConfig, RetrieveConfig,
                             SalientSpansConfig, SampleWorldConfig)
+from stages import lineage as reads
 from stages.inputs import PRETRAINING, corpus_lineage, one_corpus, world_dir
+from stages.lineage import Declared
 from stages.progress import counting, progress
-from warehouse import ShardTarget, StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs, run_stage
+from warehouse import ShardTarget, StagedRun, StageResult, Warehouse, file_digest, list_runs
 
 # A Parquet row group of `documents`: whichever limit comes first.
 BATCH_DOCS, BATCH_CHARS = 2000, 8_000_000
@@ -41,7 +43,7 @@ def generate_sample_world(wh: Warehouse, config: SampleWorldConfig, force: bool 
     target = world_dir(wh)
     params = config.model_dump()
     # The generator's own code is an input: a changed generator means a different world.
-    fp = fingerprint("sample-world", params, [file_digest(sample_world.__file__)])
+    declared = Declared("sample-world", config, [reads.file(sample_world.__file__)])
 
     def files_present(run) -> bool:
         return all(p.exists() for p in sample_world.WorldFiles.at(target).all_paths())
@@ -54,23 +56,24 @@ def generate_sample_world(wh: Warehouse, config: SampleWorldConfig, force: bool 
         run.metric("facts", n_facts)
         return {"dir": str(target), "facts": n_facts, "seconds": time.perf_counter() - started}
 
-    return run_stage(wh, "sample-world", params, fp, body, force=force, still_valid=files_present)
+    return declared.run(wh, body, force=force, still_valid=files_present)
 
 
 # ---- stages that read one input file --------------------------------------------------------------
 
-def file_input(stage: str, config, paths: Sequence[str] | None = None, **resolved) -> tuple[str, dict, str]:
-    """(absolute path, config to record, inputs fingerprint) of a stage reading the file `config.path` (or the
-    `paths` a pattern matched, recorded as `files`). `resolved`: settings the stage derived (e.g. the format from
-    the name), recorded and fingerprinted too. The files' content, not their paths, identifies the input: a moved
-    file is not read again."""
+def file_input(stage: str, config, paths: Sequence[str] | None = None, **resolved) -> tuple[str, Declared]:
+    """(absolute path, the run declared) of a stage reading the file `config.path` (or the `paths` a pattern
+    matched, recorded as `files`). `resolved`: settings the stage derived (e.g. the format from the name), recorded
+    and fingerprinted too. The files' content, not their paths, identifies the input: a moved file is not read
+    again."""
     if paths is None:
         require_file(config.path)
         paths = [config.path]
     path = os.path.abspath(config.path)
-    fp = fingerprint(stage, config.identity() | resolved | {"path": None}, [file_digest(p) for p in paths])
     files = {"files": [os.path.abspath(p) for p in paths]} if len(paths) > 1 or paths[0] != config.path else {}
-    return path, config.model_dump() | resolved | {"path": path} | files, fp
+    return path, Declared(stage, config, [reads.mark(*(file_digest(p) for p in paths))],
+                          identity=resolved | {"path": None},
+                          record=config.model_dump() | resolved | {"path": path} | files)
 
 
 def refuse_repeated_ids(path: str, records, what: str) -> None:
@@ -125,47 +128,53 @@ def ingest(wh: Warehouse, config: IngestConfig, force: bool = False,
     paths = matching_files(config.path)
     fmt = corpus_format(paths, config.format)
     corpus = config.corpus_name()
-    path, params, fp = file_input("ingest", config, paths, format=fmt, corpus=corpus)
+    path, declared = file_input("ingest", config, paths, format=fmt, corpus=corpus)
+    return declared.run(wh, lambda run: _ingest(run, config, path, paths, fmt, corpus, map_shards), force=force)
+
+
+def _ingest(run: StagedRun, config: IngestConfig, path: str, paths: list[str], fmt: str, corpus: str,
+            map_shards) -> dict:
+    started = time.perf_counter()
     # Worker processes cost about a second to start: worth it from roughly 10 MB of XML (1 MB of .bz2).
     size = sum(os.path.getsize(p) for p in paths)
     workers = config.workers or ((os.cpu_count() or 1) if size > 1e6 else 1)
+    with run.writer("documents", corpus) as out, progress(desc=f"ingest {corpus}", unit=" pages") as bar:
+        if map_shards:
+            parts = [IngestPart(path=p, format=fmt, corpus=corpus,
+                                target=asdict(run.part_target("documents", f"{corpus}-{i:05d}")))
+                     for i, p in enumerate(paths)]
+            bar.update(sum(map_shards(ingest_part, parts)))
+            for part in parts:
+                out.append_file(part.target["path"])
+        else:
+            pages = itertools.chain.from_iterable(docs.read_documents(p, fmt, workers=workers) for p in paths)
+            for rows in document_rows(itertools.islice(pages, config.limit), corpus):
+                out.write(rows)
+                bar.update(len(rows["doc_id"]))
+    if out.rows == 0:
+        raise InputFileError(path, None, "no documents found (only redirects, disambiguation or other namespaces?)")
+    _refuse_duplicate_documents(run, corpus, path, paths, fmt, workers)
+    seconds = time.perf_counter() - started
+    run.metric("documents", out.rows, dataset=corpus)
+    run.metric("pages_per_second", out.rows / seconds, dataset=corpus)
+    return {"corpus": corpus, "documents": out.rows, "files": len(paths), "seconds": seconds, "input_mb": size / 1e6}
 
-    def body(run: StagedRun) -> dict:
-        started = time.perf_counter()
-        with run.writer("documents", corpus) as out, progress(desc=f"ingest {corpus}", unit=" pages") as bar:
-            if map_shards:
-                parts = [IngestPart(path=p, format=fmt, corpus=corpus,
-                                    target=asdict(run.part_target("documents", f"{corpus}-{i:05d}")))
-                         for i, p in enumerate(paths)]
-                bar.update(sum(map_shards(ingest_part, parts)))
-                for part in parts:
-                    out.append_file(part.target["path"])
-            else:
-                pages = itertools.chain.from_iterable(docs.read_documents(p, fmt, workers=workers) for p in paths)
-                for rows in document_rows(itertools.islice(pages, config.limit), corpus):
-                    out.write(rows)
-                    bar.update(len(rows["doc_id"]))
-        if out.rows == 0:
-            raise InputFileError(path, None, "no documents found (only redirects, disambiguation or other namespaces?)")
-        duplicate = run.first_duplicate("documents", corpus, "doc_id")
-        if duplicate is not None:  # found out of core; read the files again to say where (this is rare)
-            places = [f"{p}, {d.where}" if len(paths) > 1 else d.where
-                      for p in paths for d in docs.read_documents(p, fmt, workers=workers) if d.doc_id == duplicate][:2]
-            raise InputFileError(path, " and ".join(places) or None,
-                                 f"doc id {duplicate!r} occurs more than once in corpus {corpus!r}")
-        seconds = time.perf_counter() - started
-        run.metric("documents", out.rows, dataset=corpus)
-        run.metric("pages_per_second", out.rows / seconds, dataset=corpus)
-        return {"corpus": corpus, "documents": out.rows, "files": len(paths), "seconds": seconds, "input_mb": size / 1e6}
 
-    return run_stage(wh, "ingest", params, fp, body, force=force)
+def _refuse_duplicate_documents(run: StagedRun, corpus: str, path: str, paths: list[str], fmt: str,
+                                workers: int) -> None:
+    duplicate = run.first_duplicate("documents", corpus, "doc_id")
+    if duplicate is not None:  # found out of core; read the files again to say where (this is rare)
+        places = [f"{p}, {d.where}" if len(paths) > 1 else d.where
+                  for p in paths for d in docs.read_documents(p, fmt, workers=workers) if d.doc_id == duplicate][:2]
+        raise InputFileError(path, " and ".join(places) or None,
+                             f"doc id {duplicate!r} occurs more than once in corpus {corpus!r}")
 
 
 # ---- questions ----------------------------------------------------------------------------
 
 def load_questions(wh: Warehouse, config: QuestionsConfig, force: bool = False) -> StageResult:
     """Read one QA split into `questions`, partition = `<dataset>.<split>`; long answers filtered."""
-    path, params, fp = file_input("questions", config)
+    path, declared = file_input("questions", config)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
@@ -183,13 +192,13 @@ def load_questions(wh: Warehouse, config: QuestionsConfig, force: bool = False) 
         return {"dataset": config.dataset, "split": config.split, "questions": len(kept), "filtered": dropped,
                 "seconds": time.perf_counter() - started}
 
-    return run_stage(wh, "questions", params, fp, body, force=force)
+    return declared.run(wh, body, force=force)
 
 
 def load_generation_data(wh: Warehouse, config: GenerationDataConfig, force: bool = False) -> StageResult:
     """Read one summarisation or translation split into `gen_examples`, partition = `<task>.<split>`."""
     from corpus import generation_data as generation
-    path, params, fp = file_input("generation-data", config)
+    path, declared = file_input("generation-data", config)
 
     def body(run: StagedRun) -> dict:
         started = time.perf_counter()
@@ -209,7 +218,7 @@ def load_generation_data(wh: Warehouse, config: GenerationDataConfig, force: boo
         run.metric("examples", n, dataset=config.task, split=config.split)
         return {"task": config.task, "split": config.split, "examples": n, "seconds": time.perf_counter() - started}
 
-    return run_stage(wh, "generation-data", params, fp, body, force=force)
+    return declared.run(wh, body, force=force)
 
 
 # ---- index ----------------------------------------------------------------------------------
@@ -219,35 +228,9 @@ INDEX_META = "nkb-index.json"
 
 def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> StageResult:
     """Export a corpus to a JsonCollection and build a Lucene index under `files/indexes/`."""
-    from corpus import bm25
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
-    fp = fingerprint("index", config.identity(), [corpus_lineage(wh, config.corpus)])
-    target = wh.files_dir / "indexes" / f"{config.corpus}-{fp[:12]}"
-
-    def body(run: StagedRun) -> dict:
-        started = time.perf_counter()
-        docs = ((d, f"{t}\n{x}") for batch in wh.scan("documents", ["doc_id", "title", "text"],
-                                                       filter=pc.field("corpus") == config.corpus)
-                for d, t, x in zip(*(batch.column(c).to_pylist() for c in ("doc_id", "title", "text"))))
-        tmp = run.scratch(target)  # the exported collection, only needed while the index is built
-        with progress(desc=f"export {config.corpus}", unit=" docs") as bar:
-            n = bm25.write_json_collection(counting(docs, bar), tmp / "collection")
-
-        def fill(directory: Path) -> float:
-            bm25.build_index(tmp / "collection", directory, threads=config.threads, log_path=tmp / "index.log",
-                             store=config.store)
-            seconds = time.perf_counter() - started
-            meta = {"index_id": fp[:12], "corpus": config.corpus, "k1": config.k1, "b": config.b,
-                    "documents": n, "built_by": run.run_id, "seconds": seconds, "files": index_files(directory)}
-            (directory / INDEX_META).write_text(json.dumps(meta, indent=1))
-            return seconds
-
-        seconds = run.publish_folder(target, fill)
-        run.record.checkpoint = str(target)
-        run.output("indexed_documents", n)
-        run.metric("index_docs_per_second", n / seconds, dataset=config.corpus)
-        return {"index_id": fp[:12], "corpus": config.corpus, "documents": n, "seconds": seconds,
-                "docs_per_second": round(n / seconds, 1)}
+    declared = Declared("index", config, [reads.corpus(wh, config.corpus, label=None)])
+    target = wh.files_dir / "indexes" / f"{config.corpus}-{declared.fingerprint[:12]}"
 
     def intact(run) -> bool:  # a damaged index is rebuilt, not skipped as unchanged
         problem = index_problem(Path(run.checkpoint or ""))
@@ -255,7 +238,35 @@ def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> Stag
             print(f"index {run.checkpoint}: {problem}; building it again", file=sys.stderr)
         return problem is None
 
-    return run_stage(wh, "index", config.model_dump(), fp, body, force=force, still_valid=intact)
+    return declared.run(wh, lambda run: _build_index(run, wh, config, declared.fingerprint[:12], target),
+                        force=force, still_valid=intact)
+
+
+def _build_index(run: StagedRun, wh: Warehouse, config: IndexConfig, index_id: str, target: Path) -> dict:
+    from corpus import bm25
+    started = time.perf_counter()
+    docs = ((d, f"{t}\n{x}") for batch in wh.scan("documents", ["doc_id", "title", "text"],
+                                                   filter=pc.field("corpus") == config.corpus)
+            for d, t, x in zip(*(batch.column(c).to_pylist() for c in ("doc_id", "title", "text"))))
+    tmp = run.scratch(target)  # the exported collection, only needed while the index is built
+    with progress(desc=f"export {config.corpus}", unit=" docs") as bar:
+        n = bm25.write_json_collection(counting(docs, bar), tmp / "collection")
+
+    def fill(directory: Path) -> float:
+        bm25.build_index(tmp / "collection", directory, threads=config.threads, log_path=tmp / "index.log",
+                         store=config.store)
+        seconds = time.perf_counter() - started
+        meta = {"index_id": index_id, "corpus": config.corpus, "k1": config.k1, "b": config.b,
+                "documents": n, "built_by": run.run_id, "seconds": seconds, "files": index_files(directory)}
+        (directory / INDEX_META).write_text(json.dumps(meta, indent=1))
+        return seconds
+
+    seconds = run.publish_folder(target, fill)
+    run.record.checkpoint = str(target)
+    run.output("indexed_documents", n)
+    run.metric("index_docs_per_second", n / seconds, dataset=config.corpus)
+    return {"index_id": index_id, "corpus": config.corpus, "documents": n, "seconds": seconds,
+            "docs_per_second": round(n / seconds, 1)}
 
 
 def index_files(directory: Path) -> dict[str, list]:
@@ -301,47 +312,54 @@ def latest_index(wh: Warehouse, corpus: str) -> tuple[Path, dict]:
 
 def retrieve(wh: Warehouse, config: RetrieveConfig, force: bool = False) -> StageResult:
     """Top-k BM25 documents per question, one `retrievals` partition per dataset; answer recall@k."""
-    from corpus import bm25
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
     directory, meta = latest_index(wh, config.corpus)
     question_parts = wh.lineage("questions")
     datasets = config.datasets or sorted({name.split(".")[0] for name, _ in question_parts})
     if not datasets:
         raise ValueError("no questions loaded; run the questions stage first")
-    inputs = [meta["index_id"]] + [f"{n}:{fp}" for n, fp in question_parts if n.split(".")[0] in datasets]
-    fp = fingerprint("retrieve", config.identity() | {"datasets": datasets}, inputs)
+    declared = Declared("retrieve", config, [reads.mark(meta["index_id"]), reads.partitions(
+        (n, fp) for n, fp in question_parts if n.split(".")[0] in datasets)], identity={"datasets": datasets})
+    return declared.run(wh, lambda run: _retrieve(run, wh, config, directory, meta, datasets), force=force)
 
-    def body(run: StagedRun) -> dict:
-        started = time.perf_counter()
-        n_questions, search_seconds = 0, 0.0
-        with bm25.Searcher(directory, k1=meta["k1"], b=meta["b"]) as searcher:
-            for dataset in datasets:
-                qs = wh.read("questions", ["question_id", "split", "question", "answers"],
-                             filter=pc.field("dataset") == dataset)
-                if qs.num_rows == 0:
-                    raise ValueError(f"no questions for dataset {dataset!r}")
-                ids, texts = qs.column("question_id").to_pylist(), qs.column("question").to_pylist()
-                rows = {"question_id": [], "dataset": [], "rank": [], "doc_id": [], "score": [], "index_id": []}
-                t = time.perf_counter()
-                with progress(desc=f"retrieve {dataset}", unit=" q", total=len(ids)) as bar:
-                    for lo in range(0, len(ids), config.batch_size):
-                        hits = searcher.batch_search(texts[lo:lo + config.batch_size], ids[lo:lo + config.batch_size],
-                                                     k=config.k, threads=config.threads)
-                        for qid in ids[lo:lo + config.batch_size]:
-                            for rank, hit in enumerate(hits.get(qid, []), start=1):
-                                for key, value in zip(rows, (qid, dataset, rank, hit.doc_id, hit.score, meta["index_id"])):
-                                    rows[key].append(value)
-                        bar.update(min(config.batch_size, len(ids) - lo))
-                search_seconds += time.perf_counter() - t
-                n_questions += len(ids)
-                run.write("retrievals", dataset, rows)
-                for split, recall in _answer_recall(wh, config.corpus, qs, rows).items():
-                    run.metric(f"answer_recall@{config.k}", recall, dataset=dataset, split=split)
-        run.metric("queries_per_second", n_questions / search_seconds)
-        return {"index_id": meta["index_id"], "questions": n_questions, "seconds": time.perf_counter() - started,
-                "queries_per_second": round(n_questions / search_seconds, 1)}
 
-    return run_stage(wh, "retrieve", config.model_dump(), fp, body, force=force)
+def _retrieve(run: StagedRun, wh: Warehouse, config: RetrieveConfig, directory: Path, meta: dict,
+              datasets: list[str]) -> dict:
+    from corpus import bm25
+    started = time.perf_counter()
+    n_questions, search_seconds = 0, 0.0
+    with bm25.Searcher(directory, k1=meta["k1"], b=meta["b"]) as searcher:
+        for dataset in datasets:
+            qs = wh.read("questions", ["question_id", "split", "question", "answers"],
+                         filter=pc.field("dataset") == dataset)
+            if qs.num_rows == 0:
+                raise ValueError(f"no questions for dataset {dataset!r}")
+            t = time.perf_counter()
+            rows = _search(searcher, config, qs, dataset, meta["index_id"])
+            search_seconds += time.perf_counter() - t
+            n_questions += qs.num_rows
+            run.write("retrievals", dataset, rows)
+            for split, recall in _answer_recall(wh, config.corpus, qs, rows).items():
+                run.metric(f"answer_recall@{config.k}", recall, dataset=dataset, split=split)
+    run.metric("queries_per_second", n_questions / search_seconds)
+    return {"index_id": meta["index_id"], "questions": n_questions, "seconds": time.perf_counter() - started,
+            "queries_per_second": round(n_questions / search_seconds, 1)}
+
+
+def _search(searcher, config: RetrieveConfig, questions, dataset: str, index_id: str) -> dict[str, list]:
+    """`retrievals` rows of one dataset's questions: the top k documents of each, in batches."""
+    ids, texts = questions.column("question_id").to_pylist(), questions.column("question").to_pylist()
+    rows = {"question_id": [], "dataset": [], "rank": [], "doc_id": [], "score": [], "index_id": []}
+    with progress(desc=f"retrieve {dataset}", unit=" q", total=len(ids)) as bar:
+        for lo in range(0, len(ids), config.batch_size):
+            hits = searcher.batch_search(texts[lo:lo + config.batch_size], ids[lo:lo + config.batch_size],
+                                         k=config.k, threads=config.threads)
+            for qid in ids[lo:lo + config.batch_size]:
+                for rank, hit in enumerate(hits.get(qid, []), start=1):
+                    for key, value in zip(rows, (qid, dataset, rank, hit.doc_id, hit.score, index_id)):
+                        rows[key].append(value)
+            bar.update(min(config.batch_size, len(ids) - lo))
+    return rows
 
 
 def _answer_recall(wh: Warehouse, corpus: str, questions, rows: dict) -> dict[str, float]:
@@ -430,35 +448,36 @@ def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = 
         if not upstream:
             raise ValueError(f"no pretraining sentences of corpus {config.corpus!r}; run the pretraining-data "
                              f"stage first (nkb run pretraining-data --set corpus={config.corpus})")
-    inputs = [ner.model_id(config.model)] + [f"{n}:{f}" for n, f in upstream]
-    fp = fingerprint("salient-spans", config.identity(), inputs)
+    declared = Declared("salient-spans", config, [reads.mark(ner.model_id(config.model)), reads.partitions(upstream)])
+    return declared.run(wh, lambda run: _find_salient_spans(run, wh, config, partition, map_shards), force=force,
+                        resumable=True)
 
-    def body(run: StagedRun) -> dict:
-        started = time.perf_counter()
-        if config.source == "retrieved":
-            n_documents, seg_texts = _segment_retrieved(wh, run, config)
-            segments_file = str(run.staged_path("segments", partition))
-        else:
-            segments = wh.read("segments", ["text"], partitions=[partition])
-            n_documents, seg_texts = None, segments.column("text").to_pylist()
-            segments_file = str(wh.partition_path("segments", partition))
-        n_process = config.n_process or (ner_processes(seg_texts) if not config.dask else 1)
-        shards = run.shards("salient_spans", partition)
-        resumed = shards.done_count()
-        jobs = [NerShard(segments=segments_file, start=lo, stop=min(lo + config.shard_size, len(seg_texts)),
-                         target=asdict(shards.target(index)), labels=config.labels, batch_size=config.batch_size,
-                         n_process=n_process, model=config.model)
-                for index, lo in enumerate(range(0, len(seg_texts), config.shard_size)) if not shards.is_done(index)]
-        t = time.perf_counter()
-        for rows in map_shards(ner_shard, jobs) if map_shards else ner_shards_here(jobs):
-            shards.count(rows)
-        if jobs:
-            words = sum(len(x.split()) for job in jobs for x in seg_texts[job.start:job.stop])
-            run.metric("ner_words_per_second", words / (time.perf_counter() - t))
-        return {"corpus": config.corpus, "source": config.source, "documents": n_documents, "segments": len(seg_texts),
-                "shards": len(jobs) + resumed, "resumed_shards": resumed, "seconds": time.perf_counter() - started}
 
-    return run_stage(wh, "salient-spans", config.model_dump(), fp, body, force=force, resumable=True)
+def _find_salient_spans(run: StagedRun, wh: Warehouse, config: SalientSpansConfig, partition: str,
+                        map_shards) -> dict:
+    started = time.perf_counter()
+    if config.source == "retrieved":
+        n_documents, seg_texts = _segment_retrieved(wh, run, config)
+        segments_file = str(run.staged_path("segments", partition))
+    else:
+        segments = wh.read("segments", ["text"], partitions=[partition])
+        n_documents, seg_texts = None, segments.column("text").to_pylist()
+        segments_file = str(wh.partition_path("segments", partition))
+    n_process = config.n_process or (ner_processes(seg_texts) if not config.dask else 1)
+    shards = run.shards("salient_spans", partition)
+    resumed = shards.done_count()
+    jobs = [NerShard(segments=segments_file, start=lo, stop=min(lo + config.shard_size, len(seg_texts)),
+                     target=asdict(shards.target(index)), labels=config.labels, batch_size=config.batch_size,
+                     n_process=n_process, model=config.model)
+            for index, lo in enumerate(range(0, len(seg_texts), config.shard_size)) if not shards.is_done(index)]
+    t = time.perf_counter()
+    for rows in map_shards(ner_shard, jobs) if map_shards else ner_shards_here(jobs):
+        shards.count(rows)
+    if jobs:
+        words = sum(len(x.split()) for job in jobs for x in seg_texts[job.start:job.stop])
+        run.metric("ner_words_per_second", words / (time.perf_counter() - t))
+    return {"corpus": config.corpus, "source": config.source, "documents": n_documents, "segments": len(seg_texts),
+            "shards": len(jobs) + resumed, "resumed_shards": resumed, "seconds": time.perf_counter() - started}
 
 
 def _segment_retrieved(wh: Warehouse, run: StagedRun, config: SalientSpansConfig) -> tuple[int, list[str]]:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import time
 
 from stages.configs import EvaluateConfig
-from stages.inputs import (asked_in_prompt, gen_examples, gen_inputs, gen_lineage, model_inputs, questions_lineage,
-                           read_questions, retrieval_mode, retrievals_lineage)
+from stages import lineage as reads
+from stages.inputs import asked_in_prompt, gen_examples, gen_inputs, model_inputs, read_questions, retrieval_mode
+from stages.lineage import Declared
 from stages.models import model_lineage, source_model
 from stages.names import answers_name
-from warehouse import StagedRun, StageResult, Warehouse, fingerprint, run_stage
+from warehouse import StagedRun, StageResult, Warehouse
 
 
 def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> StageResult:
@@ -20,48 +21,47 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
     ROUGE-L (summarisation) or SacreBLEU (translation)."""
     from nkb_model.train import choose_device
     source = source_model(wh, config.model)
-    name, task = source.name, config.task or source.info.get("task")
+    task = config.task or source.info.get("task")
     if config.shots and task:
         raise ValueError(f"evaluate: shots ({config.shots}) asks questions few-shot; {config.model} is evaluated on "
                          f"the generation task {task!r}")
-    name = answers_name(name, config.shots)
+    name = answers_name(source.name, config.shots)
     if task:
-        examples = gen_examples(wh, task, config.split)
-        groups = [task]
-        lineage = gen_lineage(wh, task, config.split)
+        examples, groups = gen_examples(wh, task, config.split), [task]
+        data = [reads.task_examples(wh, task, config.split)]
     else:
         examples = read_questions(wh, config.datasets, config.split)
         groups = sorted(set(examples.column("dataset").to_pylist()))
-        lineage = questions_lineage(wh, groups, config.split)
-        if retrieval_mode(source.info) != "none":
-            lineage += retrievals_lineage(wh, groups)
-        if config.shots:
-            lineage += questions_lineage(wh, groups, "train")
-    fp = fingerprint("evaluate", config.identity() | {"task": task}, source.lineage + lineage)
+        data = [reads.questions(wh, groups, config.split),
+                reads.retrievals(wh, groups) if retrieval_mode(source.info) != "none" else reads.Read(()),
+                reads.questions(wh, groups, "train") if config.shots else reads.Read(())]
+    declared = Declared("evaluate", config, [reads.model(source), *data], identity={"task": task},
+                        record=config.model_dump() | {"model_name": name, "task": task})
     device = choose_device(config.device, config.precision)
+    return declared.run(wh, lambda run: _evaluate(run, wh, config, source, examples, groups, task, name, device),
+                        force=force, device=device.name)
 
-    def body(run: StagedRun) -> dict:
-        started = time.perf_counter()
-        model, tokenizer, info = source.load(device)
-        outputs = model_outputs(wh, examples, model, tokenizer, info, config, task, device)
-        ids, ds, correct, scores = (generation_scores(examples, outputs, task) if task
-                                    else qa_scores(examples, outputs, groups))
-        for key, score in scores.items():  # a task's metric, or a dataset's EM
-            metric, dataset = (key, task) if task else ("em", key)
-            run.metric(metric, score, dataset=dataset, split=config.split)
-        if source.directory.is_relative_to(wh.files_dir):  # this warehouse's model: its card gets the scores
-            em = f"em {config.shots}-shot" if config.shots else "em"
-            card = model_card_with(wh, info, {(task, config.split, k) if task else (k, config.split, em): v
-                                              for k, v in scores.items()})
-            run.publish_file(source.directory / "README.md", lambda path: path.write_text(card))
-        run.write("predictions", f"{name}.{config.split}", {
-            "question_id": ids, "dataset": ds, "split": [config.split] * len(ds), "prediction": outputs,
-            "exact_match": correct})
-        return {"model": name, "questions": len(outputs), ("scores" if task else "em"): {k: round(v, 2) for k, v in scores.items()},
-                "seconds": time.perf_counter() - started, "device": device.name}
 
-    return run_stage(wh, "evaluate", config.model_dump() | {"model_name": name, "task": task}, fp, body, force=force,
-                     device=device.name)
+def _evaluate(run: StagedRun, wh: Warehouse, config: EvaluateConfig, source, examples, groups: list[str],
+              task: str | None, name: str, device) -> dict:
+    started = time.perf_counter()
+    model, tokenizer, info = source.load(device)
+    outputs = model_outputs(wh, examples, model, tokenizer, info, config, task, device)
+    ids, ds, correct, scores = (generation_scores(examples, outputs, task) if task
+                                else qa_scores(examples, outputs, groups))
+    for key, score in scores.items():  # a task's metric, or a dataset's EM
+        metric, dataset = (key, task) if task else ("em", key)
+        run.metric(metric, score, dataset=dataset, split=config.split)
+    if source.directory.is_relative_to(wh.files_dir):  # this warehouse's model: its card gets the scores
+        em = f"em {config.shots}-shot" if config.shots else "em"
+        card = model_card_with(wh, info, {(task, config.split, k) if task else (k, config.split, em): v
+                                          for k, v in scores.items()})
+        run.publish_file(source.directory / "README.md", lambda path: path.write_text(card))
+    run.write("predictions", f"{name}.{config.split}", {
+        "question_id": ids, "dataset": ds, "split": [config.split] * len(ds), "prediction": outputs,
+        "exact_match": correct})
+    return {"model": name, "questions": len(outputs),
+            ("scores" if task else "em"): {k: round(v, 2) for k, v in scores.items()}, "seconds": time.perf_counter() - started, "device": device.name}
 
 
 def model_outputs(wh: Warehouse, examples, model, tokenizer, info: dict, config: EvaluateConfig, task: str | None,

@@ -128,6 +128,26 @@ def _setting(path: list[str]):
     return None
 
 
+def _check_stage_settings(stage: str, settings: dict[str, Any]) -> None:
+    """Refuse an experiment's `stages.STAGE` settings that name no stage or setting, that the plan sets itself, or
+    that the stage's config refuses (the fields the plan fills in aside)."""
+    if stage not in OVERRIDABLE:
+        raise ValueError(f"stages: no stage {stage!r}; stages: {', '.join(OVERRIDABLE)}")
+    fields = OVERRIDABLE[stage].model_fields
+    for key in settings:
+        if key not in fields:
+            raise ValueError(f"stages.{stage}: no setting {key!r}; settings: {', '.join(fields)}")
+        if key in PLANNED:
+            raise ValueError(f"stages.{stage}.{key} is set by the experiment itself (its data and rows)")
+    try:
+        OVERRIDABLE[stage].model_validate(settings)
+    except ValidationError as exc:
+        wrong = [e for e in exc.errors() if e["type"] != "missing"]  # the plan fills in required fields
+        if wrong:
+            where = ".".join(map(str, wrong[0]["loc"]))
+            raise ValueError(f"stages.{stage}.{where}: {wrong[0]['msg']}") from None
+
+
 class CorpusFile(StageConfig):
     """A corpus file (or the parts of a split dump) to ingest."""
 
@@ -214,21 +234,7 @@ class Experiment(StageConfig):
         if len(set(corpora)) != len(corpora):
             raise ValueError(f"the knowledge and the general corpus need different names (both {corpora[0]!r})")
         for stage, settings in self.stages.items():
-            if stage not in OVERRIDABLE:
-                raise ValueError(f"stages: no stage {stage!r}; stages: {', '.join(OVERRIDABLE)}")
-            fields = OVERRIDABLE[stage].model_fields
-            for key in settings:
-                if key not in fields:
-                    raise ValueError(f"stages.{stage}: no setting {key!r}; settings: {', '.join(fields)}")
-                if key in PLANNED:
-                    raise ValueError(f"stages.{stage}.{key} is set by the experiment itself (its data and rows)")
-            try:
-                OVERRIDABLE[stage].model_validate(settings)
-            except ValidationError as exc:
-                wrong = [e for e in exc.errors() if e["type"] != "missing"]  # the plan fills in required fields
-                if wrong:
-                    where = ".".join(map(str, wrong[0]["loc"]))
-                    raise ValueError(f"stages.{stage}.{where}: {wrong[0]['msg']}") from None
+            _check_stage_settings(stage, settings)
         for key in (self.pretrain or {}) | self.large:
             known = key in BaseModelConfig.model_fields or key in PretrainingDataConfig.model_fields
             if not known or key in PLANNED:

@@ -21,9 +21,8 @@ def export_model(wh: Warehouse, name: str, target: Path, adapter: bool = False) 
     Default: a stock folder of the model's family (`AutoModelForSeq2SeqLM` or `AutoModelForCausalLM`), the NKB
     merged into the FFNs. `adapter`: the base's folder plus the slots apart (`nkb/`), with the base's name and
     content hash."""
-    from nkb_model.checkpoint import INFO
     from nkb_model.merge import merge_nkb
-    from nkb_model.nkb import mounted_layers, save_nkb, unmount_nkb
+    from nkb_model.nkb import mounted_layers
     target = Path(target)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ValueError(f"{target} exists and is not empty; give a new folder")
@@ -37,18 +36,9 @@ def export_model(wh: Warehouse, name: str, target: Path, adapter: bool = False) 
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.nkb-export-", dir=target.parent))
     try:
         if adapter:
-            if not mounted_layers(model):
-                raise ValueError(f"model {name!r} has no NKB slots: export it without --adapter")
-            save_nkb(model, staging / "nkb")
-            unmount_nkb(model)
-            model.save_pretrained(staging)
-            base = {"name": info.get("base_model") or info.get("source") or name,
-                    "sha256": weights_digest(staging)}
-            (staging / "nkb" / "base.json").write_text(json.dumps(base, indent=1))
-            (staging / INFO).write_text(json.dumps({**info, "base_folder": "."}, indent=1))  # the base is here
+            _write_adapter(model, info, name, staging)
         else:
-            exported = merge_nkb(model) if mounted_layers(model) else model
-            exported.save_pretrained(staging)
+            (merge_nkb(model) if mounted_layers(model) else model).save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         card = model_card(wh, info, model_lineage(wh, info), exported=not adapter, adapter=adapter)
         (staging / "README.md").write_text(card)
@@ -58,6 +48,20 @@ def export_model(wh: Warehouse, name: str, target: Path, adapter: bool = False) 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _write_adapter(model, info: dict, name: str, folder: Path) -> None:
+    """The base's folder with the slots apart (`nkb/`), which record the base's name and content hash."""
+    from nkb_model.checkpoint import INFO
+    from nkb_model.nkb import mounted_layers, save_nkb, unmount_nkb
+    if not mounted_layers(model):
+        raise ValueError(f"model {name!r} has no NKB slots: export it without --adapter")
+    save_nkb(model, folder / "nkb")
+    unmount_nkb(model)
+    model.save_pretrained(folder)
+    base = {"name": info.get("base_model") or info.get("source") or name, "sha256": weights_digest(folder)}
+    (folder / "nkb" / "base.json").write_text(json.dumps(base, indent=1))
+    (folder / INFO).write_text(json.dumps({**info, "base_folder": "."}, indent=1))  # the base is here
 
 
 def check_export(wh: Warehouse, name: str, folder: Path) -> dict:

@@ -16,27 +16,15 @@ from corpus.files import iter_jsonl
 from stages.configs import AnalyzeConfig, Asking, EditConfig, SlotEditConfig, SurgeryConfig
 from stages.inputs import answer_frame, asked_in_prompt, model_inputs, qa_pair, read_questions
 from stages.models import model_dir, model_present, publish_model, source_model
-from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, run_stage
+from stages import lineage as reads
+from stages.lineage import Declared
+from warehouse import StagedRun, StageResult, Warehouse, file_digest
 
 
 def _relations(path: str | None) -> dict[str, str]:
     """question_id -> relation, from a facts file, or {} without one."""
     rows = [obj for _, obj in iter_jsonl(path)] if path else []
     return {r["question_id"]: r["relation"] for r in rows if "question_id" in r and "relation" in r}
-
-
-def _split_questions_lineage(wh: Warehouse, split: str) -> list[str]:
-    return [f"{n}:{f}" for n, f in wh.lineage("questions") if n.endswith("." + split)]
-
-
-def _shots_lineage(wh: Warehouse, shots: int) -> list[str]:
-    """The split the few-shot examples are drawn from, when questions are asked few-shot."""
-    return _split_questions_lineage(wh, "train") if shots else []
-
-
-def _retrieved_span_partitions(wh: Warehouse) -> list[tuple[str, str]]:
-    """The salient spans of retrieved documents, every corpus (not the pretraining sentences')."""
-    return [(n, f) for n, f in wh.lineage("salient_spans") if ".pretraining-" not in n]
 
 
 def _model_texts(wh: Warehouse, questions, model, tokenizer, info: dict, asking: Asking | None = None) -> list[str]:
@@ -48,60 +36,63 @@ def _model_texts(wh: Warehouse, questions, model, tokenizer, info: dict, asking:
 
 def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageResult:
     """nkb_values (top tokens and category of every value) and nkb_keys (top questions of every key)."""
-    from nkb_model import analysis
-    from nkb_model.nkb import mounted_layers
     from nkb_model.train import choose_device
     source = source_model(wh, config.model)
-    questions = read_questions(wh, None, config.split)
-    relations = _relations(config.facts)
-    span_parts = _retrieved_span_partitions(wh)
-    inputs = source.lineage + [f"{n}:{f}" for n, f in span_parts] + _split_questions_lineage(wh, config.split) \
-        + _shots_lineage(wh, config.shots)
-    fp = fingerprint("analyze", config.identity(), inputs + [file_digest(config.facts) if config.facts else ""])
+    span_parts = reads.retrieved_span_partitions(wh)
+    declared = Declared("analyze", config, [reads.model(source), reads.partitions(span_parts),
+                                            reads.questions(wh, None, config.split), reads.shots(wh, config.shots),
+                                            reads.file(config.facts)])
     device = choose_device(config.device, config.precision)
+    questions, relations = read_questions(wh, None, config.split), _relations(config.facts)
+    return declared.run(wh, lambda run: _analyze(run, wh, config, source, questions, relations,
+                                                 [n for n, _ in span_parts], device), force=force, device=device.name)
 
-    def body(run: StagedRun) -> dict:
-        started = time.perf_counter()
-        model, tokenizer, info = source.load(device)
-        layers = config.layers or (list(mounted_layers(model)) if config.kind == "nkb" else ["decoder.-1"])
-        spans = wh.read("salient_spans", ["text", "label"], partitions=[n for n, _ in span_parts])
-        lexicon = analysis.SpanLexicon(spans.column("text").to_pylist(), spans.column("label").to_pylist())
-        texts = _model_texts(wh, questions, model, tokenizer, info, config.asking)
-        qids = questions.column("question_id").to_pylist()
-        values_out: dict[str, list] = {}
-        keys_out: dict[str, list] = {}
-        relation_of = [relations.get(q) for q in qids]
-        triggers: list[list[int]] = []
-        with device.autocast():  # every layer's slots read in one pass over the questions
-            weights = analysis.first_step_weights(model, tokenizer, texts, layers, config.kind)
-            read = [memory_rows(model, tokenizer, layer, weights[layer], config, qids, relation_of, lexicon,
-                                source.name) for layer in layers]
-        for values, keys, fired in read:
-            for out, rows in ((values_out, values), (keys_out, keys)):
-                for key, column in rows.items():
-                    out.setdefault(key, []).extend(column)
-            triggers += fired
-        categories = Counter(values_out.get("category", []))
-        part = f"{source.name}.{config.kind}"
-        run.write("nkb_values", part, values_out)
-        run.write("nkb_keys", part, keys_out)
-        total = sum(categories.values())
-        shares = {c: 100.0 * categories[c] / total for c in ("Person", "Place", "Organisation", "Date", "Other", "None")}
-        for c, share in shares.items():
-            run.metric(f"value_category_share.{c}", share)
-        judged = sum(len(t) >= 2 for t in triggers)
-        coherence = 100.0 * analysis.coherence(triggers, relation_of) if relations and judged else None
-        if coherence is not None:
-            run.metric("key_coherence", coherence)
-        plot = wh.files_dir / "analysis" / f"{run.run_id}-categories.png"
-        title = f"{source.name} ({config.kind}, {', '.join(layers)}): top token of each value"
-        run.publish_file(plot, lambda path: _category_plot(shares, title, path))
-        return {"model": source.name, "kind": config.kind, "layers": layers, "slots": total,
-                "categories": {c: round(s, 1) for c, s in shares.items()},
-                "key_coherence": None if coherence is None else round(coherence, 1), "keys_judged": judged,
-                "plot": str(plot), "seconds": time.perf_counter() - started}
 
-    return run_stage(wh, "analyze", config.model_dump(), fp, body, force=force, device=device.name)
+def _analyze(run: StagedRun, wh: Warehouse, config: AnalyzeConfig, source, questions, relations: dict[str, str],
+             span_partitions: list[str], device) -> dict:
+    from nkb_model import analysis
+    from nkb_model.nkb import mounted_layers
+    started = time.perf_counter()
+    model, tokenizer, info = source.load(device)
+    layers = config.layers or (list(mounted_layers(model)) if config.kind == "nkb" else ["decoder.-1"])
+    spans = wh.read("salient_spans", ["text", "label"], partitions=span_partitions)
+    lexicon = analysis.SpanLexicon(spans.column("text").to_pylist(), spans.column("label").to_pylist())
+    texts = _model_texts(wh, questions, model, tokenizer, info, config.asking)
+    qids = questions.column("question_id").to_pylist()
+    relation_of = [relations.get(q) for q in qids]
+    with device.autocast():  # every layer's slots read in one pass over the questions
+        weights = analysis.first_step_weights(model, tokenizer, texts, layers, config.kind)
+        read = [memory_rows(model, tokenizer, layer, weights[layer], config, qids, relation_of, lexicon,
+                            source.name) for layer in layers]
+    values_out, keys_out, triggers = {}, {}, []
+    for values, keys, fired in read:
+        for out, rows in ((values_out, values), (keys_out, keys)):
+            for key, column in rows.items():
+                out.setdefault(key, []).extend(column)
+        triggers += fired
+    part = f"{source.name}.{config.kind}"
+    run.write("nkb_values", part, values_out)
+    run.write("nkb_keys", part, keys_out)
+    judged = sum(len(t) >= 2 for t in triggers)
+    coherence = 100.0 * analysis.coherence(triggers, relation_of) if relations and judged else None
+    return {"model": source.name, "kind": config.kind, "layers": layers, "slots": len(values_out.get("slot", [])),
+            **_record_categories(run, wh, values_out, coherence, f"{source.name} ({config.kind}, {', '.join(layers)})"),
+            "keys_judged": judged, "seconds": time.perf_counter() - started}
+
+
+def _record_categories(run: StagedRun, wh: Warehouse, values: dict, coherence: float | None, what: str) -> dict:
+    """The share of each kind of span among the values' top tokens, and the keys' coherence, as metrics and a plot."""
+    categories = Counter(values.get("category", []))
+    total = sum(categories.values())
+    shares = {c: 100.0 * categories[c] / total for c in ("Person", "Place", "Organisation", "Date", "Other", "None")}
+    for c, share in shares.items():
+        run.metric(f"value_category_share.{c}", share)
+    if coherence is not None:
+        run.metric("key_coherence", coherence)
+    plot = wh.files_dir / "analysis" / f"{run.run_id}-categories.png"
+    run.publish_file(plot, lambda path: _category_plot(shares, f"{what}: top token of each value", path))
+    return {"categories": {c: round(s, 1) for c, s in shares.items()},
+            "key_coherence": None if coherence is None else round(coherence, 1), "plot": str(plot)}
 
 
 def memory_rows(model, tokenizer, layer: str, weights, config: AnalyzeConfig, qids: list[str],
@@ -167,59 +158,64 @@ def _site(wh: Warehouse, config: SlotEditConfig, model, tokenizer, info: dict, a
     return slot_edits.Site(layer, tuple(prefix), typical)
 
 
-def _site_lineage(wh: Warehouse, config: SlotEditConfig) -> list[str]:
-    return _split_questions_lineage(wh, config.reference) if config.slot == "specific" else []
+def _site_read(wh: Warehouse, config: SlotEditConfig) -> reads.Read:
+    """The reference questions whose activations pick a specific slot."""
+    return reads.questions(wh, None, config.reference) if config.slot == "specific" else reads.Read(())
 
 
 def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageResult:
     """For questions the model gets wrong at the first answer token: edit a slot toward the gold first token, at
     every strength; record success and how many other answers changed; undo each edit."""
-    from nkb_model import slot_edits
     from nkb_model.train import choose_device
     source = source_model(wh, config.model)
-    questions = read_questions(wh, None, config.split)
-    fp = fingerprint("surgery", config.identity(), source.lineage + _split_questions_lineage(wh, config.split)
-                     + _site_lineage(wh, config) + _shots_lineage(wh, config.shots))
+    declared = Declared("surgery", config, [reads.model(source), reads.questions(wh, None, config.split),
+                                            _site_read(wh, config), reads.shots(wh, config.shots)])
     device = choose_device(config.device, config.precision)
+    questions = read_questions(wh, None, config.split)
+    return declared.run(wh, lambda run: _surgery(run, wh, config, source, questions, device), force=force,
+                        device=device.name)
+
+
+def _surgery(run: StagedRun, wh: Warehouse, config: SurgeryConfig, source, questions, device) -> dict:
+    from nkb_model import slot_edits
+    started = time.perf_counter()
     absolute = config.lambdas is not None
     grid = config.lambdas if absolute else config.strengths
+    model, tokenizer, info = source.load(device)
+    gold = [a[0] for a in questions.column("answers").to_pylist()]
+    texts = _model_texts(wh, questions, model, tokenizer, info, config.asking)
+    with device.autocast():
+        site = _site(wh, config, model, tokenizer, info, config.asking)
+        rows, wrong = slot_edits.sweep(model, tokenizer, texts, gold, site, grid,
+                                       config.questions, config.others, config.seed, absolute)
+    qids = questions.column("question_id").to_pylist()
+    run.write("edits", f"{source.name}.surgery", {
+        "model": [source.name] * len(rows), "question_id": [qids[r["question"]] for r in rows],
+        "layer": [site.layer] * len(rows),
+        "strength": [None if absolute else r["strength"] for r in rows],
+        **{k: [r[k] for r in rows] for k in ("slot", "lambda", "original", "target", "new", "success",
+                                             "change_rate")}})
+    return {"model": source.name, "layer": site.layer, "slot": config.slot,
+            "questions_edited": len({r["question"] for r in rows}), "wrong_first_tokens": wrong,
+            "sweep": [_sweep_point(run, rows, value, absolute) for value in grid],
+            "seconds": time.perf_counter() - started}
 
-    def body(run: StagedRun) -> dict:
-        started = time.perf_counter()
-        model, tokenizer, info = source.load(device)
-        gold = [a[0] for a in questions.column("answers").to_pylist()]
-        texts = _model_texts(wh, questions, model, tokenizer, info, config.asking)
-        with device.autocast():
-            site = _site(wh, config, model, tokenizer, info, config.asking)
-            rows, wrong = slot_edits.sweep(model, tokenizer, texts, gold, site, grid,
-                                           config.questions, config.others, config.seed, absolute)
-        qids = questions.column("question_id").to_pylist()
-        run.write("edits", f"{source.name}.surgery", {
-            "model": [source.name] * len(rows), "question_id": [qids[r["question"]] for r in rows],
-            "layer": [site.layer] * len(rows),
-            "strength": [None if absolute else r["strength"] for r in rows],
-            **{k: [r[k] for r in rows] for k in ("slot", "lambda", "original", "target", "new", "success",
-                                                 "change_rate")}})
-        table = []
-        for value in grid:
-            mine = [r for r in rows if r["strength"] == value]
-            success = 100.0 * np.mean([r["success"] for r in mine]) if mine else None
-            rates = [r["change_rate"] for r in mine if r["change_rate"] is not None]
-            change = 100.0 * np.mean(rates) if rates else None
-            key = f"lambda={value:g}" if absolute else f"{value:g}"
-            if mine:
-                run.metric(f"surgery_success@{key}", success)
-            if rates:
-                run.metric(f"surgery_change_rate@{key}", change)
-            applied = [r["lambda"] for r in mine if r["lambda"] is not None]  # None: no slot held the step
-            mean = {"mean_lambda": float(np.mean(applied))} if applied and not absolute else {}
-            table.append({"lambda" if absolute else "strength": value, "success": success, "change_rate": change,
-                          "edited": len(applied), **mean})
-        return {"model": source.name, "layer": site.layer, "slot": config.slot,
-                "questions_edited": len({r["question"] for r in rows}), "wrong_first_tokens": wrong, "sweep": table,
-                "seconds": time.perf_counter() - started}
 
-    return run_stage(wh, "surgery", config.model_dump(), fp, body, force=force, device=device.name)
+def _sweep_point(run: StagedRun, rows: list[dict], value: float, absolute: bool) -> dict:
+    """One strength's (or λ's) success and change rate over its edits, recorded as metrics."""
+    mine = [r for r in rows if r["strength"] == value]
+    success = 100.0 * np.mean([r["success"] for r in mine]) if mine else None
+    rates = [r["change_rate"] for r in mine if r["change_rate"] is not None]
+    change = 100.0 * np.mean(rates) if rates else None
+    key = f"lambda={value:g}" if absolute else f"{value:g}"
+    if mine:
+        run.metric(f"surgery_success@{key}", success)
+    if rates:
+        run.metric(f"surgery_change_rate@{key}", change)
+    applied = [r["lambda"] for r in mine if r["lambda"] is not None]  # None: no slot held the step
+    mean = {"mean_lambda": float(np.mean(applied))} if applied and not absolute else {}
+    return {"lambda" if absolute else "strength": value, "success": success, "change_rate": change,
+            "edited": len(applied), **mean}
 
 
 # ---- edit: facts changed, saved as a new model version -------------------------------------------
@@ -244,8 +240,6 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
     """Edit a slot (the site's choice) at each step of each wanted answer (multi-token answers: one slot per
     token), then save the NKB as a new model that shares the source's T5 weights, with the edit log. A batch of edits is measured
     for success, generalisation (paraphrases) and locality (unedited validation questions)."""
-    from nkb_model import slot_edits
-    from nkb_model.checkpoint import hf_dir, relative_base, save_model
     from nkb_model.train import choose_device
     batch = read_edits(config.edits) if config.edits else None
     source = source_model(wh, config.model)
@@ -253,60 +247,69 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
     # The default name is a digest of the edits, so the same edits of the same model are one version.
     identity = [config.layer, config.slot, config.strength, config.lam, requests]
     name = config.name or f"{source.name}.edit-{hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:8]}"
-    inputs = source.lineage + ([f"edits:{file_digest(config.edits)}"] if batch else []) + _site_lineage(wh, config)
-    if batch:
-        inputs += _split_questions_lineage(wh, config.split)
-    fp = fingerprint("edit", config.identity() | {"name": name}, inputs)
-    target = model_dir(wh, name, fp)
+    declared = Declared("edit", config, [
+        reads.model(source), reads.mark(f"edits:{file_digest(config.edits)}") if batch else reads.Read(()),
+        _site_read(wh, config), reads.questions(wh, None, config.split) if batch else reads.Read(())],
+        identity={"name": name}, record=config.model_dump() | {"name": name})
+    target = model_dir(wh, name, declared.fingerprint)
     device = choose_device(config.device, config.precision)
+    return declared.run(wh, lambda run: _edit(run, wh, config, source, requests, bool(batch), name, target, device),
+                        force=force, device=device.name, still_valid=model_present)
 
-    def body(run: StagedRun) -> dict:
-        started = time.perf_counter()
-        model, tokenizer, info = source.load(device)
-        with device.autocast():
-            site = _site(wh, config, model, tokenizer, info)
-        answer_format = info.get("answer_format", "plain")
-        _, end = answer_frame(tokenizer, answer_format)
 
-        def text(question: str) -> str:
-            return qa_pair(question, None, answer_format)[0]
-        asked = [slot_edits.Request(text(r["question"]), r["answer"], [text(p) for p in r["paraphrases"]]) for r in requests]
-        strength, absolute = (config.lam, True) if config.lam else (config.strength, False)
-        with device.autocast():
-            done = slot_edits.edit_many(model, tokenizer, asked,
-                                        _locality_texts(wh, config, requests, model, tokenizer, info) if batch
-                                        else [],
-                                        site, strength, device, absolute, end)
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        log = list(source.info.get("edits", [])) + [
-            {"time": stamp, "question": r["question"], "old_answer": d["old_answer"], "new_answer": d["new_answer"],
-             "wanted": r["answer"], "layer": site.layer, "slot_choice": config.slot,
-             "strength": None if config.lam else config.strength,
-             "lambda": [s["lambda"] for s in d["steps"]], "steps": d["steps"], "source": source.name}
-            for r, d in zip(requests, done["edits"])]
-        new_info = {**{k: v for k, v in source.info.items() if k not in ("built_by", "edits")},
-                    "name": name, "kind": "edited", "source": source.name, "source_kind": source.info["kind"],
-                    "base_folder": relative_base(hf_dir(source.directory), target), "built_by": run.run_id,
-                    "edits": log}
-        model.to("cpu")
-        publish_model(run, target, lambda d: save_model(model, tokenizer, d, new_info, weights_changed=False))
-        rates = {k: None if done[k] is None else round(100 * done[k], 1)
-                 for k in ("success", "generalization", "locality")}
-        run.metric("edit_count", len(requests))
-        slots_edited = sum(s["slot"] is not None for d in done["edits"] for s in d["steps"])
-        run.output("slots_edited", slots_edited)
-        for key, value in rates.items():
-            if value is not None:
-                run.metric(f"edit_{key}", value)
-        first = done["edits"][0]
-        return {"model": name, "edits": len(requests), **rates,
-                "slots_edited": slots_edited,
-                **({} if batch else {"old_answer": first["old_answer"], "new_answer": first["new_answer"],
-                                     "whole_answer": first["success"]}),
-                "seconds": time.perf_counter() - started}
+def _edit(run: StagedRun, wh: Warehouse, config: EditConfig, source, requests: list[dict], batch: bool, name: str,
+          target: Path, device) -> dict:
+    from nkb_model import slot_edits
+    from nkb_model.checkpoint import hf_dir, relative_base, save_model
+    started = time.perf_counter()
+    model, tokenizer, info = source.load(device)
+    with device.autocast():
+        site = _site(wh, config, model, tokenizer, info)
+    answer_format = info.get("answer_format", "plain")
+    _, end = answer_frame(tokenizer, answer_format)
 
-    return run_stage(wh, "edit", config.model_dump() | {"name": name}, fp, body, force=force, device=device.name,
-                     still_valid=model_present)
+    def text(question: str) -> str:
+        return qa_pair(question, None, answer_format)[0]
+    asked = [slot_edits.Request(text(r["question"]), r["answer"], [text(p) for p in r["paraphrases"]])
+             for r in requests]
+    strength, absolute = (config.lam, True) if config.lam else (config.strength, False)
+    locality = _locality_texts(wh, config, requests, model, tokenizer, info) if batch else []
+    with device.autocast():
+        done = slot_edits.edit_many(model, tokenizer, asked, locality, site, strength, device, absolute, end)
+    new_info = {**{k: v for k, v in source.info.items() if k not in ("built_by", "edits")},
+                "name": name, "kind": "edited", "source": source.name, "source_kind": source.info["kind"],
+                "base_folder": relative_base(hf_dir(source.directory), target), "built_by": run.run_id,
+                "edits": _edit_log(config, source, requests, done, site.layer)}
+    model.to("cpu")
+    publish_model(run, target, lambda d: save_model(model, tokenizer, d, new_info, weights_changed=False))
+    return {"model": name, "edits": len(requests), **_record_edit_rates(run, requests, done),
+            **({} if batch else {"old_answer": done["edits"][0]["old_answer"],
+                                 "new_answer": done["edits"][0]["new_answer"],
+                                 "whole_answer": done["edits"][0]["success"]}),
+            "seconds": time.perf_counter() - started}
+
+
+def _edit_log(config: EditConfig, source, requests: list[dict], done: dict, layer: str) -> list[dict]:
+    """The source's edit log with these edits added: what was asked, what the model said before and after."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return list(source.info.get("edits", [])) + [
+        {"time": stamp, "question": r["question"], "old_answer": d["old_answer"], "new_answer": d["new_answer"],
+         "wanted": r["answer"], "layer": layer, "slot_choice": config.slot,
+         "strength": None if config.lam else config.strength,
+         "lambda": [s["lambda"] for s in d["steps"]], "steps": d["steps"], "source": source.name}
+        for r, d in zip(requests, done["edits"])]
+
+
+def _record_edit_rates(run: StagedRun, requests: list[dict], done: dict) -> dict:
+    """Success, generalisation and locality in %, and the slots edited, as metrics and outputs."""
+    rates = {k: None if done[k] is None else round(100 * done[k], 1) for k in ("success", "generalization", "locality")}
+    run.metric("edit_count", len(requests))
+    slots_edited = sum(s["slot"] is not None for d in done["edits"] for s in d["steps"])
+    run.output("slots_edited", slots_edited)
+    for key, value in rates.items():
+        if value is not None:
+            run.metric(f"edit_{key}", value)
+    return {**rates, "slots_edited": slots_edited}
 
 
 def _locality_texts(wh: Warehouse, config: EditConfig, requests: list[dict], model, tokenizer,

@@ -15,9 +15,21 @@ def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool 
                new_scores: dict[tuple[str, str, str], float] | None = None) -> str:
     """The card of a model described by `info` and built by `runs` (`stages.models.model_lineage`);
     `new_scores` {(dataset, split, metric): score} are those of an evaluation not yet recorded."""
+    lines = _what_it_is(info, exported) + _prompt_format(info) + _loading(info, exported, adapter)
+    if runs:
+        lines += ["## How it was built", "", "| run | stage | settings |", "|---|---|---|"]
+        lines += [f"| `{r.run_id}` | {r.stage} | {_settings(r.config)} |" for r in runs] + [""]
+    scores = _scores(wh, info["name"]) | (new_scores or {})
+    if scores:
+        lines += ["## Scores", "", "| dataset | split | metric | score |", "|---|---|---|---|"]
+        lines += [f"| {d} | {s} | {METRICS.get(m, m)} | {v:.1f} |" for (d, s, m), v in sorted(scores.items())] + [""]
+    return "\n".join(lines)
+
+
+def _what_it_is(info: dict, exported: bool) -> list[str]:
+    """The card's title and first lines: the kind of model, its slots, its base and where it came from."""
     name, kind = info["name"], info.get("kind", "base")
-    arch = info.get("arch", DEFAULT_ARCH)
-    family = architecture(arch).title
+    family = architecture(info.get("arch", DEFAULT_ARCH)).title
     what = {"base": f"a {family} base", "nkb": f"a {family} with Neural Knowledge Bank slots injected (the base frozen)",
             "nkb-a": f"a {family} whose every weight was trained on the knowledge corpus (NKB-a)",
             "finetuned": f"a closed-book QA model fine-tuned from `{info.get('source')}`",
@@ -38,20 +50,30 @@ def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool 
                                                        if original.get("organization") else "")] \
             if original.get("name") else []
         lines += [f"- license: {original.get('license', 'see the original model')}", ""]
-    lines += ["## Prompt format", ""]
+    return lines
+
+
+def _prompt_format(info: dict) -> list[str]:
+    """How to ask the model: its task's form, the question's form it was fine-tuned on, or its family's."""
+    lines = ["## Prompt format", ""]
     if info.get("task"):
-        lines += [f"Fine-tuned on the `{info['task']}` task: input a source text of that task, output its target.", ""]
-    elif kind in ("finetuned", "edited"):
+        return lines + [f"Fine-tuned on the `{info['task']}` task: input a source text of that task, output its "
+                        "target.", ""]
+    if info.get("kind", "base") in ("finetuned", "edited"):
         text, answer = qa_pair(EXAMPLE_QUESTION, "Charles Darwin", info.get("answer_format", "plain"))
-        lines += [f"Input `{text}`, output `{answer}`"
-                  + (" (the answer between the two sentinels)" if "<extra_id_1>" in answer else "") + "."
-                  + (f" The question is followed by its top {info.get('knowledge_docs')} retrieved documents "
-                     f"({info['knowledge']})." if retrieval_mode(info) != "none" else ""), ""]
-    else:
-        lines += [family_of(arch).prompt_format, ""]
-    lines += ["## Loading", "", "```python"]
+        return lines + [f"Input `{text}`, output `{answer}`"
+                        + (" (the answer between the two sentinels)" if "<extra_id_1>" in answer else "") + "."
+                        + (f" The question is followed by its top {info.get('knowledge_docs')} retrieved documents "
+                           f"({info['knowledge']})." if retrieval_mode(info) != "none" else ""), ""]
+    return lines + [family_of(info.get("arch", DEFAULT_ARCH)).prompt_format, ""]
+
+
+def _loading(info: dict, exported: bool, adapter: bool) -> list[str]:
+    """How to load the model: with stock transformers, or with nkb-pipeline's loader (which mounts the slots)."""
+    name, kind = info["name"], info.get("kind", "base")
+    lines = ["## Loading", "", "```python"]
     if exported or (kind == "base" and not adapter):
-        auto = family_of(arch).auto_class().__name__
+        auto = family_of(info.get("arch", DEFAULT_ARCH)).auto_class().__name__
         lines += [f"from transformers import {auto}, AutoTokenizer",
                   f'model = {auto}.from_pretrained("path/to/this/folder")',
                   'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")']
@@ -62,14 +84,7 @@ def model_card(wh: Warehouse, info: dict, runs: list[RunRecord], exported: bool 
     if not exported and kind != "base":
         lines += [f"`nkb export {name} FOLDER` writes it as a folder that stock `transformers` loads, the slots "
                   "merged into the feed-forward layers.", ""]
-    if runs:
-        lines += ["## How it was built", "", "| run | stage | settings |", "|---|---|---|"]
-        lines += [f"| `{r.run_id}` | {r.stage} | {_settings(r.config)} |" for r in runs] + [""]
-    scores = _scores(wh, name) | (new_scores or {})
-    if scores:
-        lines += ["## Scores", "", "| dataset | split | metric | score |", "|---|---|---|---|"]
-        lines += [f"| {d} | {s} | {METRICS.get(m, m)} | {v:.1f} |" for (d, s, m), v in sorted(scores.items())] + [""]
-    return "\n".join(lines)
+    return lines
 
 
 def _settings(config: dict) -> str:

@@ -24,6 +24,7 @@ class Stage:
     pool: Literal["cpu", "gpu"] = "cpu"
     publishes_model: bool = False        # its runs publish a model folder that later stages find by name
     reads_file: bool = False             # reads one of an experiment's files, named by the file's own entry there
+    writes: frozenset[str] = frozenset()  # the tables its runs write (besides its metrics); no other is let through
 
     @property
     def entry(self) -> Callable:
@@ -44,20 +45,24 @@ class Stage:
 
 STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("sample-world", SampleWorldConfig, "data:generate_sample_world", reads_file=True),
-    Stage("ingest", IngestConfig, "data:ingest", reads_file=True),
-    Stage("questions", QuestionsConfig, "data:load_questions", reads_file=True),
-    Stage("generation-data", GenerationDataConfig, "data:load_generation_data", reads_file=True),
+    Stage("ingest", IngestConfig, "data:ingest", reads_file=True, writes=frozenset({"documents"})),
+    Stage("questions", QuestionsConfig, "data:load_questions", reads_file=True, writes=frozenset({"questions"})),
+    Stage("generation-data", GenerationDataConfig, "data:load_generation_data", reads_file=True,
+          writes=frozenset({"gen_examples"})),
     Stage("index", IndexConfig, "data:build_index"),
-    Stage("retrieve", RetrieveConfig, "data:retrieve"),
-    Stage("salient-spans", SalientSpansConfig, "data:find_salient_spans"),
-    Stage("pretraining-data", PretrainingDataConfig, "training:prepare_pretraining_data"),
+    Stage("retrieve", RetrieveConfig, "data:retrieve", writes=frozenset({"retrievals"})),
+    Stage("salient-spans", SalientSpansConfig, "data:find_salient_spans",
+          writes=frozenset({"segments", "salient_spans"})),
+    Stage("pretraining-data", PretrainingDataConfig, "training:prepare_pretraining_data",
+          writes=frozenset({"segments"})),
     Stage("base-model", BaseModelConfig, "training:pretrain_base_model", pool="gpu", publishes_model=True),
     Stage("inject", InjectConfig, "training:inject", pool="gpu", publishes_model=True),
     Stage("finetune", FinetuneConfig, "training:finetune", pool="gpu", publishes_model=True),
-    Stage("evaluate", EvaluateConfig, "evaluation:evaluate", pool="gpu"),
-    Stage("report", ReportConfig, "report:report", pool="gpu"),
-    Stage("analyze", AnalyzeConfig, "knowledge:analyze", pool="gpu"),
-    Stage("surgery", SurgeryConfig, "knowledge:surgery", pool="gpu"),
+    Stage("evaluate", EvaluateConfig, "evaluation:evaluate", pool="gpu", writes=frozenset({"predictions"})),
+    Stage("report", ReportConfig, "report:report", pool="gpu",
+          writes=frozenset({"predictions", "report", "report_answers", "report_generation", "report_refresh"})),
+    Stage("analyze", AnalyzeConfig, "knowledge:analyze", pool="gpu", writes=frozenset({"nkb_values", "nkb_keys"})),
+    Stage("surgery", SurgeryConfig, "knowledge:surgery", pool="gpu", writes=frozenset({"edits"})),
     Stage("edit", EditConfig, "knowledge:edit", pool="gpu", publishes_model=True),
 ]}
 

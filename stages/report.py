@@ -7,15 +7,18 @@ loss are measured here, on the model before fine-tuning.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from corpus.files import iter_jsonl
+from stages import lineage as reads
 from stages.configs import REPORT_ROWS, ReportConfig
+from stages.lineage import Declared
 from stages.names import evaluated_name, way_of_asking
-from warehouse import (StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs, query, run_metrics,
-                       run_stage)
+from warehouse import StagedRun, StageResult, Warehouse, list_runs, query, run_metrics
 
 GENERATION_METRICS = ("rougeL", "bleu")
 GENERATION_ROWS = {r.label for r in REPORT_ROWS if r.generation}  # rows fine-tuned on the generation tasks
@@ -104,81 +107,106 @@ def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict],
             "params_injected": info.get("params_injected", 0), "model_run": info.get("built_by")}
 
 
+@dataclass(frozen=True)
+class Reported:
+    """One row as the report shows it: its label (with its way of asking, when a row is asked two ways), the row's
+    own label, its model before fine-tuning and that model's folder, and the model whose answers are scored."""
+    shown: str
+    label: str
+    model: str
+    directory: Path
+    evaluated: str
+
+
+def reported_rows(wh: Warehouse, config: ReportConfig) -> list[Reported]:
+    """The report's rows whose models exist: a row asked two ways is reported twice. Kformer and concat exist only
+    fine-tuned: they have no probe or held-out loss of their own (their model before fine-tuning is the base)."""
+    from stages.models import find_model  # here: `nkb report` only reads tables
+    available = []
+    for row in REPORT_ROWS:
+        name = getattr(config, row.field)
+        if not name:
+            continue
+        try:
+            directory = find_model(wh, name)
+        except ValueError:
+            continue
+        available += [Reported(row.label, row.label, name, directory, name)] if row.finetuned else [
+            Reported(f"{row.label} ({way_of_asking(shots)})" if len(config.asked) > 1 else row.label, row.label, name,
+                     directory, evaluated_name(name, shots)) for shots in config.asked]
+    if not available:
+        raise ValueError("no model of the report exists yet; run base-model, inject, finetune and evaluate first")
+    return available
+
+
 def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageResult:
     """Collect EM of each row's fine-tuned model; probe and held-out loss of each row's model before fine-tuning."""
     from nkb_model.checkpoint import read_info
     from nkb_model.train import choose_device
-    from stages.models import find_model  # here: `nkb report` only reads tables
-    rows_spec = [(r.label, getattr(config, r.field), getattr(config, r.field) if r.finetuned else None)
-                 for r in REPORT_ROWS]
-    # (the row as reported, the row's own label, its model before fine-tuning, that model's directory, the model
-    # evaluated): a row asked two ways is reported twice. Kformer and concat exist only fine-tuned: they have no
-    # probe or held-out loss of their own (their model before fine-tuning is the base).
-    available = []
-    for label, name, finetuned in rows_spec:
-        if name:
-            try:
-                directory = find_model(wh, name)
-            except ValueError:
-                continue
-            available += [(label, label, name, directory, finetuned)] if finetuned else [
-                (f"{label} ({way_of_asking(shots)})" if len(config.asked) > 1 else label, label, name, directory,
-                 evaluated_name(name, shots)) for shots in config.asked]
-    if not available:
-        raise ValueError("no model of the report exists yet; run base-model, inject, finetune and evaluate first")
+    available = reported_rows(wh, config)
     probes = [obj for _, obj in iter_jsonl(config.probes)] if config.probes else []
     probes = [p for p in probes if p.get("split", config.split) == config.split]
-    inputs = [f"{label}:{read_info(d).get('built_by', '')}" for label, _, _, d, _ in available]
-    inputs += [f"{evaluated}:{json.dumps(latest_scores(wh, evaluated, config.split), sort_keys=True)}"
-               for *_, evaluated in available]
-    one_per_model = {name: (label, name, directory, evaluated) for _, label, name, directory, evaluated in available}
+    one_per_model = {r.model: (r.label, r.model, r.directory, r.evaluated) for r in available}
     generation = _generation_scores(wh, one_per_model.values(), config)
-    inputs.append(json.dumps(generation, sort_keys=True))
-    fp = fingerprint("report", config.identity(), inputs + [file_digest(config.probes) if config.probes else ""])
+    declared = Declared("report", config, [
+        reads.mark(*(f"{r.shown}:{read_info(r.directory).get('built_by', '')}" for r in available)),
+        reads.mark(*(f"{r.evaluated}:{json.dumps(latest_scores(wh, r.evaluated, config.split), sort_keys=True)}"
+                     for r in available)),
+        reads.mark(json.dumps(generation, sort_keys=True)), reads.file(config.probes)])
     device = choose_device(config.device, config.precision)
+    return declared.run(wh, lambda run: _report(run, wh, config, available, probes, generation, device), force=force,
+                        device=device.name)
 
-    def body(run: StagedRun) -> dict:
-        previous = wh.read("report").to_pylist(), wh.read("report_answers").to_pylist()
-        out = {k: [] for k in ("model", "dataset", "split", "em", "params_total", "params_injected", "probe_em",
-                               "probe_seen_em", "heldout_loss", "model_run")}
-        answers = {k: [] for k in ("model", "dataset", "question_id", "exact_match")}
-        summary = []
-        checked = {}  # a model asked two ways is checked once
-        for label, _, name, directory, evaluated in available:
-            if name not in checked:
-                checked[name] = model_checks(run, directory, evaluated != name, probes, config.split, device)
-            checks = checked[name]
-            probe_em, probe_seen_em, loss = checks["probe_em"], checks["probe_seen_em"], checks["heldout_loss"]
-            ems = latest_scores(wh, evaluated, config.split)
-            # A row whose fine-tuned model has not been evaluated still shows its probe and held-out loss.
-            em_rows = sorted(ems.items()) + [("average", float(np.mean(list(ems.values()))) if ems else None)]
-            for dataset, em in em_rows:
-                for key, value in zip(out, (label, dataset, config.split, em, checks["params_total"],
-                                            checks["params_injected"], probe_em, probe_seen_em, loss,
-                                            checks["model_run"])):
-                    out[key].append(value)
-            if ems:
-                mine = wh.read("predictions", ["dataset", "question_id", "exact_match"],
-                               partitions=[f"{evaluated}.{config.split}"]).to_pydict()
-                answers["model"] += [label] * len(mine["question_id"])
-                for key in ("dataset", "question_id", "exact_match"):
-                    answers[key] += mine[key]
-            for metric, split in (("probe_em", config.split), ("probe_seen_em", config.split), ("heldout_loss", None),
-                                  ("heldout_loss_nkb_unmounted", None)):
-                if checks[metric] is not None:
-                    run.metric(metric, checks[metric], dataset=label, split=split)
-            summary.append({"model": label, "em": ems, "probe_em": probe_em, "probe_seen_em": probe_seen_em,
-                            "heldout_loss": loss})
-        run.write("report", "latest", out)
-        run.write("report_answers", "latest", answers)
-        run.write("report_generation", "latest", generation)
-        refreshed = refresh_rows(*previous, _rows(out), _rows(answers))
-        if refreshed:  # else the last comparison stays: nothing was rebuilt since
-            run.write("report_refresh", "latest", {k: [r[k] for r in refreshed] for k in refreshed[0]})
-        return {"rows": summary, "generation": [dict(zip(generation, r)) for r in zip(*generation.values())],
-                "refreshed": sorted({r["model"] for r in refreshed})}
 
-    return run_stage(wh, "report", config.model_dump(), fp, body, force=force, device=device.name)
+REPORT_COLUMNS = ("model", "dataset", "split", "em", "params_total", "params_injected", "probe_em", "probe_seen_em",
+                  "heldout_loss", "model_run")
+
+
+def _report(run: StagedRun, wh: Warehouse, config: ReportConfig, available: list[Reported], probes: list[dict],
+            generation: dict, device) -> dict:
+    previous = wh.read("report").to_pylist(), wh.read("report_answers").to_pylist()
+    out = {k: [] for k in REPORT_COLUMNS}
+    answers = {k: [] for k in ("model", "dataset", "question_id", "exact_match")}
+    summary, checked = [], {}  # a model asked two ways is checked once
+    for row in available:
+        if row.model not in checked:
+            checked[row.model] = model_checks(run, row.directory, row.evaluated != row.model, probes, config.split,
+                                              device)
+        summary.append(_report_row(run, wh, config, row, checked[row.model], out, answers))
+    run.write("report", "latest", out)
+    run.write("report_answers", "latest", answers)
+    run.write("report_generation", "latest", generation)
+    refreshed = refresh_rows(*previous, _rows(out), _rows(answers))
+    if refreshed:  # else the last comparison stays: nothing was rebuilt since
+        run.write("report_refresh", "latest", {k: [r[k] for r in refreshed] for k in refreshed[0]})
+    return {"rows": summary, "generation": [dict(zip(generation, r)) for r in zip(*generation.values())],
+            "refreshed": sorted({r["model"] for r in refreshed})}
+
+
+def _report_row(run: StagedRun, wh: Warehouse, config: ReportConfig, row: Reported, checks: dict, out: dict,
+                answers: dict) -> dict:
+    """One row's lines of `report` (one per dataset and their average) and its answers, added to `out` and
+    `answers`; its checks recorded as metrics. A row whose fine-tuned model has not been evaluated still shows its
+    probe and held-out loss."""
+    ems = latest_scores(wh, row.evaluated, config.split)
+    em_rows = sorted(ems.items()) + [("average", float(np.mean(list(ems.values()))) if ems else None)]
+    for dataset, em in em_rows:
+        for key, value in zip(out, (row.shown, dataset, config.split, em, checks["params_total"],
+                                    checks["params_injected"], checks["probe_em"], checks["probe_seen_em"],
+                                    checks["heldout_loss"], checks["model_run"])):
+            out[key].append(value)
+    if ems:
+        mine = wh.read("predictions", ["dataset", "question_id", "exact_match"],
+                       partitions=[f"{row.evaluated}.{config.split}"]).to_pydict()
+        answers["model"] += [row.shown] * len(mine["question_id"])
+        for key in ("dataset", "question_id", "exact_match"):
+            answers[key] += mine[key]
+    for metric, split in (("probe_em", config.split), ("probe_seen_em", config.split), ("heldout_loss", None),
+                          ("heldout_loss_nkb_unmounted", None)):
+        if checks[metric] is not None:
+            run.metric(metric, checks[metric], dataset=row.shown, split=split)
+    return {"model": row.shown, "em": ems, "probe_em": checks["probe_em"], "probe_seen_em": checks["probe_seen_em"],
+            "heldout_loss": checks["heldout_loss"]}
 
 
 def _rows(columns: dict[str, list]) -> list[dict]:

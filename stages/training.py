@@ -16,14 +16,15 @@ import numpy as np
 from nkb_model.architectures import DEFAULT_ARCH
 from nkb_model.families import Family, family, family_of, new_base
 from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig, PretrainingDataConfig
-from stages.inputs import (PRETRAINING, corpora, corpus_lineage, corpus_texts, gen_examples, gen_inputs, gen_lineage,
-                           one_corpus, packed_rows, qa_inputs, qa_pair, questions_lineage, read_questions,
-                           retrievals_lineage, segments_with_spans, spans_lineage)
+from stages import lineage as reads
+from stages.inputs import (PRETRAINING, corpora, corpus_texts, gen_examples, gen_inputs, one_corpus, packed_rows,
+                           qa_inputs, qa_pair, read_questions, segments_with_spans)
+from stages.lineage import Declared
 from stages.models import (SourceModel, base_dir_of, model_at, model_dir, model_present, publish_model, source_model,
                            work_dir)
 from stages.progress import progress
 from stages.sources import HUB, resolve_source
-from warehouse import StagedRun, StageResult, Warehouse, fingerprint, list_runs, run_stage
+from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs
 
 GENERAL_SEQ_LEN = 128  # general-text rows for injection into a base without held-out rows (e.g. t5-base)
 PRETRAINING_META = "nkb-pretraining.json"
@@ -34,46 +35,52 @@ PRETRAINING_META = "nkb-pretraining.json"
 def prepare_pretraining_data(wh: Warehouse, config: PretrainingDataConfig, force: bool = False) -> StageResult:
     """Tokenizer, packed rows and held-out rows under `files/pretraining/`; the training rows' sentences as the
     `segments` partition <corpus>.pretraining (replacing its salient spans, which described other sentences)."""
-    from corpus.segment import segment
-    from nkb_model import base_model
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus),
                                        "tokenizer_corpora": config.tokenizer_corpora or corpora(wh)})
     read = sorted(set(config.tokenizer_corpora) | {config.corpus})
-    fp = fingerprint("pretraining-data", config.identity(), [f"{c}:{corpus_lineage(wh, c)}" for c in read])
-    target = wh.files_dir / "pretraining" / f"{config.corpus}-{fp[:12]}"
+    declared = Declared("pretraining-data", config, [reads.corpus(wh, c) for c in read])
+    target = wh.files_dir / "pretraining" / f"{config.corpus}-{declared.fingerprint[:12]}"
+    return declared.run(wh, lambda run: _prepare_pretraining_data(run, wh, config, target), force=force,
+                        still_valid=lambda run: (Path(run.checkpoint or "") / PRETRAINING_META).exists())
+
+
+def _prepare_pretraining_data(run: StagedRun, wh: Warehouse, config: PretrainingDataConfig, target: Path) -> dict:
+    from nkb_model import base_model
+    started = time.perf_counter()
+    tokenizer = base_model.train_tokenizer(
+        (t for c in config.tokenizer_corpora for t in corpus_texts(wh, c)), config.vocab_size)
+    rows = packed_rows(wh, tokenizer, config.corpus, config.seq_len)
+    order = np.random.default_rng(config.seed).permutation(len(rows))
+    n_held = base_model.held_out_count(len(rows), config.held_out_share)
+    held_out, train_rows = rows[order[:n_held]], rows[order[n_held:]]
+    sentences = _write_pretraining_sentences(run, tokenizer, train_rows, config)
+    meta = {"corpus": config.corpus, "vocab": len(tokenizer), "sequences": len(train_rows),
+            "held_out": len(held_out), "seq_len": config.seq_len, "built_by": run.run_id}
+
+    def write(directory: Path) -> None:
+        tokenizer.save_pretrained(directory)
+        np.save(directory / "train_rows.npy", train_rows)
+        np.save(directory / "held_out.npy", held_out)
+        (directory / PRETRAINING_META).write_text(json.dumps(meta, indent=1))
+
+    run.publish_folder(target, write)
+    run.record.checkpoint = str(target)
+    return meta | {"sentences": sentences, "seconds": time.perf_counter() - started}
+
+
+def _write_pretraining_sentences(run: StagedRun, tokenizer, train_rows, config: PretrainingDataConfig) -> int:
+    """The training rows' own text, cut at documents and sentences, as the `segments` partition <corpus>.pretraining:
+    salient span masking asks for what the model reads, and the held-out rows stay unseen. Ids sort in the order
+    the pieces come. Returns how many."""
+    from corpus.segment import segment
     partition = f"{config.corpus}.{PRETRAINING}"
-
-    def body(run: StagedRun) -> dict:
-        started = time.perf_counter()
-        tokenizer = base_model.train_tokenizer(
-            (t for c in config.tokenizer_corpora for t in corpus_texts(wh, c)), config.vocab_size)
-        rows = packed_rows(wh, tokenizer, config.corpus, config.seq_len)
-        order = np.random.default_rng(config.seed).permutation(len(rows))
-        n_held = base_model.held_out_count(len(rows), config.held_out_share)
-        held_out, train_rows = rows[order[:n_held]], rows[order[n_held:]]
-        # The training rows' own text, cut at documents and sentences: salient span masking asks for what the
-        # model reads, and the held-out rows stay unseen. Ids sort in the order the pieces come.
-        texts = [doc for row in tokenizer.batch_decode(train_rows) for doc in row.split(tokenizer.eos_token)]
-        pieces = [(t, i, piece) for t, text in enumerate(texts) for i, piece in enumerate(segment(text, config.max_words))]
-        run.write("segments", partition, {"segment_id": [f"{PRETRAINING}/{t}.{i}" for t, i, _ in pieces],
-                                          "doc_id": [f"{PRETRAINING}/{t}" for t, _, _ in pieces],
-                                          "text": [piece for _, _, piece in pieces]})
-        run.replace_partitions("salient_spans", partition + "-")
-        meta = {"corpus": config.corpus, "vocab": len(tokenizer), "sequences": len(train_rows),
-                "held_out": len(held_out), "seq_len": config.seq_len, "built_by": run.run_id}
-
-        def write(directory: Path) -> None:
-            tokenizer.save_pretrained(directory)
-            np.save(directory / "train_rows.npy", train_rows)
-            np.save(directory / "held_out.npy", held_out)
-            (directory / PRETRAINING_META).write_text(json.dumps(meta, indent=1))
-
-        run.publish_folder(target, write)
-        run.record.checkpoint = str(target)
-        return meta | {"sentences": len(pieces), "seconds": time.perf_counter() - started}
-
-    return run_stage(wh, "pretraining-data", config.model_dump(), fp, body, force=force,
-                     still_valid=lambda run: (Path(run.checkpoint or "") / PRETRAINING_META).exists())
+    texts = [doc for row in tokenizer.batch_decode(train_rows) for doc in row.split(tokenizer.eos_token)]
+    pieces = [(t, i, piece) for t, text in enumerate(texts) for i, piece in enumerate(segment(text, config.max_words))]
+    run.write("segments", partition, {"segment_id": [f"{PRETRAINING}/{t}.{i}" for t, i, _ in pieces],
+                                      "doc_id": [f"{PRETRAINING}/{t}" for t, _, _ in pieces],
+                                      "text": [piece for _, _, piece in pieces]})
+    run.replace_partitions("salient_spans", partition + "-")
+    return len(pieces)
 
 
 def latest_pretraining_data(wh: Warehouse, corpus: str) -> Path:
@@ -93,117 +100,118 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
     """Span-corruption (a decoder-only arch: next-token) and salient span masking pretraining; saves a Hugging Face
     directory under `files/models/`. With `source`, a Hugging Face model is brought in as this base instead
     (`import_base_model`)."""
-    from nkb_model import base_model
-    from nkb_model.checkpoint import INFO
-    from nkb_model.train import choose_device, train
+    from nkb_model.train import choose_device
     if config.source:
         return import_base_model(wh, config, force)
     config = config.model_copy(update={"pretrain_corpus": one_corpus(wh, config.pretrain_corpus, "pretrain_corpus")})
     data = latest_pretraining_data(wh, config.pretrain_corpus)
     data_meta = json.loads((data / PRETRAINING_META).read_text())
-    inputs = [data.name, data_meta["built_by"]]  # not its path: a moved or copied warehouse skips the base
-    if config.ssm_share:
-        inputs += spans_lineage(wh, config.pretrain_corpus, source=PRETRAINING)
-    fp = fingerprint("base-model", config.identity(), inputs)
-    target = model_dir(wh, config.name, fp)
+    declared = Declared("base-model", config, [
+        reads.mark(data.name, data_meta["built_by"]),  # not its path: a moved or copied warehouse skips the base
+        reads.spans(wh, config.pretrain_corpus, source=PRETRAINING) if config.ssm_share else reads.Read(())])
+    target = model_dir(wh, config.name, declared.fingerprint)
     device = choose_device(config.device, config.precision)
+    return declared.run(wh, lambda run: _pretrain(run, wh, config, data, data_meta["seq_len"], target, device),
+                        force=force, device=device.name, still_valid=model_present)
 
-    def body(run: StagedRun) -> dict:
-        from transformers import AutoTokenizer
-        started = time.perf_counter()
-        tokenizer = AutoTokenizer.from_pretrained(data)
-        train_rows, held_out = np.load(data / "train_rows.npy"), np.load(data / "held_out.npy")
-        model, kind = new_base(config.arch, tokenizer, config.size, config.dropout, config.seed), family_of(config.arch)
-        batches = kind.text_batches(train_rows, tokenizer, config.batch_size, config.seed)
-        model.to(device.device).train()
-        if config.ssm_share and config.steps:
-            ssm = pretraining_ssm_batches(wh, tokenizer, config, data_meta["seq_len"], kind)
-            batches = base_model.Interleaved(batches, ssm, config.ssm_share)
-        name = f"pretrain {config.name}"
-        losses = train(model, batches, config.train_config(config.steps), device, work_dir(target), name, progress) \
-            if config.steps else []
-        for step, loss in losses:
-            run.metric(loss_metric(batches, step, "pretrain_loss", "pretrain_ssm_loss"), loss,
-                       dataset=config.pretrain_corpus, split="train", step=step)
-        n_params = sum(p.numel() for p in model.parameters())
-        info = {"name": config.name, "kind": "base", "arch": config.arch, "size": config.size, "params": n_params,
-                "vocab": len(tokenizer), "built_by": run.run_id, "final_loss": losses[-1][1] if losses else None}
 
-        def write(directory: Path) -> None:
-            model.save_pretrained(directory)
-            tokenizer.save_pretrained(directory)
-            np.save(directory / "held_out.npy", held_out)  # for the no-forgetting check
-            (directory / INFO).write_text(json.dumps(info, indent=1))
+def _pretrain(run: StagedRun, wh: Warehouse, config: BaseModelConfig, data: Path, seq_len: int, target: Path,
+              device) -> dict:
+    from transformers import AutoTokenizer
 
-        publish_model(run, target, write)
-        run.output("model_params", n_params)
-        run.metric("params_total", n_params)
-        return {"model": str(target), "params": n_params, "final_loss": round(losses[-1][1], 4) if losses else None,
-                "sequences": len(train_rows), "seconds": time.perf_counter() - started, "device": device.name}
+    from nkb_model import base_model
+    from nkb_model.train import train
+    started = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(data)
+    train_rows, held_out = np.load(data / "train_rows.npy"), np.load(data / "held_out.npy")
+    model, kind = new_base(config.arch, tokenizer, config.size, config.dropout, config.seed), family_of(config.arch)
+    batches = kind.text_batches(train_rows, tokenizer, config.batch_size, config.seed)
+    model.to(device.device).train()
+    if config.ssm_share and config.steps:
+        ssm = pretraining_ssm_batches(wh, tokenizer, config, seq_len, kind)
+        batches = base_model.Interleaved(batches, ssm, config.ssm_share)
+    losses = train(model, batches, config.train_config(config.steps), device, work_dir(target),
+                   f"pretrain {config.name}", progress) if config.steps else []
+    for step, loss in losses:
+        run.metric(loss_metric(batches, step, "pretrain_loss", "pretrain_ssm_loss"), loss,
+                   dataset=config.pretrain_corpus, split="train", step=step)
+    n_params = sum(p.numel() for p in model.parameters())
+    info = {"name": config.name, "kind": "base", "arch": config.arch, "size": config.size, "params": n_params,
+            "vocab": len(tokenizer), "built_by": run.run_id, "final_loss": losses[-1][1] if losses else None}
+    _publish_base(run, target, model, tokenizer, info, held_out)
+    return {"model": str(target), "params": n_params, "final_loss": round(losses[-1][1], 4) if losses else None,
+            "sequences": len(train_rows), "seconds": time.perf_counter() - started, "device": device.name}
 
-    return run_stage(wh, "base-model", config.model_dump(), fp, body, force=force, device=device.name,
-                     still_valid=model_present)
+
+def _publish_base(run: StagedRun, target: Path, model, tokenizer, info: dict, held_out) -> None:
+    """A base's folder: the model, its tokenizer, its info and its held-out rows (for the no-forgetting check)."""
+    from nkb_model.checkpoint import INFO
+
+    def write(directory: Path) -> None:
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        if held_out is not None:
+            np.save(directory / "held_out.npy", held_out)
+        (directory / INFO).write_text(json.dumps(info, indent=1))
+
+    publish_model(run, target, write)
+    run.output("model_params", info["params"])
+    run.metric("params_total", info["params"])
 
 
 def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = False) -> StageResult:
     """A Hugging Face T5 or causal LM (a local directory, or a hub name on a machine that has it) published as this
     base, with held-out rows of the general corpus (`pretrain_corpus`, when given) for the no-forgetting check."""
-    from nkb_model.checkpoint import INFO
-    from warehouse import file_digest
     source = resolve_source(config.source)
     gguf = source.is_file() and source.suffix == ".gguf"
     local = source.is_dir() or gguf
     if not local and source.exists():
         raise ValueError(f"base model source {config.source}: neither a Hugging Face folder nor a .gguf file")
     files = [source] if gguf else sorted(f for f in source.rglob("*") if f.is_file()) if local else []
-    inputs = [f"{f.relative_to(source.parent if gguf else source)}:{file_digest(f)}" for f in files] if local \
-        else [config.source]
+    declared = Declared("base-model", config, [
+        reads.mark(*(f"{f.relative_to(source.parent if gguf else source)}:{file_digest(f)}" for f in files))
+        if local else reads.mark(config.source),
+        reads.corpus(wh, config.pretrain_corpus) if config.pretrain_corpus else reads.Read(())],
+        identity={"source": config.source if not local else None})
+    target = model_dir(wh, config.name, declared.fingerprint)
+    return declared.run(wh, lambda run: _import_base(run, wh, config, source, gguf, target), force=force,
+                        still_valid=model_present)
+
+
+def _import_base(run: StagedRun, wh: Warehouse, config: BaseModelConfig, source: Path, gguf: bool,
+                 target: Path) -> dict:
+    from nkb_model import base_model
+    from nkb_model.mounting import architecture_of, block_names, ffn_maps, get_ffn
+    started = time.perf_counter()
+    model, tokenizer, origin = _load_brought_model(config, source, gguf)
+    ffn_maps(get_ffn(model, block_names(model)[0]))  # an unsupported family or FFN fails here, by its class
+    held_out = None
     if config.pretrain_corpus:
-        inputs.append(f"{config.pretrain_corpus}:{corpus_lineage(wh, config.pretrain_corpus)}")
-    fp = fingerprint("base-model", config.identity() | {"source": config.source if not local else None}, inputs)
-    target = model_dir(wh, config.name, fp)
+        rows = packed_rows(wh, tokenizer, config.pretrain_corpus, GENERAL_SEQ_LEN)
+        order = np.random.default_rng(config.seed).permutation(len(rows))
+        held_out = rows[order[:base_model.held_out_count(len(rows), 0.05)]]
+    n_params = sum(p.numel() for p in model.parameters())
+    info = {"name": config.name, "kind": "base", "arch": architecture_of(model).name, "source": config.source,
+            "params": n_params, "vocab": len(tokenizer), "built_by": run.run_id, **origin}
+    _publish_base(run, target, model, tokenizer, info, held_out)
+    return {"model": str(target), "source": config.source, "params": n_params,
+            "held_out": 0 if held_out is None else len(held_out), "seconds": time.perf_counter() - started}
 
-    def body(run: StagedRun) -> dict:
-        from nkb_model import base_model
-        from nkb_model.checkpoint import load_gguf, load_tokenizer, model_class
-        from nkb_model.mounting import architecture_of, block_names, ffn_maps, get_ffn
-        started = time.perf_counter()
-        origin: dict = {}
-        if gguf:
-            model, tokenizer, meta = load_gguf(source)
-            origin = {"source_format": "gguf", "source_sha256": file_digest(source), "original": meta}
-        else:
-            offline = not config.source.startswith(HUB)  # a bare name: the local cache only, never the network
-            try:
-                model = model_class(str(source), offline).from_pretrained(str(source), local_files_only=offline)
-                tokenizer = load_tokenizer(str(source), offline)
-            except (OSError, ValueError) as exc:
-                raise ValueError(f"cannot load base model {config.source!r} as a Hugging Face T5 or causal LM: "
-                                 f"{str(exc).splitlines()[0]}") from None
-        ffn_maps(get_ffn(model, block_names(model)[0]))  # an unsupported family or FFN fails here, by its class
-        held_out = None
-        if config.pretrain_corpus:
-            rows = packed_rows(wh, tokenizer, config.pretrain_corpus, GENERAL_SEQ_LEN)
-            order = np.random.default_rng(config.seed).permutation(len(rows))
-            held_out = rows[order[:base_model.held_out_count(len(rows), 0.05)]]
-        n_params = sum(p.numel() for p in model.parameters())
-        info = {"name": config.name, "kind": "base", "arch": architecture_of(model).name, "source": config.source,
-                "params": n_params, "vocab": len(tokenizer), "built_by": run.run_id, **origin}
 
-        def write(directory: Path) -> None:
-            model.save_pretrained(directory)
-            tokenizer.save_pretrained(directory)
-            if held_out is not None:
-                np.save(directory / "held_out.npy", held_out)
-            (directory / INFO).write_text(json.dumps(info, indent=1))
-
-        publish_model(run, target, write)
-        run.output("model_params", n_params)
-        run.metric("params_total", n_params)
-        return {"model": str(target), "source": config.source, "params": n_params,
-                "held_out": 0 if held_out is None else len(held_out), "seconds": time.perf_counter() - started}
-
-    return run_stage(wh, "base-model", config.model_dump(), fp, body, force=force, still_valid=model_present)
+def _load_brought_model(config: BaseModelConfig, source: Path, gguf: bool):
+    """(model, tokenizer, what to record of its origin) of a model brought in: a GGUF file dequantised, or a
+    Hugging Face folder or cached hub name (read from the local cache only unless named `hub:`)."""
+    from nkb_model.checkpoint import load_gguf, load_tokenizer, model_class
+    if gguf:
+        model, tokenizer, meta = load_gguf(source)
+        return model, tokenizer, {"source_format": "gguf", "source_sha256": file_digest(source), "original": meta}
+    offline = not config.source.startswith(HUB)  # a bare name: the local cache only, never the network
+    try:
+        model = model_class(str(source), offline).from_pretrained(str(source), local_files_only=offline)
+        return model, load_tokenizer(str(source), offline), {}
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot load base model {config.source!r} as a Hugging Face T5 or causal LM: "
+                         f"{str(exc).splitlines()[0]}") from None
 
 
 def cached_injection(model, tokenizer, segments, drawn, pairs, device):
@@ -245,60 +253,69 @@ def pretraining_ssm_batches(wh: Warehouse, tokenizer, config: BaseModelConfig, m
 
 def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageResult:
     """Mount NKB slots on a base model and train them (or everything, nkb-a) on SSM examples."""
-    from nkb_model.checkpoint import hf_dir, relative_base, save_model
-    from nkb_model.nkb import mounted_layers
-    from nkb_model.train import choose_device, train
+    from nkb_model.train import choose_device
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
     if config.general_share and not config.general_corpus:
         raise ValueError(f"general_share={config.general_share} needs general_corpus= (corpora: {', '.join(corpora(wh))})")
     base = source_model(wh, config.base_model)
     name = config.model_name()
-    knowledge = spans_lineage(wh, config.corpus)
-    knowledge_digest = fingerprint("knowledge", {}, knowledge)
+    knowledge = reads.spans(wh, config.corpus)
+    knowledge_digest = fingerprint("knowledge", {}, knowledge.lineage)
     previous = previous_injection(wh, name, knowledge_digest) if config.start == "previous" else None
-    inputs = base.lineage + knowledge + ([f"start:{previous.info['built_by']}"] if previous else [])
-    if config.general_share:
-        inputs.append(f"{config.general_corpus}:{corpus_lineage(wh, config.general_corpus)}")
-    fp = fingerprint("inject", config.identity() | {"name": name}, inputs)
-    target = model_dir(wh, name, fp)
+    declared = Declared("inject", config, [
+        reads.model(base), knowledge, reads.mark(f"start:{previous.info['built_by']}") if previous else reads.Read(()),
+        reads.corpus(wh, config.general_corpus) if config.general_share else reads.Read(())], identity={"name": name})
+    target = model_dir(wh, name, declared.fingerprint)
     device = choose_device(config.device, config.precision)
+    made = {"name": name, "knowledge_digest": knowledge_digest, "started_from": previous.info["built_by"] if previous
+            else None, "base_folder": relative_base_of(base, target)}
+    return declared.run(wh, lambda run: _inject(run, wh, config, base, previous, made, target, device), force=force,
+                        device=device.name, still_valid=model_present)
 
-    def body(run: StagedRun) -> dict:
-        started = time.perf_counter()
-        segments, spans = segments_with_spans(wh, config.corpus)
-        model, tokenizer, _ = base.load()
-        trainable = mount_slots(model, config, previous.directory / "nkb" if previous else None)
-        device.hold(model)  # only the slots are saved: a frozen base may be held in bf16
-        trained, ssm, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device)
-        slots = list(mounted_layers(model).values())
 
-        def bound_slots() -> None:
-            for layer in slots:
-                layer.bound_to_ffn_scale(config.slot_scale)
-        losses = train(trained, batches, config.train_config(config.steps), device, work_dir(target),
-                       f"inject {name}", progress, after_step=bound_slots if config.slot_scale else None)
-        for step, loss in losses:
-            run.metric(loss_metric(batches, step, "ssm_loss", "general_loss"), loss, dataset=config.corpus,
-                       split="train", step=step)
-        model.to("cpu")
-        total = sum(p.numel() for p in model.parameters())
-        info = {"name": name, "kind": config.variant, "arch": base.info.get("arch", DEFAULT_ARCH),
-                "base_folder": relative_base(hf_dir(base.directory), target),
-                "base_model": config.base_model, "params": total, "params_injected": trainable,
-                "built_by": run.run_id, "final_loss": losses[-1][1], "knowledge_digest": knowledge_digest,
-                "started_from": previous.info["built_by"] if previous else None,
-                "layers": model.nkb_config.layers, "slots": model.nkb_config.slots}
-        publish_model(run, target, lambda d: save_model(model, tokenizer, d, info, config.variant == "nkb-a"))
-        run.output("params_injected", trainable)
-        run.metric("params_total", total)
-        run.metric("params_injected", trainable)
-        return {"model": name, "started_from": info["started_from"], "params_total": total,
-                "params_injected": trainable, "final_loss": round(losses[-1][1], 4),
-                "examples_per_epoch": ssm.per_epoch * config.batch_size, "seconds": time.perf_counter() - started,
-                "device": device.name}
+def relative_base_of(base: SourceModel, target: Path) -> str:
+    """The base's Hugging Face folder as a model folder `target` records it (relative, so that a moved warehouse
+    still finds it)."""
+    from nkb_model.checkpoint import hf_dir, relative_base
+    return relative_base(hf_dir(base.directory), target)
 
-    return run_stage(wh, "inject", config.model_dump(), fp, body, force=force, device=device.name,
-                     still_valid=model_present)
+
+def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceModel, previous: SourceModel | None,
+            made: dict, target: Path, device) -> dict:
+    from nkb_model.checkpoint import save_model
+    from nkb_model.nkb import mounted_layers
+    from nkb_model.train import train
+    started = time.perf_counter()
+    segments, spans = segments_with_spans(wh, config.corpus)
+    model, tokenizer, _ = base.load()
+    trainable = mount_slots(model, config, previous.directory / "nkb" if previous else None)
+    device.hold(model)  # only the slots are saved: a frozen base may be held in bf16
+    trained, ssm, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device)
+    slots = list(mounted_layers(model).values())
+
+    def bound_slots() -> None:
+        for layer in slots:
+            layer.bound_to_ffn_scale(config.slot_scale)
+    losses = train(trained, batches, config.train_config(config.steps), device, work_dir(target),
+                   f"inject {made['name']}", progress, after_step=bound_slots if config.slot_scale else None)
+    for step, loss in losses:
+        run.metric(loss_metric(batches, step, "ssm_loss", "general_loss"), loss, dataset=config.corpus,
+                   split="train", step=step)
+    model.to("cpu")
+    total = sum(p.numel() for p in model.parameters())
+    info = {"name": made["name"], "kind": config.variant, "arch": base.info.get("arch", DEFAULT_ARCH),
+            "base_folder": made["base_folder"], "base_model": config.base_model, "params": total,
+            "params_injected": trainable, "built_by": run.run_id, "final_loss": losses[-1][1],
+            "knowledge_digest": made["knowledge_digest"], "started_from": made["started_from"],
+            "layers": model.nkb_config.layers, "slots": model.nkb_config.slots}
+    publish_model(run, target, lambda d: save_model(model, tokenizer, d, info, config.variant == "nkb-a"))
+    run.output("params_injected", trainable)
+    run.metric("params_total", total)
+    run.metric("params_injected", trainable)
+    return {"model": made["name"], "started_from": made["started_from"], "params_total": total,
+            "params_injected": trainable, "final_loss": round(losses[-1][1], 4),
+            "examples_per_epoch": ssm.per_epoch * config.batch_size, "seconds": time.perf_counter() - started,
+            "device": device.name}
 
 
 def mount_slots(model, config: InjectConfig, start: Path | None) -> int:
@@ -389,57 +406,58 @@ def general_batches(wh: Warehouse, tokenizer, base_dir: Path, config: InjectConf
 
 def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> StageResult:
     """All parameters (optionally not the NKB) trained on `question: …` → first answer, or on a generation task."""
-    from nkb_model.checkpoint import save_model
-    from nkb_model.train import choose_device, train
+    from nkb_model.train import choose_device
     source = source_model(wh, config.model)
     config = finetune_defaults(source, config)
     name = config.model_name()
     if config.task:
-        questions = gen_examples(wh, config.task, config.split)
-        datasets = [config.task]
-        lineage = gen_lineage(wh, config.task, config.split)
+        examples, datasets = gen_examples(wh, config.task, config.split), [config.task]
+        data = reads.task_examples(wh, config.task, config.split)
     else:
-        questions = read_questions(wh, config.datasets, config.split)
-        datasets = sorted(set(questions.column("dataset").to_pylist()))
-        lineage = questions_lineage(wh, datasets, config.split)
-    inputs = source.lineage + lineage
-    if config.knowledge != "none":
-        inputs += retrievals_lineage(wh, datasets)
-    fp = fingerprint("finetune", config.identity() | {"name": name}, inputs)
-    target = model_dir(wh, name, fp)
+        examples = read_questions(wh, config.datasets, config.split)
+        datasets = sorted(set(examples.column("dataset").to_pylist()))
+        data = reads.questions(wh, datasets, config.split)
+    declared = Declared("finetune", config, [
+        reads.model(source), data, reads.retrievals(wh, datasets) if config.knowledge != "none" else reads.Read(())],
+        identity={"name": name})
+    target = model_dir(wh, name, declared.fingerprint)
     device = choose_device(config.device, config.precision)
+    return declared.run(wh, lambda run: _finetune(run, wh, config, source, examples, datasets, target, device),
+                        force=force, device=device.name, still_valid=model_present)
 
-    def body(run: StagedRun) -> dict:
-        started = time.perf_counter()
-        model, tokenizer, source_info = source.load()
-        kind = family(model)
-        answer_format = kind.answer_format(config.answer_format, config.knowledge, config.model)
-        knowledge = {"knowledge": config.knowledge, "knowledge_docs": config.knowledge_docs,
-                     "kformer_doc_tokens": config.kformer_doc_tokens, "kformer_rank": config.kformer_rank,
-                     "answer_format": answer_format, "max_input_len": config.max_input_len, "task": config.task}
-        texts, knowledge_ids, answers = training_pairs(wh, questions, tokenizer, config, knowledge)
-        prepare_finetuning(model, config, device)
-        batches = kind.pair_batches(lambda epoch: (texts, answers), tokenizer, min(config.batch_size, len(texts)),
-                                    config.seed, config.max_input_len, max_target_len=128 if config.task else 64,
-                                    knowledge_ids=knowledge_ids, group_by_length=config.group_by_length)
-        steps = config.epochs * batches.per_epoch
-        losses = train(model, batches, config.train_config(steps, batches.batch_size), device, work_dir(target),
-                       f"finetune {name}", progress)
-        for step, loss in losses:
-            run.metric(f"{config.task}_loss" if config.task else "qa_loss", loss, split=config.split, step=step)
-        model.to("cpu")
-        info = {**{k: v for k, v in source_info.items()
-                    if k in ("arch", "params_injected", "layers", "slots", "base_model")},
-                "name": name, "kind": "finetuned", "source": config.model, "source_kind": source_info["kind"],
-                "params": sum(p.numel() for p in model.parameters()), "built_by": run.run_id,
-                "final_loss": losses[-1][1], "datasets": datasets, **knowledge}
-        publish_model(run, target, lambda d: save_model(model, tokenizer, d, info, weights_changed=True))
-        run.output("steps", steps)
-        return {"model": name, "questions": len(texts), "steps": steps, "final_loss": round(losses[-1][1], 4),
-                "seconds": time.perf_counter() - started, "device": device.name}
 
-    return run_stage(wh, "finetune", config.model_dump(), fp, body, force=force, device=device.name,
-                     still_valid=model_present)
+def _finetune(run: StagedRun, wh: Warehouse, config: FinetuneConfig, source: SourceModel, examples,
+              datasets: list[str], target: Path, device) -> dict:
+    from nkb_model.checkpoint import save_model
+    from nkb_model.train import train
+    started = time.perf_counter()
+    name = config.model_name()
+    model, tokenizer, source_info = source.load()
+    kind = family(model)
+    knowledge = {"knowledge": config.knowledge, "knowledge_docs": config.knowledge_docs,
+                 "kformer_doc_tokens": config.kformer_doc_tokens, "kformer_rank": config.kformer_rank,
+                 "answer_format": kind.answer_format(config.answer_format, config.knowledge, config.model),
+                 "max_input_len": config.max_input_len, "task": config.task}
+    texts, knowledge_ids, answers = training_pairs(wh, examples, tokenizer, config, knowledge)
+    prepare_finetuning(model, config, device)
+    batches = kind.pair_batches(lambda epoch: (texts, answers), tokenizer, min(config.batch_size, len(texts)),
+                                config.seed, config.max_input_len, max_target_len=128 if config.task else 64,
+                                knowledge_ids=knowledge_ids, group_by_length=config.group_by_length)
+    steps = config.epochs * batches.per_epoch
+    losses = train(model, batches, config.train_config(steps, batches.batch_size), device, work_dir(target),
+                   f"finetune {name}", progress)
+    for step, loss in losses:
+        run.metric(f"{config.task}_loss" if config.task else "qa_loss", loss, split=config.split, step=step)
+    model.to("cpu")
+    kept = ("arch", "params_injected", "layers", "slots", "base_model")
+    info = {**{k: v for k, v in source_info.items() if k in kept},
+            "name": name, "kind": "finetuned", "source": config.model, "source_kind": source_info["kind"],
+            "params": sum(p.numel() for p in model.parameters()), "built_by": run.run_id,
+            "final_loss": losses[-1][1], "datasets": datasets, **knowledge}
+    publish_model(run, target, lambda d: save_model(model, tokenizer, d, info, weights_changed=True))
+    run.output("steps", steps)
+    return {"model": name, "questions": len(texts), "steps": steps, "final_loss": round(losses[-1][1], 4),
+            "seconds": time.perf_counter() - started, "device": device.name}
 
 
 # Fine-tuning's learning rate and epochs when none are given, by where the base came from (and what trains). The

@@ -135,3 +135,12 @@ def test_every_third_party_package_the_code_imports_is_declared():
         undeclared |= {m: distributions.get(m) for m in imported - set(sys.stdlib_module_names) - set(PACKAGES)
                        if not {d.lower().replace("_", "-") for d in distributions.get(m, [])} & allowed}
     assert not undeclared, f"imported but not in pyproject.toml's dependencies: {undeclared}"
+
+
+def test_no_stage_function_is_longer_than_40_lines():
+    """A stage is read → compute → write; what it reads is declared (`stages.lineage`), not assembled by hand."""
+    long = [f"{name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for name, path in MODULES.items() if name.startswith("stages.")
+            for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)
+            and node.end_lineno - node.lineno + 1 > 40]
+    assert long == []

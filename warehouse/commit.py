@@ -35,10 +35,11 @@ from warehouse.store import PartitionRecord, Warehouse, check_partition
 class StagedRun:
     """The handle a stage body writes through. Nothing it writes is visible until commit."""
 
-    def __init__(self, wh: Warehouse, run: RunRecord):
+    def __init__(self, wh: Warehouse, run: RunRecord, writes: frozenset[str] | None = None):
         self.wh = wh
         self.record = run  # the run's row: its id, config, fingerprint and outputs
         self.run_id = run.run_id
+        self.writes = writes  # the tables the stage declared it writes (None: any)
         self._staged: list[tuple[Path, Path]] = []  # (staging file, final path)
         self._metrics: list[tuple] = []
         self._staging_dirs: set[Path] = set()
@@ -62,7 +63,13 @@ class StagedRun:
         self._staging_dirs.add(staging_dir)
         return staging_dir / final.name
 
+    def _declared(self, table: str) -> None:
+        if self.writes is not None and table not in self.writes:
+            raise ValueError(f"{self.record.stage} writes {table}, which it does not declare (it writes "
+                             f"{', '.join(sorted(self.writes)) or 'no table'})")
+
     def _staging_file(self, table: str, partition: str) -> tuple[Path, Path]:
+        self._declared(table)
         final = self.wh.partition_path(table, partition)
         staged = self._staging_path(final)
         if any(f == final for _, f in self._staged):
@@ -103,6 +110,7 @@ class StagedRun:
         """A file of `table`'s rows that another process (a Dask worker) can write, for this run to copy into a
         partition (`PartitionWriter.append_file`). It lives in this run's staging folder and goes with it: never
         committed itself."""
+        self._declared(table)
         path = self._staging_path(self.wh.tables_dir / table / f"{check_partition(name)}.part.parquet")
         return ShardTarget(path=str(path), table=table, run_id=self.run_id,
                            inputs_fingerprint=self.record.inputs_fingerprint)
@@ -114,6 +122,7 @@ class StagedRun:
 
     def shards(self, table: str, prefix: str) -> "ShardSet":
         """Numbered partitions `prefix-00000`, ... that survive a crash of this run (see ShardSet)."""
+        self._declared(table)
         shard_set = ShardSet(self, table, prefix)
         self._shard_sets.append(shard_set)
         self.replace_partitions(table, prefix + "-")
@@ -298,12 +307,14 @@ class ShardSet:
 
 def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerprint: str,
               body: Callable[[StagedRun], Any], force: bool = False, device: str | None = None,
-              still_valid: Callable[[RunRecord], bool] | None = None, resumable: bool = False) -> StageResult:
+              still_valid: Callable[[RunRecord], bool] | None = None, resumable: bool = False,
+              writes: frozenset[str] | None = None) -> StageResult:
     """Run `body` as one atomic stage run, or skip it if the same inputs already succeeded.
 
     `still_valid(previous_run)` can veto a skip, e.g. when the files a run produced were deleted.
     `resumable`: an interrupted run's finished shards (`StagedRun.shards`) are picked up by the next
-    run of the same stage and inputs, which continues under the interrupted run's id.
+    run of the same stage and inputs, which continues under the interrupted run's id. `writes`: the tables the
+    stage declared; writing another fails the run.
     """
     if not force:
         previous = find_successful_run(wh, stage, inputs_fingerprint)
@@ -322,7 +333,7 @@ def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerpr
         else:
             _drop_other_resumes(wh, stage)
             marker.write_text(run.run_id)
-    staged = StagedRun(wh, run)
+    staged = StagedRun(wh, run, writes)
     try:
         value = body(staged)
         staged.commit()

@@ -1,5 +1,6 @@
 """The Prefect flows, run for real under Prefect's test harness (a temporary local server)."""
 
+import json
 import warnings
 
 import pytest
@@ -12,6 +13,7 @@ from flows.flows import STAGE_FLOWS, pipeline
 from stages.configs import IngestConfig, SalientSpansConfig
 from stages.experiment import FULL_DEMO, arch_demo
 from tests.experiments import tiny_experiment
+from tests.fingerprints import GOLDEN, make_deterministic, plan_fingerprints
 from warehouse import Warehouse, list_runs, query, row_counts
 
 pytestmark = pytest.mark.slow  # every test runs flows under a temporary Prefect server
@@ -146,9 +148,13 @@ def test_an_experiment_of_the_users_own_files_and_hugging_face_t5_then_a_knowled
         pipeline(home=home)
 
 
-def test_pipeline_trains_every_row_and_reports(tmp_path):
+def test_pipeline_trains_every_row_and_reports_and_an_upgrade_reruns_nothing(tmp_path, monkeypatch):
     home = str(tmp_path / "wh")
+    make_deterministic(monkeypatch, tmp_path / "wh")
     rows = pipeline(tiny_experiment(*FULL_DEMO), home=home)  # every row of the paper's tables
+    # Every run's inputs fingerprint is what the code before stages declared their inputs gave (run ids counted,
+    # the warehouse's path neutral): a user's warehouse is skipped after the upgrade, not rebuilt.
+    assert plan_fingerprints(tmp_path / "wh") == json.loads(GOLDEN.read_text())
     stages = [r["stage"] for r in rows]
     models = stages[stages.index("pretraining-data"):]
     assert models[:3] == ["pretraining-data", "salient-spans", "base-model"]  # the pretraining text's spans first

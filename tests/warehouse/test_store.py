@@ -125,6 +125,27 @@ def test_failing_stage_leaves_tables_as_they_were(tmp_path):
     assert not list(wh.tables_dir.glob("*/.staging/*"))
 
 
+def test_a_stage_that_writes_a_table_it_did_not_declare_fails_and_leaves_the_tables_as_they_were(tmp_path):
+    wh = Warehouse(tmp_path / "wh")
+    write_docs(wh)
+    before = snapshot(wh)
+
+    def body(run):
+        run.write("documents", "c", {k: v * 2 for k, v in DOCS.items()})
+        run.write("retrievals", "q", {"question_id": ["q"], "dataset": ["q"], "rank": [1], "doc_id": ["1"],
+                                      "score": [1.0], "index_id": ["i"]})
+
+    with pytest.raises(ValueError, match="ingest writes retrievals, which it does not declare .it writes documents"):
+        run_stage(wh, "ingest", {}, "fp-undeclared", body, writes=frozenset({"documents"}))
+    assert snapshot(wh) == before
+
+
+def test_every_stage_declares_only_tables_there_are():
+    from stages.registry import STAGES
+    from warehouse import PARQUET_TABLES
+    assert all(stage.writes <= set(PARQUET_TABLES) for stage in STAGES.values())
+
+
 @pytest.mark.slow
 def test_killed_writer_leaves_previous_table_intact(tmp_path):
     wh = Warehouse(tmp_path / "wh")

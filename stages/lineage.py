@@ -1,0 +1,109 @@
+"""What a stage reads, declared once, and the run derived from it.
+
+A stage declares its run (`Declared`): its config, what it reads (`Read`s: a corpus, questions, retrievals, spans, a
+model, a file) and what it adds to its config's identity (a model's name, the datasets it found). The declaration
+gives the inputs fingerprint (the config's identity and what stands for each read's data: the runs that wrote its
+partitions, a file's digest, a model folder and the run that built it), and runs the body atomically through
+`warehouse.run_stage`, writing only the tables the registry says the stage writes. A stage body is then read →
+compute → write, with no lineage of its own to build; and what a stage reads is said the same way everywhere, so
+two stages that read the same thing fingerprint it the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from stages.configs import StageConfig
+from stages.inputs import PRETRAINING, corpus_lineage, partition_family, span_partitions
+from stages.registry import STAGES
+from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, run_stage
+
+
+@dataclass(frozen=True)
+class Read:
+    """One thing a stage reads, as its fingerprint sees it."""
+    lineage: tuple[str, ...]
+
+
+def partitions(pairs: Iterable[tuple[str, str]]) -> Read:
+    """Table partitions, each by its name and the fingerprint of the run that wrote it."""
+    return Read(tuple(f"{name}:{fp}" for name, fp in pairs))
+
+
+def corpus(wh: Warehouse, name: str, label: str | None = "") -> Read:
+    """A corpus's documents, by the run that ingested them, labelled with the corpus's name (or `label`; None:
+    unlabelled)."""
+    fp = corpus_lineage(wh, name)
+    label = name if label == "" else label
+    return Read((fp,) if label is None else (f"{label}:{fp}",))
+
+
+def questions(wh: Warehouse, datasets: list[str] | None, split: str) -> Read:
+    """A split's questions of `datasets` (None: of every dataset)."""
+    return partitions((n, f) for n, f in wh.lineage("questions")
+                      if (datasets is None or n.split(".")[0] in datasets) and n.endswith("." + split))
+
+
+def shots(wh: Warehouse, count: int) -> Read:
+    """The train split the few-shot examples are drawn from, when questions are asked `count`-shot."""
+    return questions(wh, None, "train") if count else Read(())
+
+
+def task_examples(wh: Warehouse, task: str, split: str) -> Read:
+    """A general-generation task's examples of a split."""
+    return partitions((n, f) for n, f in wh.lineage("gen_examples") if n == f"{task}.{split}")
+
+
+def retrievals(wh: Warehouse, datasets: list[str] | None = None) -> Read:
+    """The retrieved documents of `datasets`' questions (None: of every dataset)."""
+    return partitions((n, f) for n, f in wh.lineage("retrievals") if datasets is None or n in datasets)
+
+
+def spans(wh: Warehouse, corpus_name: str, source: str = "retrieved") -> Read:
+    """A corpus's segments and their salient spans (of its retrieved documents, or of its pretraining text)."""
+    segments, _ = span_partitions(wh, corpus_name, source)
+    return partitions(pair for table in ("segments", "salient_spans") for pair in partition_family(wh, table, segments))
+
+
+def retrieved_span_partitions(wh: Warehouse) -> list[tuple[str, str]]:
+    """(name, lineage) of the salient spans of every corpus's retrieved documents (not of pretraining text)."""
+    return [(n, f) for n, f in wh.lineage("salient_spans") if f".{PRETRAINING}-" not in n]
+
+
+def file(path: str | None) -> Read:
+    """A file by its content (an empty mark when there is none)."""
+    return Read((file_digest(path) if path else "",))
+
+
+def model(source) -> Read:
+    """A model (`stages.models.SourceModel`) by its folder and the run that built it."""
+    return Read(tuple(source.lineage))
+
+
+def mark(*values: str) -> Read:
+    """What else stands for an input: an index's id, a NER model's, a run the stage starts from."""
+    return Read(values)
+
+
+@dataclass
+class Declared:
+    """A stage run as declared: its config, what it reads, and what it adds to its config's identity."""
+    stage: str
+    config: StageConfig
+    reads: list[Read]
+    identity: dict[str, Any] = field(default_factory=dict)
+    record: dict[str, Any] | None = None  # the config as the run row records it; default the config's fields
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        return fingerprint(self.stage, self.config.identity() | self.identity,
+                           [part for read in self.reads for part in read.lineage])
+
+    def run(self, wh: Warehouse, body: Callable[[StagedRun], Any], force: bool = False, **options) -> StageResult:
+        """`body` run atomically as this stage, or skipped when the same inputs already succeeded
+        (`warehouse.run_stage`'s `options`: device, still_valid, resumable)."""
+        record = self.config.model_dump() if self.record is None else self.record
+        return run_stage(wh, self.stage, record, self.fingerprint, body, force=force, writes=STAGES[self.stage].writes,
+                         **options)
