@@ -11,6 +11,17 @@ import pytest
 os.environ.setdefault("NKB_PROGRESS", "0")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
+WHOLLY_SLOW = "pytestmark = pytest.mark.slow"
+
+
+def pytest_ignore_collect(collection_path: Path, config):
+    """The fast tier (`-m "not slow"`) does not import the modules whose every test is slow (Prefect's harness,
+    whole pipelines), only to deselect them all."""
+    if config.getoption("markexpr", "") == "not slow" and collection_path.suffix == ".py" \
+            and collection_path.name.startswith("test_"):
+        return any(line.startswith(WHOLLY_SLOW) for line in collection_path.read_text().splitlines()) or None
+    return None
+
 
 def mediawiki_page(title: str, text: str, page_id: int, ns: int = 0, redirect: str | None = None) -> str:
     from xml.sax.saxutils import escape

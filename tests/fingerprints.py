@@ -2,8 +2,10 @@
 against those an earlier version of the code gave: run ids counted instead of drawn, and the warehouse's own path
 written as HOME wherever it enters a fingerprint (the generated world's files are under it).
 
-`python -m tests.fingerprints HOME` prints a warehouse's fingerprints as the golden file holds them; the golden file
-(`tests/data/plan_fingerprints.json`) was written this way by the code before stages declared their inputs.
+The golden file (`tests/data/plan_fingerprints.json`) was written by the code before stages declared their inputs,
+with `python -m tests.fingerprints`, which runs the tiny every-row plan this way and writes the file. A change that
+means to rerun stages (a new sample-world generator, a stage that now reads more) writes it again the same way,
+and says so in its commit.
 """
 
 from __future__ import annotations
@@ -41,6 +43,21 @@ def plan_fingerprints(home: Path) -> list[list[str]]:
     return [[r["stage"], r["run_id"], r["inputs_fingerprint"]] for r in rows if r["stage"] not in MEASURED]
 
 
+def write_golden() -> None:
+    """Run the tiny every-row plan in a scratch warehouse, deterministically, and write its fingerprints."""
+    import tempfile
+
+    from _pytest.monkeypatch import MonkeyPatch
+
+    from flows.flows import pipeline
+    from stages.experiment import FULL_DEMO
+    from tests.experiments import tiny_experiment
+    with tempfile.TemporaryDirectory() as tmp, MonkeyPatch.context() as monkeypatch:
+        home = Path(tmp) / "wh"
+        make_deterministic(monkeypatch, home)
+        pipeline(tiny_experiment(*FULL_DEMO), home=str(home))
+        GOLDEN.write_text(json.dumps(plan_fingerprints(home), indent=0) + "\n")
+
+
 if __name__ == "__main__":
-    import sys
-    print(json.dumps(plan_fingerprints(Path(sys.argv[1])), indent=0))
+    write_golden()

@@ -10,6 +10,8 @@ import pytest
 
 from corpus import bm25
 
+pytestmark = pytest.mark.slow  # every test starts Lucene's JVM or builds an index
+
 DATA = json.loads((Path(__file__).parent / "data" / "bm25_tiny.json").read_text())
 
 

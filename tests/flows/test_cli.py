@@ -30,6 +30,7 @@ def test_stage_help_lists_config_fields(capsys):
         assert field in out
 
 
+@pytest.mark.slow
 def test_run_ingest_then_skip(capsys, home, tmp_path):
     path = tmp_path / "wiki.jsonl"
     path.write_text('{"id": "a", "title": "A", "text": "Ada."}\n')
@@ -100,6 +101,7 @@ def test_every_stage_summary_is_a_whole_sentence():
         assert stage.summary.endswith("."), stage.name
 
 
+@pytest.mark.slow
 def test_a_reader_that_stops_early_gets_no_traceback(home):
     query = "SELECT range AS n FROM range(200000)"
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "--home", home, "sql", query],
@@ -110,6 +112,7 @@ def test_a_reader_that_stops_early_gets_no_traceback(home):
     assert proc.wait(timeout=60) == 141 and "Traceback" not in err, err
 
 
+@pytest.mark.slow
 def test_output_files_take_their_format_from_the_extension_and_their_folder_is_made(capsys, home, tmp_path):
     query = "SELECT 1 AS a, 'x' AS b"
     code, _, err = run_cli(capsys, "--home", home, "sql", query, "--output", str(tmp_path / "new" / "r.csv"))
@@ -170,6 +173,7 @@ HEAVY = ("torch", "transformers", "spacy", "pyserini", "jnius", "prefect", "matp
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "inject", "--help"], ["pipeline", "--help"], ["tables"],
                                   ["runs"], ["sql", "select 1"], ["report"], ["server", "status"]])
+@pytest.mark.slow
 def test_commands_that_answer_at_once_import_no_heavy_library(home, argv):
     # A command's start-up time is its imports: torch and transformers alone take ~15 s on a cold 2-core machine.
     script = ("import sys\nfrom flows.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"

@@ -68,6 +68,7 @@ def test_sql_writes_parquet_where_asked(capsys, home, tmp_path):
     assert code == 0 and pq.read_table(tmp_path / "r.parquet").to_pylist() == [{"a": 1, "b": "x"}]
 
 
+@pytest.mark.slow
 def test_check_lists_damage_with_the_command_that_rebuilds_it_and_repair_moves_it_aside(capsys, home, tmp_path):
     path = tmp_path / "wiki.jsonl"
     path.write_text('{"id": "a", "title": "A", "text": "Ada."}\n')

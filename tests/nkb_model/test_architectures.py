@@ -69,6 +69,7 @@ def test_slots_are_neurons_of_the_ffns_own_kind(family):
     assert not torch.equal(logits(model), logits(tiny(family)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_save_load_round_trip_and_the_merged_stock_model_compute_the_same(family, tmp_path):
     model = tiny(family)

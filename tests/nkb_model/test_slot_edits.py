@@ -185,6 +185,7 @@ def test_an_answer_edit_also_edits_the_step_after_it_toward_the_closing_token():
     assert slot_edits.next_token(model, tok, "3 4 5", [11, wanted]) == closing  # (λ = 300 may undo step 0's edit)
 
 
+@pytest.mark.slow
 def test_a_batch_of_edits_reports_success_generalisation_and_locality():
     model = trained_values(mount(tiny_t5("relu")))
     tok, cpu, site = IdTokenizer(), choose_device("cpu"), slot_edits.Site("decoder.1")

@@ -52,6 +52,7 @@ def test_sample_world_stage_reruns_only_when_needed(wh):
     assert not data.generate_sample_world(wh, SMALL.model_copy(update={"seed": 99})).skipped
 
 
+@pytest.mark.slow
 def test_pipeline_inputs_fill_documents_and_questions(loaded):
     counts = dict((r["corpus"], r["n"]) for r in query(loaded, "SELECT corpus, count(*) AS n FROM documents GROUP BY 1").to_pylist())
     assert set(counts) == {"sampleworld", "general"} and min(counts.values()) > 10
@@ -137,6 +138,7 @@ def _duplicate_ids(tmp_path, world):
 
 @pytest.mark.parametrize("make_bad", [_truncated_bz2, _invalid_xml, _jsonl_not_json, _webq_no_target, _empty,
                                       _missing, _duplicate_ids])
+@pytest.mark.slow
 def test_bad_input_gives_one_clear_error_and_changes_nothing(tmp_path, loaded, make_bad):
     config, where = make_bad(tmp_path, WorldFiles.at(world_dir(loaded)))
     before = snapshot(loaded)
@@ -185,6 +187,7 @@ def _corpus_x(wh):
     return sorted(query(wh, "SELECT doc_id FROM documents WHERE corpus = 'x'").column("doc_id").to_pylist())
 
 
+@pytest.mark.slow
 def test_a_rerun_is_not_skipped_when_its_partition_holds_another_runs_rows(tmp_path, wh):
     three, thousand = _docs_file(tmp_path / "good3.jsonl", 3, "g"), _docs_file(tmp_path / "docs.jsonl", 1000, "d")
     assert not data.ingest(wh, three).skipped and len(_corpus_x(wh)) == 3

@@ -18,6 +18,7 @@ def record(wh, stage, config, curves: dict[str, list[float]]):
     run_stage(wh, stage, config.model_dump(), f"fp-{stage}-{config.task if stage == 'finetune' else ''}", body)
 
 
+@pytest.mark.slow
 def test_curves_are_labelled_by_model_and_task_and_split_by_objective(tmp_path):
     wh = Warehouse(tmp_path / "wh")
     record(wh, "base-model", BaseModelConfig(name="base"), {"pretrain_loss": [3, 2], "pretrain_ssm_loss": [4, 3]})
@@ -34,6 +35,7 @@ def test_curves_are_labelled_by_model_and_task_and_split_by_objective(tmp_path):
                       "Fine-tuning": ["base+nkb.qa", "base+nkb.translation"]}
 
 
+@pytest.mark.slow
 def test_each_model_shows_its_em_with_its_interval_beside_its_probes(tmp_path):
     wh = Warehouse(tmp_path / "wh")
     hits = {"base": [False] * 9 + [True], "base+NKB": [True] * 3 + [False] * 7}

@@ -11,6 +11,8 @@ from stages.configs import IndexConfig, RetrieveConfig, SalientSpansConfig, Samp
 from tests.corpus.test_ssm import unmask
 from warehouse import Warehouse, list_runs, query
 
+pytestmark = pytest.mark.slow  # every test searches a real Lucene index (the JVM and an index build first)
+
 WORLD = SampleWorldConfig(people=15, background_people=5)
 
 
@@ -79,7 +81,6 @@ def test_reruns_are_skipped(built):
     assert data.find_salient_spans(built, SalientSpansConfig(shard_size=40)).skipped
 
 
-@pytest.mark.slow
 def test_index_is_rebuilt_when_documents_change(tmp_path):
     wh = load_world(tmp_path / "wh")
     first = data.build_index(wh, IndexConfig())
@@ -91,7 +92,6 @@ def test_index_is_rebuilt_when_documents_change(tmp_path):
     assert str(directory) == second.run.checkpoint and meta["documents"] == 20
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["delete", "corrupt"])
 def test_missing_or_corrupt_index_gives_a_clear_error_and_no_retrievals(tmp_path, damage):
     from corpus.bm25 import LuceneIndexError
@@ -114,7 +114,6 @@ def test_missing_or_corrupt_index_gives_a_clear_error_and_no_retrievals(tmp_path
     assert data.retrieve(wh, RetrieveConfig()).run.outputs["retrievals"] > 0
 
 
-@pytest.mark.slow
 def test_a_lucene_error_is_one_line_without_a_java_stack_trace(tmp_path, capfd):
     """An index damaged in a way its recorded digests cannot tell (they are gone) still fails in one line."""
     from corpus.bm25 import LuceneIndexError
@@ -129,7 +128,6 @@ def test_a_lucene_error_is_one_line_without_a_java_stack_trace(tmp_path, capfd):
     assert "\tat org.apache" not in capfd.readouterr().err
 
 
-@pytest.mark.slow
 def test_salient_spans_resume_after_a_crash(tmp_path, monkeypatch):
     from corpus import ner
     wh = load_world(tmp_path / "wh")

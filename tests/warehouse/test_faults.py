@@ -41,6 +41,7 @@ def documents_file(wh) -> Path:
     return wh.tables_dir / "documents" / "c.parquet"
 
 
+@pytest.mark.slow
 def test_random_bytes_in_place_of_a_file_break_only_that_table_and_a_rerun_repairs_it(wh):
     documents_file(wh).write_bytes(os.urandom(5000))
     # Other tables keep answering, in a fresh object (as a new command would) and in a copy whose views are redone.
@@ -245,6 +246,7 @@ def flip(path: Path, offset: int) -> None:
     path.write_bytes(bytes(data))  # the same size: only the bytes tell
 
 
+@pytest.mark.slow
 def test_a_byte_flipped_anywhere_in_a_file_is_never_read_as_data(wh):
     """The sweep's case: a byte flipped inside a page, and a read returned "Analytn" + "cal Engine" as the text."""
     path, reader = documents_file(wh), Warehouse(wh.home)
@@ -279,6 +281,7 @@ def test_a_file_written_before_page_checksums_is_checked_by_its_whole_digest(wh)
     assert Warehouse(wh.home).registry()[("documents", "c")].footer_sha256
 
 
+@pytest.mark.slow
 def test_a_file_cut_to_nothing_fails_its_table_instead_of_reading_empty(wh):
     documents_file(wh).write_bytes(b"")
     with pytest.raises(DamagedFileError, match=r"documents/c\.parquet is damaged \(its size differs"):
@@ -300,6 +303,7 @@ def test_a_deleted_partition_fails_its_table_and_check_names_it(wh):
     assert [(p.name, why) for p, why, _ in fresh.check_files()] == [("nq.validation.parquet", "it is missing")]
 
 
+@pytest.mark.slow
 def test_two_repairs_in_the_same_second_keep_every_file_they_moved(wh):
     moved = []
     for _ in range(2):
@@ -313,6 +317,7 @@ def test_two_repairs_in_the_same_second_keep_every_file_they_moved(wh):
         assert json.loads((folder / "moved.json").read_text())[0]["file"] == "tables/documents/c.parquet"
 
 
+@pytest.mark.slow
 def test_repair_says_which_tables_lack_the_data_it_moved_until_a_run_rebuilds_it(wh):
     documents_file(wh).write_bytes(b"garbage")
     fresh = Warehouse(wh.home)
@@ -323,6 +328,7 @@ def test_repair_says_which_tables_lack_the_data_it_moved_until_a_run_rebuilds_it
     assert Warehouse(wh.home).unrebuilt() == []
 
 
+@pytest.mark.slow
 def test_a_dangling_link_breaks_only_its_own_table_and_repair_moves_the_link(wh):
     segments = wh.tables_dir / "segments" / "s.parquet"
     run_stage(wh, "salient-spans", {}, "fs", lambda run: run.write("segments", "s", {
@@ -342,6 +348,7 @@ def test_a_dangling_link_breaks_only_its_own_table_and_repair_moves_the_link(wh)
     assert not Warehouse(wh.home).check_files() and Warehouse(wh.home).read("segments").num_rows == 0
 
 
+@pytest.mark.slow
 def test_random_bytes_of_the_same_size_do_not_stop_another_stage_or_a_copy(wh):
     path = wh.tables_dir / "questions" / "nq.train.parquet"
     path.write_bytes(os.urandom(path.stat().st_size))

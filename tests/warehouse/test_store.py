@@ -204,6 +204,7 @@ def test_a_published_folder_appears_only_when_the_run_commits(tmp_path):
     assert sorted(p.name for p in final.parent.iterdir()) == [".staging", "m"] and not any((final.parent / ".staging").iterdir())
 
 
+@pytest.mark.slow
 def test_a_killed_run_leaves_its_folder_unpublished_and_the_next_run_sweeps_it(tmp_path):
     wh = Warehouse(tmp_path / "wh")
     script = textwrap.dedent(f"""
