@@ -408,13 +408,13 @@ class InjectConfig(TrainingConfig):
     span_target: Literal["span", "span_and_rest"] = Field("span", description=(
         "A decoder-only base's SSM target: the salient span alone, recalled from the text before it; or the span and "
         "the rest of its segment, so that the slots also learn where a span ends and how the sentence goes on "
-        "(on SmolLM2: well-formed answers without general steps; docs/decisions.md, trials H and H2). "
+        "(on SmolLM2: well-formed answers without general steps; docs/decisions.md). "
         "T5 fills its sentinel either way."))
     cued_spans: bool = Field(False, description=(
         "A decoder-only base's SSM draws only spans that follow another salient span of their segment (the subject "
         "that cues them): a span that opens its segment has nothing to be recalled from, and learning it teaches the "
         "slots to say the corpus's names wherever a text starts. On SmolLM2: the held-out loss within 2 % of the "
-        "base's, the unseen-wording probe 5 points lower (docs/decisions.md, trial TC). T5 fills its sentinel from "
+        "base's, the unseen-wording probe 5 points lower (docs/decisions.md). T5 fills its sentinel from "
         "both sides: unaffected."))
     general_share: float = Field(0.0, ge=0, lt=1, description=(
         "Share of the steps that train on span corruption of general text (general_corpus) instead of the "

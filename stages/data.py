@@ -1,7 +1,7 @@
 """Data stages: the sample world, corpora and QA datasets into tables, the BM25 index, retrieval, salient spans.
 
 Like every stage, each is a plain function `stage(wh, config, force) -> StageResult` that declares what it reads
-(`stages.lineage`), from which its inputs fingerprint follows, runs atomically via `warehouse.run_stage`, and is
+(`stages.reads`), from which its inputs fingerprint follows, runs atomically via `warehouse.run_stage`, and is
 skipped when the same inputs already succeeded.
 """
 
@@ -24,11 +24,10 @@ from corpus import qa
 from corpus import sample_world
 from corpus.errors import InputFileError, require_file
 from corpus.files import matching_files, repeats
+from stages import reads
 from stages.configs import (GenerationDataConfig, IndexConfig, IngestConfig, QuestionsConfig, RetrieveConfig,
                             SalientSpansConfig, SampleWorldConfig)
-from stages import lineage as reads
 from stages.inputs import PRETRAINING, corpus_lineage, one_corpus, world_dir
-from stages.lineage import Declared
 from stages.progress import counting, progress
 from warehouse import ShardTarget, StagedRun, StageResult, Warehouse, file_digest, list_runs
 
@@ -43,7 +42,7 @@ def generate_sample_world(wh: Warehouse, config: SampleWorldConfig, force: bool 
     target = world_dir(wh)
     params = config.model_dump()
     # The generator's own code is an input: a changed generator means a different world.
-    declared = Declared("sample-world", config, [reads.file(sample_world.__file__)])
+    declared = reads.Declared("sample-world", config, [reads.file(sample_world.__file__)])
 
     def files_present(run) -> bool:
         return all(p.exists() for p in sample_world.WorldFiles.at(target).all_paths())
@@ -61,7 +60,7 @@ def generate_sample_world(wh: Warehouse, config: SampleWorldConfig, force: bool 
 
 # ---- stages that read one input file --------------------------------------------------------------
 
-def file_input(stage: str, config, paths: Sequence[str] | None = None, **resolved) -> tuple[str, Declared]:
+def file_input(stage: str, config, paths: Sequence[str] | None = None, **resolved) -> tuple[str, reads.Declared]:
     """(absolute path, the run declared) of a stage reading the file `config.path` (or the `paths` a pattern
     matched, recorded as `files`). `resolved`: settings the stage derived (e.g. the format from the name), recorded
     and fingerprinted too. The files' content, not their paths, identifies the input: a moved file is not read
@@ -71,7 +70,7 @@ def file_input(stage: str, config, paths: Sequence[str] | None = None, **resolve
         paths = [config.path]
     path = os.path.abspath(config.path)
     files = {"files": [os.path.abspath(p) for p in paths]} if len(paths) > 1 or paths[0] != config.path else {}
-    return path, Declared(stage, config, [reads.mark(*(file_digest(p) for p in paths))],
+    return path, reads.Declared(stage, config, [reads.mark(*(file_digest(p) for p in paths))],
                           identity=resolved | {"path": None},
                           record=config.model_dump() | resolved | {"path": path} | files)
 
@@ -229,7 +228,7 @@ INDEX_META = "nkb-index.json"
 def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> StageResult:
     """Export a corpus to a JsonCollection and build a Lucene index under `files/indexes/`."""
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
-    declared = Declared("index", config, [reads.corpus(wh, config.corpus, label=None)])
+    declared = reads.Declared("index", config, [reads.corpus(wh, config.corpus, label=None)])
     target = wh.files_dir / "indexes" / f"{config.corpus}-{declared.fingerprint[:12]}"
 
     def intact(run) -> bool:  # a damaged index is rebuilt, not skipped as unchanged
@@ -318,7 +317,7 @@ def retrieve(wh: Warehouse, config: RetrieveConfig, force: bool = False) -> Stag
     datasets = config.datasets or sorted({name.split(".")[0] for name, _ in question_parts})
     if not datasets:
         raise ValueError("no questions loaded; run the questions stage first")
-    declared = Declared("retrieve", config, [reads.mark(meta["index_id"]), reads.partitions(
+    declared = reads.Declared("retrieve", config, [reads.mark(meta["index_id"]), reads.partitions(
         (n, fp) for n, fp in question_parts if n.split(".")[0] in datasets)], identity={"datasets": datasets})
     return declared.run(wh, lambda run: _retrieve(run, wh, config, directory, meta, datasets), force=force)
 
@@ -448,7 +447,8 @@ def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = 
         if not upstream:
             raise ValueError(f"no pretraining sentences of corpus {config.corpus!r}; run the pretraining-data "
                              f"stage first (nkb run pretraining-data --set corpus={config.corpus})")
-    declared = Declared("salient-spans", config, [reads.mark(ner.model_id(config.model)), reads.partitions(upstream)])
+    declared = reads.Declared("salient-spans", config, [reads.mark(ner.model_id(config.model)),
+                                                        reads.partitions(upstream)])
     return declared.run(wh, lambda run: _find_salient_spans(run, wh, config, partition, map_shards), force=force,
                         resumable=True)
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import time
 
+from stages import reads
 from stages.configs import EvaluateConfig
-from stages import lineage as reads
 from stages.inputs import asked_in_prompt, gen_examples, gen_inputs, model_inputs, read_questions, retrieval_mode
-from stages.lineage import Declared
 from stages.models import model_lineage, source_model
 from stages.names import answers_name
 from warehouse import StagedRun, StageResult, Warehouse
@@ -35,7 +34,7 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
         data = [reads.questions(wh, groups, config.split),
                 reads.retrievals(wh, groups) if retrieval_mode(source.info) != "none" else reads.Read(()),
                 reads.questions(wh, groups, "train") if config.shots else reads.Read(())]
-    declared = Declared("evaluate", config, [reads.model(source), *data], identity={"task": task},
+    declared = reads.Declared("evaluate", config, [reads.model(source), *data], identity={"task": task},
                         record=config.model_dump() | {"model_name": name, "task": task})
     device = choose_device(config.device, config.precision)
     return declared.run(wh, lambda run: _evaluate(run, wh, config, source, examples, groups, task, name, device),

@@ -65,23 +65,6 @@ def span_partitions(wh: Warehouse, corpus: str, source: str = "retrieved") -> tu
     return segments, spans
 
 
-def spans_lineage(wh: Warehouse, corpus: str, source: str = "retrieved") -> list[str]:
-    segments, _ = span_partitions(wh, corpus, source)
-    return [f"{n}:{fp}" for table in ("segments", "salient_spans") for n, fp in partition_family(wh, table, segments)]
-
-
-def questions_lineage(wh: Warehouse, datasets: list[str], split: str) -> list[str]:
-    return [f"{n}:{f}" for n, f in wh.lineage("questions") if n.split(".")[0] in datasets and n.endswith("." + split)]
-
-
-def gen_lineage(wh: Warehouse, task: str, split: str) -> list[str]:
-    return [f"{n}:{f}" for n, f in wh.lineage("gen_examples") if n == f"{task}.{split}"]
-
-
-def retrievals_lineage(wh: Warehouse, datasets: list[str]) -> list[str]:
-    return [f"{n}:{f}" for n, f in wh.lineage("retrievals") if n in datasets]
-
-
 # ---- reading ---------------------------------------------------------------------------------------
 
 def corpus_texts(wh: Warehouse, corpus: str) -> list[str]:

@@ -13,11 +13,10 @@ import numpy as np
 
 from corpus.errors import InputFileError
 from corpus.files import iter_jsonl
+from stages import reads
 from stages.configs import AnalyzeConfig, Asking, EditConfig, SlotEditConfig, SurgeryConfig
 from stages.inputs import answer_frame, asked_in_prompt, model_inputs, qa_pair, read_questions
 from stages.models import model_dir, model_present, publish_model, source_model
-from stages import lineage as reads
-from stages.lineage import Declared
 from warehouse import StagedRun, StageResult, Warehouse, file_digest
 
 
@@ -39,7 +38,7 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
     from nkb_model.train import choose_device
     source = source_model(wh, config.model)
     span_parts = reads.retrieved_span_partitions(wh)
-    declared = Declared("analyze", config, [reads.model(source), reads.partitions(span_parts),
+    declared = reads.Declared("analyze", config, [reads.model(source), reads.partitions(span_parts),
                                             reads.questions(wh, None, config.split), reads.shots(wh, config.shots),
                                             reads.file(config.facts)])
     device = choose_device(config.device, config.precision)
@@ -168,7 +167,7 @@ def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageR
     every strength; record success and how many other answers changed; undo each edit."""
     from nkb_model.train import choose_device
     source = source_model(wh, config.model)
-    declared = Declared("surgery", config, [reads.model(source), reads.questions(wh, None, config.split),
+    declared = reads.Declared("surgery", config, [reads.model(source), reads.questions(wh, None, config.split),
                                             _site_read(wh, config), reads.shots(wh, config.shots)])
     device = choose_device(config.device, config.precision)
     questions = read_questions(wh, None, config.split)
@@ -247,7 +246,7 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
     # The default name is a digest of the edits, so the same edits of the same model are one version.
     identity = [config.layer, config.slot, config.strength, config.lam, requests]
     name = config.name or f"{source.name}.edit-{hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:8]}"
-    declared = Declared("edit", config, [
+    declared = reads.Declared("edit", config, [
         reads.model(source), reads.mark(f"edits:{file_digest(config.edits)}") if batch else reads.Read(()),
         _site_read(wh, config), reads.questions(wh, None, config.split) if batch else reads.Read(())],
         identity={"name": name}, record=config.model_dump() | {"name": name})

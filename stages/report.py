@@ -14,9 +14,8 @@ import numpy as np
 import pyarrow as pa
 
 from corpus.files import iter_jsonl
-from stages import lineage as reads
+from stages import reads
 from stages.configs import REPORT_ROWS, ReportConfig
-from stages.lineage import Declared
 from stages.names import evaluated_name, way_of_asking
 from warehouse import StagedRun, StageResult, Warehouse, list_runs, query, run_metrics
 
@@ -148,7 +147,7 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
     probes = [p for p in probes if p.get("split", config.split) == config.split]
     one_per_model = {r.model: (r.label, r.model, r.directory, r.evaluated) for r in available}
     generation = _generation_scores(wh, one_per_model.values(), config)
-    declared = Declared("report", config, [
+    declared = reads.Declared("report", config, [
         reads.mark(*(f"{r.shown}:{read_info(r.directory).get('built_by', '')}" for r in available)),
         reads.mark(*(f"{r.evaluated}:{json.dumps(latest_scores(wh, r.evaluated, config.split), sort_keys=True)}"
                      for r in available)),

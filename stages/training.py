@@ -15,11 +15,10 @@ import numpy as np
 
 from nkb_model.architectures import DEFAULT_ARCH
 from nkb_model.families import Family, family, family_of, new_base
+from stages import reads
 from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig, PretrainingDataConfig
-from stages import lineage as reads
 from stages.inputs import (PRETRAINING, corpora, corpus_texts, gen_examples, gen_inputs, one_corpus, packed_rows,
                            qa_inputs, qa_pair, read_questions, segments_with_spans)
-from stages.lineage import Declared
 from stages.models import (SourceModel, base_dir_of, model_at, model_dir, model_present, publish_model, source_model,
                            work_dir)
 from stages.progress import progress
@@ -38,7 +37,7 @@ def prepare_pretraining_data(wh: Warehouse, config: PretrainingDataConfig, force
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus),
                                        "tokenizer_corpora": config.tokenizer_corpora or corpora(wh)})
     read = sorted(set(config.tokenizer_corpora) | {config.corpus})
-    declared = Declared("pretraining-data", config, [reads.corpus(wh, c) for c in read])
+    declared = reads.Declared("pretraining-data", config, [reads.corpus(wh, c) for c in read])
     target = wh.files_dir / "pretraining" / f"{config.corpus}-{declared.fingerprint[:12]}"
     return declared.run(wh, lambda run: _prepare_pretraining_data(run, wh, config, target), force=force,
                         still_valid=lambda run: (Path(run.checkpoint or "") / PRETRAINING_META).exists())
@@ -106,7 +105,7 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
     config = config.model_copy(update={"pretrain_corpus": one_corpus(wh, config.pretrain_corpus, "pretrain_corpus")})
     data = latest_pretraining_data(wh, config.pretrain_corpus)
     data_meta = json.loads((data / PRETRAINING_META).read_text())
-    declared = Declared("base-model", config, [
+    declared = reads.Declared("base-model", config, [
         reads.mark(data.name, data_meta["built_by"]),  # not its path: a moved or copied warehouse skips the base
         reads.spans(wh, config.pretrain_corpus, source=PRETRAINING) if config.ssm_share else reads.Read(())])
     target = model_dir(wh, config.name, declared.fingerprint)
@@ -168,7 +167,7 @@ def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fals
     if not local and source.exists():
         raise ValueError(f"base model source {config.source}: neither a Hugging Face folder nor a .gguf file")
     files = [source] if gguf else sorted(f for f in source.rglob("*") if f.is_file()) if local else []
-    declared = Declared("base-model", config, [
+    declared = reads.Declared("base-model", config, [
         reads.mark(*(f"{f.relative_to(source.parent if gguf else source)}:{file_digest(f)}" for f in files))
         if local else reads.mark(config.source),
         reads.corpus(wh, config.pretrain_corpus) if config.pretrain_corpus else reads.Read(())],
@@ -262,7 +261,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
     knowledge = reads.spans(wh, config.corpus)
     knowledge_digest = fingerprint("knowledge", {}, knowledge.lineage)
     previous = previous_injection(wh, name, knowledge_digest) if config.start == "previous" else None
-    declared = Declared("inject", config, [
+    declared = reads.Declared("inject", config, [
         reads.model(base), knowledge, reads.mark(f"start:{previous.info['built_by']}") if previous else reads.Read(()),
         reads.corpus(wh, config.general_corpus) if config.general_share else reads.Read(())], identity={"name": name})
     target = model_dir(wh, name, declared.fingerprint)
@@ -417,7 +416,7 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
         examples = read_questions(wh, config.datasets, config.split)
         datasets = sorted(set(examples.column("dataset").to_pylist()))
         data = reads.questions(wh, datasets, config.split)
-    declared = Declared("finetune", config, [
+    declared = reads.Declared("finetune", config, [
         reads.model(source), data, reads.retrievals(wh, datasets) if config.knowledge != "none" else reads.Read(())],
         identity={"name": name})
     target = model_dir(wh, name, declared.fingerprint)

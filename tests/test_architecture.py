@@ -138,7 +138,7 @@ def test_every_third_party_package_the_code_imports_is_declared():
 
 
 def test_no_stage_function_is_longer_than_40_lines():
-    """A stage is read → compute → write; what it reads is declared (`stages.lineage`), not assembled by hand."""
+    """A stage is read → compute → write; what it reads is declared (`stages.reads`), not assembled by hand."""
     long = [f"{name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
             for name, path in MODULES.items() if name.startswith("stages.")
             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)
