@@ -514,12 +514,12 @@ class EvaluateConfig(AskingStageConfig):
 class Route:
     """A knowledge route: how knowledge is added to a base before its questions are asked, by one of a stage's runs
     (an injection's variant)."""
-    name: str                  # the route's part of a model's name: BASE+ROUTE
-    stage: str                 # the stage whose run adds it
-    settings: tuple[str, ...]  # the keys of an experiment's `stages:` that set that run, later ones over earlier
+    name: str                       # the route's part of a model's name: BASE+ROUTE
+    stage: str                      # the stage whose run adds it
+    settings: tuple[str, ...] = ()  # keys of an experiment's `stages:` that set that run over the stage's own
 
 
-ROUTES = {r.name: r for r in (Route("nkb", "inject", ("inject",)), Route("nkb-a", "inject", ("inject", "nkb-a")))}
+ROUTES = {r.name: r for r in (Route("nkb", "inject"), Route("nkb-a", "inject", ("nkb-a",)))}
 # Keys of an experiment's `stages:` that set one kind of a stage's runs over that stage's own settings.
 RUN_SETTINGS = {"nkb-a": ("inject", "the base+NKB-a injection, over inject's"),
                 "generation": ("finetune", "fine-tuning on the generation tasks, over finetune's")}

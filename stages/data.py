@@ -228,7 +228,7 @@ INDEX_META = "nkb-index.json"
 def build_index(wh: Warehouse, config: IndexConfig, force: bool = False) -> StageResult:
     """Export a corpus to a JsonCollection and build a Lucene index under `files/indexes/`."""
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
-    declared = reads.Declared("index", config, [reads.corpus(wh, config.corpus, label=None)])
+    declared = reads.Declared("index", config, [reads.corpus(wh, config.corpus, labelled=False)])
     target = wh.files_dir / "indexes" / f"{config.corpus}-{declared.fingerprint[:12]}"
 
     def intact(run) -> bool:  # a damaged index is rebuilt, not skipped as unchanged

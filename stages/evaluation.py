@@ -32,8 +32,8 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
         examples = read_questions(wh, config.datasets, config.split)
         groups = sorted(set(examples.column("dataset").to_pylist()))
         data = [reads.questions(wh, groups, config.split),
-                reads.retrievals(wh, groups) if retrieval_mode(source.info) != "none" else reads.Read(()),
-                reads.questions(wh, groups, "train") if config.shots else reads.Read(())]
+                reads.retrievals(wh, groups) if retrieval_mode(source.info) != "none" else reads.NOTHING,
+                reads.questions(wh, groups, "train") if config.shots else reads.NOTHING]
     declared = reads.Declared("evaluate", config, [reads.model(source), *data], identity={"task": task},
                         record=config.model_dump() | {"model_name": name, "task": task})
     device = choose_device(config.device, config.precision)

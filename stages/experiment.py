@@ -27,12 +27,12 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from corpus.files import is_pattern
+from nkb_model.architectures import DEFAULT_ARCH
+from nkb_model.families import family_of
 from stages.configs import (MAIN_ROW, REPORT_ROWS, ROUTES, RUN_SETTINGS, BaseModelConfig, DaskAddress, DeviceChoice,
                             GenerationDataConfig, GenerationRow, IngestConfig, Name, PrecisionChoice,
                             PretrainingDataConfig, QuestionsConfig, ReportRow, Row, SampleWorldConfig, StageConfig,
                             set_value)
-from nkb_model.architectures import DEFAULT_ARCH
-from nkb_model.families import family_of
 from stages.names import ModelName, evaluated_name
 from stages.registry import experiment_settings
 from stages.sources import resolve_source
@@ -375,7 +375,7 @@ class Experiment(StageConfig):
         steps = self._base_steps(rows, knowledge, general)
         for row in (r for r in rows if r.route):
             route = ROUTES[row.route]
-            steps.append((route.stage, self._stage(route.stage, route.settings[1:], corpus=knowledge,
+            steps.append((route.stage, self._stage(route.stage, route.settings, corpus=knowledge,
                                                    general_corpus=general, base_model=row.base, variant=row.route,
                                                    name=row.model)))
         for row in (r for r in rows if not r.finetuned):

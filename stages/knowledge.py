@@ -159,7 +159,7 @@ def _site(wh: Warehouse, config: SlotEditConfig, model, tokenizer, info: dict, a
 
 def _site_read(wh: Warehouse, config: SlotEditConfig) -> reads.Read:
     """The reference questions whose activations pick a specific slot."""
-    return reads.questions(wh, None, config.reference) if config.slot == "specific" else reads.Read(())
+    return reads.questions(wh, None, config.reference) if config.slot == "specific" else reads.NOTHING
 
 
 def surgery(wh: Warehouse, config: SurgeryConfig, force: bool = False) -> StageResult:
@@ -247,8 +247,8 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
     identity = [config.layer, config.slot, config.strength, config.lam, requests]
     name = config.name or f"{source.name}.edit-{hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:8]}"
     declared = reads.Declared("edit", config, [
-        reads.model(source), reads.mark(f"edits:{file_digest(config.edits)}") if batch else reads.Read(()),
-        _site_read(wh, config), reads.questions(wh, None, config.split) if batch else reads.Read(())],
+        reads.model(source), reads.mark(f"edits:{file_digest(config.edits)}") if batch else reads.NOTHING,
+        _site_read(wh, config), reads.questions(wh, None, config.split) if batch else reads.NOTHING],
         identity={"name": name}, record=config.model_dump() | {"name": name})
     target = model_dir(wh, name, declared.fingerprint)
     device = choose_device(config.device, config.precision)

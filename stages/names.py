@@ -46,11 +46,6 @@ class ModelName:
         """The name this model's answers are filed under when it is asked `shots`-shot (0: its own)."""
         return replace(self, shots=shots)
 
-    @property
-    def made(self) -> "ModelName":
-        """The model itself, without the way it was asked."""
-        return replace(self, shots=0)
-
 
 def answers_name(model: str, shots: int) -> str:
     """The name model `model`'s answers are filed under when it is asked `shots`-shot (0: its own name)."""
@@ -63,8 +58,8 @@ def way_of_asking(shots: int) -> str:
     return f"{shots}-shot" if shots else "fine-tuned"
 
 
-def evaluated_name(model: str | ModelName, shots: int) -> str:
+def evaluated_name(model: str, shots: int) -> str:
     """The name a report row's answers are filed under when its model `model` (before fine-tuning) is asked
     `shots`-shot, or fine-tuned on the questions and asked them (0)."""
-    name = ModelName.parse(model) if isinstance(model, str) else model
+    name = ModelName.parse(model)
     return str(name.asked(shots) if shots else name.tuned(FINE_TUNED))

@@ -27,17 +27,18 @@ class Read:
     lineage: tuple[str, ...]
 
 
+NOTHING = Read(())  # what a stage reads only in some of its runs, in the others
+
+
 def partitions(pairs: Iterable[tuple[str, str]]) -> Read:
     """Table partitions, each by its name and the fingerprint of the run that wrote it."""
     return Read(tuple(f"{name}:{fp}" for name, fp in pairs))
 
 
-def corpus(wh: Warehouse, name: str, label: str | None = "") -> Read:
-    """A corpus's documents, by the run that ingested them, labelled with the corpus's name (or `label`; None:
-    unlabelled)."""
+def corpus(wh: Warehouse, name: str, labelled: bool = True) -> Read:
+    """A corpus's documents, by the run that ingested them (labelled with the corpus's name)."""
     fp = corpus_lineage(wh, name)
-    label = name if label == "" else label
-    return Read((fp,) if label is None else (f"{label}:{fp}",))
+    return Read((f"{name}:{fp}",) if labelled else (fp,))
 
 
 def questions(wh: Warehouse, datasets: list[str] | None, split: str) -> Read:
@@ -48,7 +49,7 @@ def questions(wh: Warehouse, datasets: list[str] | None, split: str) -> Read:
 
 def shots(wh: Warehouse, count: int) -> Read:
     """The train split the few-shot examples are drawn from, when questions are asked `count`-shot."""
-    return questions(wh, None, "train") if count else Read(())
+    return questions(wh, None, "train") if count else NOTHING
 
 
 def task_examples(wh: Warehouse, task: str, split: str) -> Read:

@@ -107,7 +107,7 @@ def pretrain_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fa
     data_meta = json.loads((data / PRETRAINING_META).read_text())
     declared = reads.Declared("base-model", config, [
         reads.mark(data.name, data_meta["built_by"]),  # not its path: a moved or copied warehouse skips the base
-        reads.spans(wh, config.pretrain_corpus, source=PRETRAINING) if config.ssm_share else reads.Read(())])
+        reads.spans(wh, config.pretrain_corpus, source=PRETRAINING) if config.ssm_share else reads.NOTHING])
     target = model_dir(wh, config.name, declared.fingerprint)
     device = choose_device(config.device, config.precision)
     return declared.run(wh, lambda run: _pretrain(run, wh, config, data, data_meta["seq_len"], target, device),
@@ -170,7 +170,7 @@ def import_base_model(wh: Warehouse, config: BaseModelConfig, force: bool = Fals
     declared = reads.Declared("base-model", config, [
         reads.mark(*(f"{f.relative_to(source.parent if gguf else source)}:{file_digest(f)}" for f in files))
         if local else reads.mark(config.source),
-        reads.corpus(wh, config.pretrain_corpus) if config.pretrain_corpus else reads.Read(())],
+        reads.corpus(wh, config.pretrain_corpus) if config.pretrain_corpus else reads.NOTHING],
         identity={"source": config.source if not local else None})
     target = model_dir(wh, config.name, declared.fingerprint)
     return declared.run(wh, lambda run: _import_base(run, wh, config, source, gguf, target), force=force,
@@ -262,8 +262,8 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
     knowledge_digest = fingerprint("knowledge", {}, knowledge.lineage)
     previous = previous_injection(wh, name, knowledge_digest) if config.start == "previous" else None
     declared = reads.Declared("inject", config, [
-        reads.model(base), knowledge, reads.mark(f"start:{previous.info['built_by']}") if previous else reads.Read(()),
-        reads.corpus(wh, config.general_corpus) if config.general_share else reads.Read(())], identity={"name": name})
+        reads.model(base), knowledge, reads.mark(f"start:{previous.info['built_by']}") if previous else reads.NOTHING,
+        reads.corpus(wh, config.general_corpus) if config.general_share else reads.NOTHING], identity={"name": name})
     target = model_dir(wh, name, declared.fingerprint)
     device = choose_device(config.device, config.precision)
     made = {"name": name, "knowledge_digest": knowledge_digest, "started_from": previous.info["built_by"] if previous
@@ -417,7 +417,7 @@ def finetune(wh: Warehouse, config: FinetuneConfig, force: bool = False) -> Stag
         datasets = sorted(set(examples.column("dataset").to_pylist()))
         data = reads.questions(wh, datasets, config.split)
     declared = reads.Declared("finetune", config, [
-        reads.model(source), data, reads.retrievals(wh, datasets) if config.knowledge != "none" else reads.Read(())],
+        reads.model(source), data, reads.retrievals(wh, datasets) if config.knowledge != "none" else reads.NOTHING],
         identity={"name": name})
     target = model_dir(wh, name, declared.fingerprint)
     device = choose_device(config.device, config.precision)
