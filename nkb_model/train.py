@@ -198,23 +198,9 @@ def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tens
             started = time.perf_counter()
             batch = batch_for_step(step)
             n = next(iter(batch.values())).shape[0]
-            mine = range(rank * n // world, (rank + 1) * n // world)
-            label_tokens = int((batch["labels"] != -100).sum())
-            total, tokens = 0.0, 0
-            for lo in range(mine.start, mine.stop, micro):
-                part = {k: v[lo:min(lo + micro, mine.stop)].to(device.device, non_blocking=True) for k, v in batch.items()}
-                with device.autocast():
-                    # Weighted by label tokens, so that micro-batches and ranks add up to the whole
-                    # batch's token-mean loss exactly as one forward pass over it would give.
-                    loss = forward(**part).loss * (int((part["labels"] != -100).sum()) / label_tokens)
-                loss.backward()
-                total += loss.item()
-                tokens += int(part["attention_mask"].sum()) + int((part["labels"] != -100).sum())
+            total, tokens = _backward(forward, batch, range(rank * n // world, (rank + 1) * n // world), micro, device)
             if world > 1:
-                _all_reduce_grads(params)
-                summed = torch.tensor([total, tokens], dtype=torch.float64, device=device.device)
-                torch.distributed.all_reduce(summed)
-                total, tokens = summed[0].item(), int(summed[1].item())
+                total, tokens = _sum_over_ranks(params, total, tokens, device)
             torch.nn.utils.clip_grad_norm_(params, config.clip)
             optimizer.step()
             if after_step:
@@ -233,6 +219,31 @@ def train(model: nn.Module, batch_for_step: Callable[[int], dict[str, torch.Tens
             if path and rank == 0 and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
                 _save_checkpoint(path, step + 1, dict(named), optimizer, scheduler, losses, config)
     return losses
+
+
+def _backward(forward, batch: dict[str, torch.Tensor], mine: range, micro: int, device: Device) -> tuple[float, int]:
+    """This process's rows `mine` of a step's batch, forward and backward micro-batch by micro-batch (the gradients
+    accumulate); returns their loss and the tokens they read."""
+    label_tokens = int((batch["labels"] != -100).sum())
+    total, tokens = 0.0, 0
+    for lo in range(mine.start, mine.stop, micro):
+        part = {k: v[lo:min(lo + micro, mine.stop)].to(device.device, non_blocking=True) for k, v in batch.items()}
+        with device.autocast():
+            # Weighted by label tokens, so that micro-batches and ranks add up to the whole
+            # batch's token-mean loss exactly as one forward pass over it would give.
+            loss = forward(**part).loss * (int((part["labels"] != -100).sum()) / label_tokens)
+        loss.backward()
+        total += loss.item()
+        tokens += int(part["attention_mask"].sum()) + int((part["labels"] != -100).sum())
+    return total, tokens
+
+
+def _sum_over_ranks(params: list, total: float, tokens: int, device: Device) -> tuple[float, int]:
+    """The gradients, loss and tokens of every rank of a data-parallel run, summed."""
+    _all_reduce_grads(params)
+    summed = torch.tensor([total, tokens], dtype=torch.float64, device=device.device)
+    torch.distributed.all_reduce(summed)
+    return summed[0].item(), int(summed[1].item())
 
 
 def _save_checkpoint(path: Path, step: int, named: dict, optimizer, scheduler, losses, config: TrainConfig) -> None:
