@@ -86,12 +86,13 @@ def main(argv=None) -> int:
         parser.error(f"the split holds datasets {datasets}: choose one with --dataset")
     if args.limit:
         asked = asked.slice(0, args.limit)
-    seed = EvaluateConfig.model_fields["shots_seed"].default
-    prompts = fewshot_prompts(wh, asked, args.shots, seed)
+    config = EvaluateConfig(model=args.model, shots=args.shots, split=args.split, datasets=datasets,
+                            batch_size=args.batch_size)
+    seed = config.shots_seed
+    prompts = fewshot_prompts(wh, asked, config.asking)
 
     started = time.perf_counter()
-    ours = evaluate(wh, EvaluateConfig(model=args.model, shots=args.shots, split=args.split, datasets=datasets,
-                                       batch_size=args.batch_size), force=True)
+    ours = evaluate(wh, config, force=True)
     ours_s = time.perf_counter() - started
     predictions = wh.read("predictions", ["question_id", "prediction", "exact_match"],
                           partitions=[f"{ours.run.config['model_name']}.{args.split}"])

@@ -39,9 +39,12 @@ def _line(question: str) -> str:
     return f"Q: {plain_question(question)}?\nA:"
 
 
-def fewshot_prompt(shots: list[tuple[str, str]], question: str) -> str:
-    """The instruction, each example as `Q: …?` / `A: answer`, then the question with `A:` left open."""
-    return INSTRUCTION + "".join(f"{_line(q)} {a}\n" for q, a in shots) + _line(question)
+def fewshot_prompt(shots: list[tuple[str, str]], question: str, documents: list[str] | None = None) -> str:
+    """The instruction, each example as `Q: …?` / `A: answer`, then the question with `A:` left open; with
+    `documents` (retrieval-augmented), the question's retrieved documents just before it, one `Document:` line
+    each, where the examples' form cannot pull the model away from them."""
+    context = "".join(f"Document: {' '.join(d.split())}\n" for d in documents or [])
+    return INSTRUCTION + "".join(f"{_line(q)} {a}\n" for q, a in shots) + context + _line(question)
 
 
 def answer_of(written: str) -> str:

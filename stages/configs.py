@@ -111,6 +111,14 @@ AskedShots = Annotated[int, Field(ge=0, description=(
     "gets the question alone, as it was fine-tuned on it; a decoder-only LM never fine-tuned gets the prompt with no "
     "examples (the harness's zero-shot)."))]
 ShotsSeed = Annotated[int, Field(description="Seed that draws the few-shot examples.")]
+PromptDocuments = Annotated[int, Field(ge=0, le=20, description=(
+    "Retrieval-augmented: each question's top N retrieved documents (the retrieve stage's) in its prompt, before "
+    "it, each cut to document_words (a frozen LM asked with what a search finds: the baseline every route is "
+    "weighed against). 0: closed-book. For a model asked in a prompt (shots, or a decoder-only LM never "
+    "fine-tuned); evaluate files the answers under `MODEL.Ndocs`."))]
+DocumentWords = Annotated[int, Field(ge=1, description=(
+    "Leading words of each retrieved document a prompt holds (documents: N): a whole article would crowd out the "
+    "question and cost its length in every forward pass."))]
 ShotsDrawn = Annotated[Literal["per_question", "once"], Field(description=(
     "per_question: each question its own draw of examples (lm-evaluation-harness's default sampler, the same draws "
     "for the same seed): shots shared by every prompt let a model copy one answer everywhere, and EM then moves with "
@@ -128,6 +136,8 @@ class Asking(BaseModel):
     shots: int = 0
     seed: int = 0
     per_question: bool = True
+    documents: int = 0       # each question's top N retrieved documents in its prompt
+    document_words: int = 100
 
 
 class StageConfig(BaseModel):
@@ -157,18 +167,25 @@ class ModelStageConfig(StageConfig):
 class AskingStageConfig(ModelStageConfig):
     """A stage that asks a model questions: the settings of its way of asking (`Asking`), declared here once."""
 
+    later_settings = ModelStageConfig.later_settings | {"documents", "document_words"}
+
     shots: AskedShots = 0
     shots_seed: ShotsSeed = 0
     shots_drawn: ShotsDrawn = "per_question"
+    documents: PromptDocuments = 0
+    document_words: DocumentWords = 100
 
     @property
     def asking(self) -> Asking:
-        return Asking(shots=self.shots, seed=self.shots_seed, per_question=self.shots_drawn == "per_question")
+        return Asking(shots=self.shots, seed=self.shots_seed, per_question=self.shots_drawn == "per_question",
+                      documents=self.documents, document_words=self.document_words)
 
     def identity(self) -> dict[str, Any]:
         identity = super().identity()
         if self.shots == 0:
             identity.pop("shots_drawn")  # nothing is drawn: a zero-shot run's fingerprint stays what it was
+        if not self.documents:
+            identity.pop("document_words", None)  # no document in the prompt: no length to cut it to
         return identity
 
 
@@ -538,8 +555,15 @@ class ReportRow:
     route: str | None = None  # the knowledge route added to the base (ROUTES)
     knowledge: str | None = None  # fine-tuned with the questions' retrieved documents, read this way (no model before)
     needs_encoder: bool = False  # a T5 baseline: reads the retrieved documents with the base's encoder
+    documents: int = 0        # asked with each question's top N retrieved documents in its prompt, never trained
     generation: bool = False  # fine-tuned on the generation tasks too (the general-generation check)
     main: bool = False        # the row whose slots analyze, surgery and edit study, and whose settings forms offer
+    later: bool = False       # added after warehouses had reports: off in a report config unless named
+
+    @property
+    def needs_prompt(self) -> bool:
+        """Whether its model must be one asked in a prompt (a decoder-only LM): documents go into a prompt."""
+        return self.documents > 0
 
     @property
     def model(self) -> str:
@@ -561,6 +585,9 @@ REPORT_ROWS = (
     ReportRow("transformer", "transformer", "Transformer", "Randomly initialised model of the base's architecture.",
               base="transformer"),
     ReportRow("base", "base", "base", "The base model.", generation=True),
+    ReportRow("rag", "rag", "RAG", "The base, frozen, asked with each question's top 3 retrieved documents in its "
+              "prompt (the retrieve stage's; no training): what every route is weighed against.", documents=3,
+              later=True),
     ReportRow("base+nkb", "nkb", "base+NKB", "The base with NKB slots injected.", route="nkb", generation=True,
               main=True),
     ReportRow("base+nkb-a", "nkb_a", "base+NKB-a", "The base with NKB injected while training everything.",
@@ -578,12 +605,14 @@ GenerationRow = Literal[tuple(r.key for r in REPORT_ROWS if r.generation)]
 
 # A setting per row naming the model it reads (None leaves the row out; the base is always there).
 _ReportRows = create_model("_ReportRows", __base__=ModelStageConfig, __module__=__name__, **{
-    r.field: (str if r.key == "base" else Optional[str], Field(r.model, description=r.description))
+    r.field: (str if r.key == "base" else Optional[str], Field(None if r.later else r.model, description=(
+        r.description + (f" Off unless named (e.g. {r.model})." if r.later else ""))))
     for r in REPORT_ROWS})
 
 
 class ReportConfig(_ReportRows):
     """The paper's Table 3: EM per dataset for each model row, with the knowledge probe and the no-forgetting check."""
+    later_settings = _ReportRows.later_settings | {r.field for r in REPORT_ROWS if r.later}
 
     asked: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1, description=(
         "How each row's model was asked: 0 fine-tuned on the questions (its answers under `MODEL.qa`), K asked "

@@ -24,7 +24,7 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
     if config.shots and task:
         raise ValueError(f"evaluate: shots ({config.shots}) asks questions few-shot; {config.model} is evaluated on "
                          f"the generation task {task!r}")
-    name = answers_name(source.name, config.shots)
+    name = answers_name(source.name, config.shots, config.documents)
     if task:
         examples, groups = gen_examples(wh, task, config.split), [task]
         data = [reads.task_examples(wh, task, config.split)]
@@ -32,7 +32,8 @@ def evaluate(wh: Warehouse, config: EvaluateConfig, force: bool = False) -> Stag
         examples = read_questions(wh, config.datasets, config.split)
         groups = sorted(set(examples.column("dataset").to_pylist()))
         data = [reads.questions(wh, groups, config.split),
-                reads.retrievals(wh, groups) if retrieval_mode(source.info) != "none" else reads.NOTHING,
+                reads.retrievals(wh, groups) if retrieval_mode(source.info) != "none" or config.documents
+                else reads.NOTHING,
                 reads.questions(wh, groups, "train") if config.shots else reads.NOTHING]
     declared = reads.Declared("evaluate", config, [reads.model(source), *data], identity={"task": task},
                         record=config.model_dump() | {"model_name": name, "task": task})
@@ -52,7 +53,8 @@ def _evaluate(run: StagedRun, wh: Warehouse, config: EvaluateConfig, source, exa
         metric, dataset = (key, task) if task else ("em", key)
         run.metric(metric, score, dataset=dataset, split=config.split)
     if source.directory.is_relative_to(wh.files_dir):  # this warehouse's model: its card gets the scores
-        em = f"em {config.shots}-shot" if config.shots else "em"
+        em = ("em" + (f" {config.shots}-shot" if config.shots else "")
+              + (f", {config.documents} documents" if config.documents else ""))
         card = model_card_with(wh, info, {(task, config.split, k) if task else (k, config.split, em): v
                                           for k, v in scores.items()})
         run.publish_file(source.directory / "README.md", lambda path: path.write_text(card))

@@ -41,6 +41,7 @@ SAMPLE_WORLD = Path(__file__).resolve().parents[1] / "experiments" / "sample-wor
 SAMPLE_WORLD_SMOLLM2 = SAMPLE_WORLD.with_name("sample-world-smollm2.yaml")  # `nkb demo`
 BUILT_ROWS = {r.key for r in REPORT_ROWS if r.built_here}  # rows that only a base built here has
 ENCODER_ROWS = {r.key for r in REPORT_ROWS if r.needs_encoder}
+PROMPT_ROWS = {r.key for r in REPORT_ROWS if r.needs_prompt}
 # What `nkb demo --full` sets over the sample world's file: every row of the paper's Tables 3 and 4 that applies
 # (rows emptied: the default, every row the base allows).
 FULL_DEMO = ["rows=", "generation_rows=base,base+nkb,base+nkb-a"]
@@ -63,7 +64,7 @@ BUILT_BASES = {"transformer": lambda base, experiment: {"steps": 0},  # its arch
 OVERRIDABLE: dict[str, type[StageConfig]] = experiment_settings()
 # Fields the plan sets itself (which corpus, which model, which row): an override of them would break the rows.
 PLANNED = {"corpus", "source", "name", "model", "base_model", "variant", "task", "knowledge", "pretrain_corpus",
-           "general_corpus", "generation_tasks", "probes", "facts", "edits", "shots", "asked"} | {
+           "general_corpus", "generation_tasks", "probes", "facts", "edits", "shots", "asked", "documents"} | {
            r.field for r in REPORT_ROWS}
 
 
@@ -219,6 +220,9 @@ class Experiment(StageConfig):
         if not self.has_encoder and self.rows and ENCODER_ROWS & set(self.rows):
             raise ValueError(f"rows {sorted(ENCODER_ROWS & set(self.rows))} are T5 baselines; "
                              f"pretrain.arch is {self.pretrain['arch']}")
+        if self.pretrain is not None and not self.prompted and self.rows and PROMPT_ROWS & set(self.rows):
+            raise ValueError(f"rows {sorted(PROMPT_ROWS & set(self.rows))} put retrieved documents in a prompt, which "
+                             "a T5 built here is not asked in (concat is its route with documents)")
         if self.also_finetune and not self.shots:
             raise ValueError("also_finetune adds fine-tuned rows beside the few-shot ones: it needs shots > 0 "
                              "(with shots: 0 every row is fine-tuned already)")
@@ -246,6 +250,12 @@ class Experiment(StageConfig):
         """Whether the base has an encoder of its own, as the T5 baselines (Kformer, concat) need: a brought base's
         is known when it is loaded (its rows are refused then); a base built here's by its `pretrain.arch`."""
         return family_of((self.pretrain or {}).get("arch", DEFAULT_ARCH)).has_encoder
+
+    @property
+    def prompted(self) -> bool:
+        """Whether the base is asked in a prompt (a decoder-only LM), as the rows with documents in it need: a
+        brought base's is known when it is asked; a base built here's by its `pretrain.arch`."""
+        return family_of((self.pretrain or {}).get("arch", DEFAULT_ARCH)).prompted
 
     # ---- files ----------------------------------------------------------------------------------
 
@@ -365,7 +375,8 @@ class Experiment(StageConfig):
 
     def _rows(self) -> list[ReportRow]:
         chosen = self.rows or [r.key for r in REPORT_ROWS if not (self.base_model and r.built_here)
-                               and not (r.needs_encoder and not self.has_encoder)]
+                               and not (r.needs_encoder and not self.has_encoder)
+                               and not (r.needs_prompt and not self.prompted)]
         return [r for r in REPORT_ROWS if r.key in chosen]
 
     def _model_steps(self, knowledge: str, general: Optional[str]) -> list[tuple[str, StageConfig]]:
@@ -378,13 +389,7 @@ class Experiment(StageConfig):
             steps.append((route.stage, self._stage(route.stage, route.settings, corpus=knowledge,
                                                    general_corpus=general, base_model=row.base, variant=row.route,
                                                    name=row.model)))
-        for row in (r for r in rows if not r.finetuned):
-            for shots in self.asked:
-                asked = evaluated_name(row.model, shots)
-                if not shots:
-                    steps.append(("finetune", self._stage("finetune", model=row.model, name=asked)))
-                steps.append(("evaluate", self._stage("evaluate", model=row.model, shots=shots) if shots
-                              else self._stage("evaluate", model=asked)))
+        steps += self._asking_steps(rows)
         tasks = list(dict.fromkeys(g.task for g in self.generation))
         for row in (r for r in rows if r.generation and r.key in (self.generation_rows or [r.key])):
             for task in tasks:
@@ -407,6 +412,21 @@ class Experiment(StageConfig):
                 tuned = evaluated_name(MAIN_ROW.model, 0)
                 steps.append(("edit", self._stage("edit", model=tuned, edits=self.edits,
                                                   name=str(ModelName.parse(tuned).tuned("edited")))))
+        return steps
+
+    def _asking_steps(self, rows: list[ReportRow]) -> list[tuple[str, StageConfig]]:
+        """Each row's model asked every way the experiment asks: K-shot (with its documents, if the row puts them
+        in the prompt), or fine-tuned on the train split and asked as it was fine-tuned."""
+        steps: list[tuple[str, StageConfig]] = []
+        for row in (r for r in rows if not r.finetuned):
+            for shots in self.asked:
+                asked = evaluated_name(row.model, shots, row.documents)
+                if not (shots or row.documents):  # asked as it was fine-tuned
+                    steps.append(("finetune", self._stage("finetune", model=row.model, name=asked)))
+                    steps.append(("evaluate", self._stage("evaluate", model=asked)))
+                else:
+                    steps.append(("evaluate", self._stage("evaluate", model=row.model, shots=shots,
+                                                          documents=row.documents)))
         return steps
 
     def _base_steps(self, rows: list[ReportRow], knowledge: str, general: Optional[str]) -> list[tuple[str, StageConfig]]:

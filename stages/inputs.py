@@ -170,14 +170,19 @@ def model_inputs(wh: Warehouse, questions: pa.Table, model, tokenizer, info: dic
         if asking.shots and not family(model).prompted:
             raise ValueError(f"shots is for decoder-only models; {info.get('name', 'this model')} is an "
                              "encoder-decoder model, which is fine-tuned (finetune) and then asked with shots: 0")
-        return fewshot_prompts(wh, questions, asking.shots, asking.seed, asking.per_question), None
+        return fewshot_prompts(wh, questions, asking), None
+    if asking is not None and asking.documents:
+        raise ValueError(f"documents puts retrieved documents in a prompt; {info.get('name', 'this model')} is "
+                         "asked in the form it was fine-tuned on: ask it with shots, or ask a decoder-only base "
+                         "never fine-tuned (concat is the fine-tuned route with documents)")
     return qa_inputs(wh, questions, tokenizer, info)
 
 
-def fewshot_prompts(wh: Warehouse, questions: pa.Table, k: int, seed: int, per_question: bool = True) -> list[str]:
+def fewshot_prompts(wh: Warehouse, questions: pa.Table, asking) -> list[str]:
     """Each question after K solved questions of its own dataset's train split, as decoder-only LMs are asked
-    (`nkb_model.fewshot`), drawn with `seed` for each question (or once for all). A question's draw is the one its
-    place in its whole split gets, so a subset of the split (surgery's, analysis's) is asked as evaluate asked it."""
+    (`nkb_model.fewshot`), drawn with `asking.seed` for each question (or once for all), and after its top
+    `asking.documents` retrieved documents when it asks for them. A question's draw is the one its place in its
+    whole split gets, so a subset of the split (surgery's, analysis's) is asked as evaluate asked it."""
     from nkb_model.fewshot import draw_shots, fewshot_prompt
     datasets, splits = questions.column("dataset").to_pylist(), questions.column("split").to_pylist()
     pool = read_questions(wh, sorted(set(datasets)), "train")
@@ -186,11 +191,15 @@ def fewshot_prompts(wh: Warehouse, questions: pa.Table, k: int, seed: int, per_q
         examples = pool.filter(pc.equal(pool.column("dataset"), dataset))
         mine = read_questions(wh, [dataset], split)
         asked = list(zip(mine.column("question").to_pylist(), mine.column("answers").to_pylist()))
-        draws = draw_shots(examples.column("question").to_pylist(), examples.column("answers").to_pylist(), k, seed,
-                           asked, per_question)
+        draws = draw_shots(examples.column("question").to_pylist(), examples.column("answers").to_pylist(),
+                           asking.shots, asking.seed, asked, asking.per_question)
         shots_of.update(zip(mine.column("question_id").to_pylist(), draws))
-    return [fewshot_prompt(shots_of[i], q) for i, q in zip(questions.column("question_id").to_pylist(),
-                                                             questions.column("question").to_pylist())]
+    ids = questions.column("question_id").to_pylist()
+    documents = ([[" ".join(d.split()[:asking.document_words]) for d in docs]
+                  for docs in retrieved_documents(wh, ids, asking.documents)] if asking.documents
+                 else [None] * len(ids))
+    return [fewshot_prompt(shots_of[i], q, d) for i, q, d in zip(ids, questions.column("question").to_pylist(),
+                                                                   documents)]
 
 
 def answer_frame(tokenizer, answer_format: str) -> tuple[list[int], int]:

@@ -131,8 +131,8 @@ def reported_rows(wh: Warehouse, config: ReportConfig) -> list[Reported]:
         except ValueError:
             continue
         available += [Reported(row.label, row.label, name, directory, name)] if row.finetuned else [
-            Reported(f"{row.label} ({way_of_asking(shots)})" if len(config.asked) > 1 else row.label, row.label, name,
-                     directory, evaluated_name(name, shots)) for shots in config.asked]
+            Reported(f"{row.label} ({way_of_asking(shots, row.documents)})" if len(config.asked) > 1 else row.label,
+                     row.label, name, directory, evaluated_name(name, shots, row.documents)) for shots in config.asked]
     if not available:
         raise ValueError("no model of the report exists yet; run base-model, inject, finetune and evaluate first")
     return available
@@ -145,7 +145,9 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
     available = reported_rows(wh, config)
     probes = [obj for _, obj in iter_jsonl(config.probes)] if config.probes else []
     probes = [p for p in probes if p.get("split", config.split) == config.split]
-    one_per_model = {r.model: (r.label, r.model, r.directory, r.evaluated) for r in available}
+    one_per_model: dict[str, tuple] = {}  # the first row of each model (a RAG row reads the base's model)
+    for r in available:
+        one_per_model.setdefault(r.model, (r.label, r.model, r.directory, r.evaluated))
     generation = _generation_scores(wh, one_per_model.values(), config)
     declared = reads.Declared("report", config, [
         reads.mark(*(f"{r.shown}:{read_info(r.directory).get('built_by', '')}" for r in available)),

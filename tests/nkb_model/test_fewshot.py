@@ -18,6 +18,15 @@ def test_the_prompt_is_the_harness_nq_open_one():
     assert fewshot_prompt([], "who wrote hamlet") == "Answer these questions:\n\nQ: who wrote hamlet?\nA:"
 
 
+def test_retrieved_documents_go_just_before_the_question_one_line_each():
+    prompt = fewshot_prompt([("who wrote hamlet", "Shakespeare")], "where is the eiffel tower?",
+                            ["The Eiffel Tower\nis in Paris.", "Paris  is in France."])
+    assert prompt == ("Answer these questions:\n\n"
+                      "Q: who wrote hamlet?\nA: Shakespeare\n"
+                      "Document: The Eiffel Tower is in Paris.\nDocument: Paris is in France.\n"
+                      "Q: where is the eiffel tower?\nA:")
+
+
 ASKED = [(f"asked {i}?", [f"gold {i}"]) for i in range(6)]
 
 

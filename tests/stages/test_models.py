@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -382,7 +383,7 @@ def test_analysis_and_surgery_ask_a_model_few_shot_as_its_rows_were_asked(world,
     prompts that evaluate asks it (not at a fine-tuned model's question format), by analyze and by surgery."""
     from nkb_model import analysis, slot_edits
     from nkb_model.base_model import new_causal
-    from stages.configs import AnalyzeConfig, SurgeryConfig
+    from stages.configs import AnalyzeConfig, Asking, SurgeryConfig
     from stages.inputs import fewshot_prompts
     tokenizer = AutoTokenizer.from_pretrained(training.latest_pretraining_data(world, "general"))
     new_causal(tokenizer, "llama", "tiny").save_pretrained(tmp_path / "llama")
@@ -392,12 +393,12 @@ def test_analysis_and_surgery_ask_a_model_few_shot_as_its_rows_were_asked(world,
     training.inject(world, INJECT.model_copy(update={"base_model": "asked", "name": "asked+nkb"}))
     model, tok, _ = load_model(find_model(world, "asked+nkb"))
     questions = read_questions(world, None, "validation")
-    prompts = fewshot_prompts(world, questions, 2, 0)
+    prompts = fewshot_prompts(world, questions, Asking(shots=2))
     assert all(p.startswith("Answer these questions:") and p.endswith(f"Q: {q.rstrip('?')}?\nA:")
                for p, q in zip(prompts, questions.column("question").to_pylist()))
     assert len(set(p.rsplit("Q:", 1)[0] for p in prompts)) > 1  # each question its own examples
-    assert fewshot_prompts(world, questions.take([3, 1]), 2, 0) == [prompts[3], prompts[1]]  # a subset: as asked
-    once = fewshot_prompts(world, questions, 2, 0, per_question=False)
+    assert fewshot_prompts(world, questions.take([3, 1]), Asking(shots=2)) == [prompts[3], prompts[1]]  # as asked
+    once = fewshot_prompts(world, questions, Asking(shots=2, per_question=False))
     datasets = questions.column("dataset").to_pylist()
     assert len(set(p.rsplit("Q:", 1)[0] for p in once)) == len(set(datasets))  # one draw per dataset
 
@@ -591,10 +592,26 @@ def test_a_decoder_only_model_is_asked_few_shot_without_fine_tuning_and_reported
     answers = [r["prediction"] for r in world.read("predictions", partitions=["llama.validation"]).to_pylist()]
     assert len(answers) == len(rows) and not any(c in a for a in answers for c in "\n.,")  # the answer line
     assert not evaluation.evaluate(world, EvaluateConfig(model="llama", shots=2, shots_seed=1, max_new_tokens=6)).skipped
+    rag = evaluation.evaluate(world, EvaluateConfig(model="llama", shots=2, documents=2, document_words=5,
+                                                    max_new_tokens=6)).run
+    assert rag.config["model_name"] == "llama.2docs.2shot"
+    from stages.inputs import model_inputs, retrieved_documents
+    questions = read_questions(world, None, "validation")
+    prompts, _ = model_inputs(world, questions, SimpleNamespace(config=SimpleNamespace(is_encoder_decoder=False)),
+                              None, {"arch": "llama"}, EvaluateConfig(model="llama", shots=2, documents=2,
+                                                                      document_words=5).asking)
+    first = retrieved_documents(world, questions.column("question_id").to_pylist()[:1], 2)[0]
+    assert [line for line in prompts[0].splitlines() if line.startswith("Document:")] == [
+        "Document: " + " ".join(d.split()[:5]) for d in first]  # the question's own, cut to document_words
     training.pretrain_base_model(world, TINY)  # a T5 (skipped where an earlier test built it)
     with pytest.raises(ValueError, match="shots is for decoder-only models; base is an encoder-decoder"):
         evaluation.evaluate(world, EvaluateConfig(model="base", shots=2))
     none = dict.fromkeys(("transformer", "nkb", "nkb_a", "large", "kformer", "concat"))
+    report.report(world, ReportConfig(base="llama", rag="llama", asked=[2], **none))
+    table = world.read("report").to_pylist()
+    assert {r["model"] for r in table} == {"base", "RAG"} and all(r["em"] is not None for r in table)
+    rag_answers = [r for r in world.read("report_answers").to_pylist() if r["model"] == "RAG"]
+    assert len(rag_answers) == len(rows)  # the answers of llama.2docs.2shot
     report.report(world, ReportConfig(base="llama", asked=[2], **none))
     table = world.read("report").to_pylist()
     assert {r["model"] for r in table} == {"base"} and all(r["em"] is not None for r in table)

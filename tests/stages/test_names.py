@@ -12,6 +12,8 @@ from stages.names import ModelName, answers_name, evaluated_name, way_of_asking
     ("base.kformer", ("base", None, "kformer", 0)),
     ("base+nkb.3shot", ("base", "nkb", None, 3)),
     ("base+nkb.qa.edited", ("base", "nkb", "qa.edited", 0)),
+    ("base.3docs.5shot", ("base", None, None, 5)),
+    ("m.0docs.3shot", ("m", None, "0docs", 3)),
     ("large+nkb.summaries", ("large", "nkb", "summaries", 0)),
     # names given by hand read back unchanged, whatever their parts seem to be
     ("Qwen2.5-0.5B", ("Qwen2", None, "5-0.5B", 0)),
@@ -32,3 +34,6 @@ def test_the_names_of_a_rows_answers_are_built_one_way():
     assert answers_name("t5.v2", 0) == "t5.v2"  # asked as fine-tuned: its own name, even one that parses oddly
     assert answers_name("base", 2) == "base.2shot"
     assert [way_of_asking(k) for k in (0, 5)] == ["fine-tuned", "5-shot"]
+    # asked with retrieved documents in the prompt: never fine-tuned, filed under the count of documents
+    assert evaluated_name("base", 5, 3) == "base.3docs.5shot" and evaluated_name("base", 0, 3) == "base.3docs"
+    assert way_of_asking(0, 3) == "0-shot" and ModelName.parse("base.3docs.5shot").documents == 3
