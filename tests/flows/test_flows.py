@@ -182,7 +182,7 @@ def test_a_decoder_only_experiment_trains_every_row_that_applies_and_reports(tmp
                         "AND config::JSON->>'task' IS NULL").column("f").to_pylist()
     assert formats == ["plain"]  # asked of a causal LM as a prompt (the model's card and info say so)
     report = query(wh, "SELECT DISTINCT model FROM report").column("model").to_pylist()
-    assert sorted(report) == sorted(["Transformer", "base", "base+NKB", "base+NKB-a", "large"])
+    assert sorted(report) == sorted(["Transformer", "base", "RAG", "base+NKB", "base+NKB-a", "large"])  # RAG: 0-shot
     held_out = {r["model"]: r["heldout_loss"] for r in query(wh, "SELECT DISTINCT model, heldout_loss FROM report")
                 .to_pylist()}
     unmounted = query(wh, "SELECT value FROM metrics WHERE metric = 'heldout_loss_nkb_unmounted' AND dataset = "

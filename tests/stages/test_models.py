@@ -592,15 +592,15 @@ def test_a_decoder_only_model_is_asked_few_shot_without_fine_tuning_and_reported
     answers = [r["prediction"] for r in world.read("predictions", partitions=["llama.validation"]).to_pylist()]
     assert len(answers) == len(rows) and not any(c in a for a in answers for c in "\n.,")  # the answer line
     assert not evaluation.evaluate(world, EvaluateConfig(model="llama", shots=2, shots_seed=1, max_new_tokens=6)).skipped
-    rag = evaluation.evaluate(world, EvaluateConfig(model="llama", shots=2, documents=2, document_words=5,
-                                                    max_new_tokens=6)).run
-    assert rag.config["model_name"] == "llama.2docs.2shot"
+    rag = evaluation.evaluate(world, EvaluateConfig(model="llama", shots=2, documents=3, document_words=5,
+                                                    max_new_tokens=6)).run  # as the RAG row asks: 3 documents
+    assert rag.config["model_name"] == "llama.3docs.2shot"
     from stages.inputs import model_inputs, retrieved_documents
     questions = read_questions(world, None, "validation")
     prompts, _ = model_inputs(world, questions, SimpleNamespace(config=SimpleNamespace(is_encoder_decoder=False)),
-                              None, {"arch": "llama"}, EvaluateConfig(model="llama", shots=2, documents=2,
+                              None, {"arch": "llama"}, EvaluateConfig(model="llama", shots=2, documents=3,
                                                                       document_words=5).asking)
-    first = retrieved_documents(world, questions.column("question_id").to_pylist()[:1], 2)[0]
+    first = retrieved_documents(world, questions.column("question_id").to_pylist()[:1], 3)[0]
     assert [line for line in prompts[0].splitlines() if line.startswith("Document:")] == [
         "Document: " + " ".join(d.split()[:5]) for d in first]  # the question's own, cut to document_words
     training.pretrain_base_model(world, TINY)  # a T5 (skipped where an earlier test built it)
@@ -611,7 +611,7 @@ def test_a_decoder_only_model_is_asked_few_shot_without_fine_tuning_and_reported
     table = world.read("report").to_pylist()
     assert {r["model"] for r in table} == {"base", "RAG"} and all(r["em"] is not None for r in table)
     rag_answers = [r for r in world.read("report_answers").to_pylist() if r["model"] == "RAG"]
-    assert len(rag_answers) == len(rows)  # the answers of llama.2docs.2shot
+    assert len(rag_answers) == len(rows)  # the answers of llama.3docs.2shot
     report.report(world, ReportConfig(base="llama", asked=[2], **none))
     table = world.read("report").to_pylist()
     assert {r["model"] for r in table} == {"base"} and all(r["em"] is not None for r in table)
