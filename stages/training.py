@@ -266,22 +266,13 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         reads.corpus(wh, config.general_corpus) if config.general_share else reads.NOTHING], identity={"name": name})
     target = model_dir(wh, name, declared.fingerprint)
     device = choose_device(config.device, config.precision)
-    made = {"name": name, "knowledge_digest": knowledge_digest, "started_from": previous.info["built_by"] if previous
-            else None, "base_folder": relative_base_of(base, target)}
-    return declared.run(wh, lambda run: _inject(run, wh, config, base, previous, made, target, device), force=force,
-                        device=device.name, still_valid=model_present)
-
-
-def relative_base_of(base: SourceModel, target: Path) -> str:
-    """The base's Hugging Face folder as a model folder `target` records it (relative, so that a moved warehouse
-    still finds it)."""
-    from nkb_model.checkpoint import hf_dir, relative_base
-    return relative_base(hf_dir(base.directory), target)
+    return declared.run(wh, lambda run: _inject(run, wh, config, base, previous, knowledge_digest, target, device),
+                        force=force, device=device.name, still_valid=model_present)
 
 
 def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceModel, previous: SourceModel | None,
-            made: dict, target: Path, device) -> dict:
-    from nkb_model.checkpoint import save_model
+            knowledge_digest: str, target: Path, device) -> dict:
+    from nkb_model.checkpoint import hf_dir, relative_base, save_model
     from nkb_model.nkb import mounted_layers
     from nkb_model.train import train
     started = time.perf_counter()
@@ -296,22 +287,22 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
         for layer in slots:
             layer.bound_to_ffn_scale(config.slot_scale)
     losses = train(trained, batches, config.train_config(config.steps), device, work_dir(target),
-                   f"inject {made['name']}", progress, after_step=bound_slots if config.slot_scale else None)
+                   f"inject {config.model_name()}", progress, after_step=bound_slots if config.slot_scale else None)
     for step, loss in losses:
         run.metric(loss_metric(batches, step, "ssm_loss", "general_loss"), loss, dataset=config.corpus,
                    split="train", step=step)
     model.to("cpu")
     total = sum(p.numel() for p in model.parameters())
-    info = {"name": made["name"], "kind": config.variant, "arch": base.info.get("arch", DEFAULT_ARCH),
-            "base_folder": made["base_folder"], "base_model": config.base_model, "params": total,
-            "params_injected": trainable, "built_by": run.run_id, "final_loss": losses[-1][1],
-            "knowledge_digest": made["knowledge_digest"], "started_from": made["started_from"],
+    info = {"name": config.model_name(), "kind": config.variant, "arch": base.info.get("arch", DEFAULT_ARCH),
+            "base_folder": relative_base(hf_dir(base.directory), target), "base_model": config.base_model,
+            "params": total, "params_injected": trainable, "built_by": run.run_id, "final_loss": losses[-1][1],
+            "knowledge_digest": knowledge_digest, "started_from": previous.info["built_by"] if previous else None,
             "layers": model.nkb_config.layers, "slots": model.nkb_config.slots}
     publish_model(run, target, lambda d: save_model(model, tokenizer, d, info, config.variant == "nkb-a"))
     run.output("params_injected", trainable)
     run.metric("params_total", total)
     run.metric("params_injected", trainable)
-    return {"model": made["name"], "started_from": made["started_from"], "params_total": total,
+    return {"model": info["name"], "started_from": info["started_from"], "params_total": total,
             "params_injected": trainable, "final_loss": round(losses[-1][1], 4),
             "examples_per_epoch": ssm.per_epoch * config.batch_size, "seconds": time.perf_counter() - started,
             "device": device.name}
