@@ -19,9 +19,15 @@ ENDLESS = "SELECT count(*) FROM range(1000000000000) t(i) WHERE hash(i) = 42"
 
 
 @pytest.mark.slow
+def hears_ctrl_c() -> None:
+    """In the child, before it starts: Ctrl-C as a terminal delivers it. A suite started in the background
+    (`make test &`) runs with SIGINT ignored, which a child inherits, and Python then installs no handler of its own."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_a_query_at_once(home):
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "--home", home, "sql", ENDLESS],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=hears_ctrl_c)
     time.sleep(4)  # start-up and the query under way
     assert proc.poll() is None
     sent = time.monotonic()
@@ -215,5 +221,5 @@ def test_ctrl_c_during_torchs_import_waits_for_it_and_then_interrupts():
               "except KeyboardInterrupt:\n    import torch.nn\n"
               "    print('interrupted after the import', torch.nn.Linear)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[2])
+                          cwd=Path(__file__).resolve().parents[2], preexec_fn=hears_ctrl_c)
     assert done.stdout.startswith("interrupted after the import <class 'torch.nn.modules.linear.Linear'>"), done.stderr
