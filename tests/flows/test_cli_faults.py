@@ -18,13 +18,13 @@ from warehouse import Warehouse
 ENDLESS = "SELECT count(*) FROM range(1000000000000) t(i) WHERE hash(i) = 42"
 
 
-@pytest.mark.slow
 def hears_ctrl_c() -> None:
     """In the child, before it starts: Ctrl-C as a terminal delivers it. A suite started in the background
     (`make test &`) runs with SIGINT ignored, which a child inherits, and Python then installs no handler of its own."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_query_at_once(home):
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "--home", home, "sql", ENDLESS],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=hears_ctrl_c)
