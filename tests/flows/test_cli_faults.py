@@ -28,11 +28,14 @@ def hears_ctrl_c() -> None:
 def test_ctrl_c_stops_a_query_at_once(home):
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "--home", home, "sql", ENDLESS],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=hears_ctrl_c)
-    time.sleep(4)  # start-up and the query under way
-    assert proc.poll() is None
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    try:
+        time.sleep(4)  # start-up and the query under way
+        assert proc.poll() is None
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()  # a query that did not stop would run on, endless, on one of the machine's cores
     assert proc.returncode == 130 and time.monotonic() - sent < 5
     assert err.strip() == "interrupted; the query was stopped"
 
