@@ -217,10 +217,10 @@ class Experiment(StageConfig):
         if self.base_model and self.rows and BUILT_ROWS & set(self.rows):
             raise ValueError(f"rows {sorted(BUILT_ROWS & set(self.rows))} need a base built here (pretrain), "
                              "not base_model")
-        if not self.has_encoder and self.rows and ENCODER_ROWS & set(self.rows):
+        if not self.family.has_encoder and self.rows and ENCODER_ROWS & set(self.rows):
             raise ValueError(f"rows {sorted(ENCODER_ROWS & set(self.rows))} are T5 baselines; "
                              f"pretrain.arch is {self.pretrain['arch']}")
-        if self.pretrain is not None and not self.prompted and self.rows and PROMPT_ROWS & set(self.rows):
+        if self.pretrain is not None and not self.family.prompted and self.rows and PROMPT_ROWS & set(self.rows):
             raise ValueError(f"rows {sorted(PROMPT_ROWS & set(self.rows))} put retrieved documents in a prompt, which "
                              "a T5 built here is not asked in (concat is its route with documents)")
         if self.also_finetune and not self.shots:
@@ -246,16 +246,10 @@ class Experiment(StageConfig):
         return self
 
     @property
-    def has_encoder(self) -> bool:
-        """Whether the base has an encoder of its own, as the T5 baselines (Kformer, concat) need: a brought base's
-        is known when it is loaded (its rows are refused then); a base built here's by its `pretrain.arch`."""
-        return family_of((self.pretrain or {}).get("arch", DEFAULT_ARCH)).has_encoder
-
-    @property
-    def prompted(self) -> bool:
-        """Whether the base is asked in a prompt (a decoder-only LM), as the rows with documents in it need: a
-        brought base's is known when it is asked; a base built here's by its `pretrain.arch`."""
-        return family_of((self.pretrain or {}).get("arch", DEFAULT_ARCH)).prompted
+    def family(self):
+        """The base's model family (`nkb_model.families`), by `pretrain.arch` for a base built here. A brought
+        base's is known only once it is loaded: its T5 baselines and RAG row are refused then, not here."""
+        return family_of((self.pretrain or {}).get("arch", DEFAULT_ARCH))
 
     # ---- files ----------------------------------------------------------------------------------
 
@@ -375,8 +369,8 @@ class Experiment(StageConfig):
 
     def _rows(self) -> list[ReportRow]:
         chosen = self.rows or [r.key for r in REPORT_ROWS if not (self.base_model and r.built_here)
-                               and not (r.needs_encoder and not self.has_encoder)
-                               and not (r.needs_prompt and not self.prompted)]
+                               and not (r.needs_encoder and not self.family.has_encoder)
+                               and not (r.needs_prompt and not self.family.prompted)]
         return [r for r in REPORT_ROWS if r.key in chosen]
 
     def _model_steps(self, knowledge: str, general: Optional[str]) -> list[tuple[str, StageConfig]]:
