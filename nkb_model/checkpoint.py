@@ -1,13 +1,15 @@
 """Model directories written by the model stages, and loading them back.
 
-    <dir>/nkb-model.json   {"name", "kind": base | nkb | nkb-a | finetuned | edited, "base_folder", ...}
+    <dir>/nkb-model.json   {"name", "kind": base | nkb | nkb-a | lora | ft | finetuned | edited, "base_folder", ...}
     <dir>/README.md        the model card
     <dir>/ (HF files)      a base model: an ordinary Hugging Face directory
     <dir>/weights/         the model's own weights, when this model changed them (nkb-a, fine-tuned)
     <dir>/nkb/             NKB slots and their config (save_nkb), when the model has an NKB
     <dir>/kformer/         Kformer's embedding copy and projections (save_kformer), when it has Kformer
+    <dir>/lora/, blocks/   LoRA adapters (PEFT's folder), or trained FFN maps, over the base (`nkb_model.adapters`)
 
-A model that keeps its base's weights (NKB injection with the base frozen) stores only its slots;
+A model that keeps most of its base's weights (NKB injection with the base frozen, LoRA, a few blocks' FFN maps)
+stores only what changed;
 `base_folder` is the folder of those weights relative to the model's own folder (`../base-0123abcd`), so a
 warehouse moved or copied whole still finds them. Folders written before held an absolute `base_dir`.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from nkb_model.adapters import BLOCKS_DIR, LORA_DIR, load_lora, load_trained_maps
 from nkb_model.families import family
 from nkb_model.kformer import load_kformer, save_kformer, unmount_kformer
 from nkb_model.nkb import load_nkb, mounted_layers, save_nkb, unmount_nkb
@@ -72,6 +75,10 @@ def load_model(directory: str | Path, with_nkb: bool = True):
     weights = hf_dir(directory)
     model = model_class(weights).from_pretrained(weights)
     tokenizer = load_tokenizer(weights)
+    if (directory / BLOCKS_DIR).exists():
+        load_trained_maps(model, directory / BLOCKS_DIR)
+    if (directory / LORA_DIR).exists():
+        model = load_lora(model, directory / LORA_DIR)
     if with_nkb and (directory / "nkb").exists():
         load_nkb(model, directory / "nkb")
     if (directory / "kformer").exists():

@@ -404,12 +404,16 @@ class BaseModelConfig(TrainingConfig):
 
 class InjectConfig(TrainingConfig):
     """Inject the salient-span-masked knowledge corpus into NKB slots mounted on a base model."""
-    later_settings = TrainingConfig.later_settings | {"start", "span_target", "cued_spans"}
+    later_settings = TrainingConfig.later_settings | {"start", "span_target", "cued_spans", "lora_rank"}
     volatile = TrainingConfig.volatile | {"cache"}
 
     base_model: str = Field("base", description="Model name from the base-model stage, or a Hugging Face T5 directory.")
-    variant: Literal["nkb", "nkb-a"] = Field("nkb", description="nkb: only the slots train, the base is frozen; "
-                                                                "nkb-a: every parameter trains.")
+    variant: Literal["nkb", "nkb-a", "lora", "ft"] = Field("nkb", description=(
+        "nkb: only the slots train, the base is frozen; nkb-a: every parameter trains. The field's routes on the same "
+        "blocks, for comparison: lora: LoRA adapters (PEFT) on their FFN maps; ft: their FFN maps' own weights."))
+    lora_rank: Optional[int] = Field(None, ge=1, description=(
+        "variant lora: the adapters' rank (scale 1: alpha = rank); default the rank at which they have as many "
+        "parameters as the slots would (PEFT's own default is 8)."))
     name: Optional[ModelName] = Field(None, description="Name of the result; default `BASE_MODEL+VARIANT`.")
     corpus: Optional[Name] = Field(None, description="Corpus whose segments and salient spans to inject; default: the warehouse's only corpus.")
     layers: list[str] = Field(default_factory=lambda: ["decoder.-1"],
@@ -534,11 +538,25 @@ class Route:
     name: str                       # the route's part of a model's name: BASE+ROUTE
     stage: str                      # the stage whose run adds it
     settings: tuple[str, ...] = ()  # keys of an experiment's `stages:` that set that run over the stage's own
+    variant: str = ""               # the stage's variant that adds it; default its name
+    planned: tuple[tuple[str, Any], ...] = ()  # settings the route itself fixes, over all of those
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """What the route sets on its stage's config."""
+        return {"variant": self.variant or self.name} | dict(self.planned)
 
 
-ROUTES = {r.name: r for r in (Route("nkb", "inject"), Route("nkb-a", "inject", ("nkb-a",)))}
+# PEFT's default LoRA rank: the size a user who takes the library's defaults trains.
+PEFT_DEFAULT_RANK = 8
+ROUTES = {r.name: r for r in (
+    Route("nkb", "inject"), Route("nkb-a", "inject", ("nkb-a",)), Route("lora", "inject", ("lora",)),
+    Route(f"lora-{PEFT_DEFAULT_RANK}", "inject", ("lora",), "lora", (("lora_rank", PEFT_DEFAULT_RANK),)),
+    Route("ft", "inject", ("ft",)))}
 # Keys of an experiment's `stages:` that set one kind of a stage's runs over that stage's own settings.
 RUN_SETTINGS = {"nkb-a": ("inject", "the base+NKB-a injection, over inject's"),
+                "lora": ("inject", "the base+LoRA trainings, over inject's"),
+                "ft": ("inject", "the base+FT training (the slot blocks' FFN maps), over inject's"),
                 "generation": ("finetune", "fine-tuning on the generation tasks, over finetune's")}
 
 
@@ -559,6 +577,7 @@ class ReportRow:
     generation: bool = False  # fine-tuned on the generation tasks too (the general-generation check)
     main: bool = False        # the row whose slots analyze, surgery and edit study, and whose settings forms offer
     later: bool = False       # added after warehouses had reports: off in a report config unless named
+    named_only: bool = False  # a comparison that costs a training of its own: in an experiment's rows when named
 
     @property
     def needs_prompt(self) -> bool:
@@ -592,6 +611,14 @@ REPORT_ROWS = (
               main=True),
     ReportRow("base+nkb-a", "nkb_a", "base+NKB-a", "The base with NKB injected while training everything.",
               route="nkb-a", generation=True),
+    ReportRow("base+lora", "lora", "base+LoRA", "The base with LoRA adapters (PEFT) trained on the slot blocks' FFN "
+              "maps as the slots are, at the rank that gives them as many parameters as the slots.", route="lora",
+              later=True, named_only=True),
+    ReportRow(f"base+lora-{PEFT_DEFAULT_RANK}", f"lora_{PEFT_DEFAULT_RANK}", f"base+LoRA (r={PEFT_DEFAULT_RANK})",
+              f"The same LoRA training at PEFT's default rank ({PEFT_DEFAULT_RANK}).",
+              route=f"lora-{PEFT_DEFAULT_RANK}", later=True, named_only=True),
+    ReportRow("base+ft", "ft", "base+FT", "The base with the slot blocks' own FFN maps trained as the slots are "
+              "(continued pretraining of those blocks).", route="ft", later=True, named_only=True),
     ReportRow("large", "large", "large", "The larger base model.", base="large"),
     ReportRow("kformer", "kformer", "Kformer", "The base fine-tuned with Kformer (a fine-tuned model).",
               knowledge="kformer", needs_encoder=True),

@@ -192,7 +192,8 @@ class Experiment(StageConfig):
         "The larger-base row of a base built here: base-model fields that differ (default: the next size up)."))
     rows: Optional[list[Row]] = Field(None, description=(
         "Report rows to train and evaluate; default every row that applies (transformer and large need a base "
-        "built here)."))
+        "built here) but the field's routes beside the NKB (base+lora, base+lora-8, base+ft), each a training of its "
+        "own: named to be trained."))
     generation_rows: Optional[list[GenerationRow]] = Field(None, description=(
         "Rows fine-tuned on each generation task (of those in rows); default base, base+nkb and base+nkb-a."))
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
@@ -368,7 +369,8 @@ class Experiment(StageConfig):
         return [self.shots] + ([0] if self.also_finetune else [])
 
     def _rows(self) -> list[ReportRow]:
-        chosen = self.rows or [r.key for r in REPORT_ROWS if not (self.base_model and r.built_here)
+        chosen = self.rows or [r.key for r in REPORT_ROWS if not r.named_only
+                               and not (self.base_model and r.built_here)
                                and not (r.needs_encoder and not self.family.has_encoder)
                                and not (r.needs_prompt and not self.family.prompted)]
         return [r for r in REPORT_ROWS if r.key in chosen]
@@ -381,8 +383,8 @@ class Experiment(StageConfig):
         for row in (r for r in rows if r.route):
             route = ROUTES[row.route]
             steps.append((route.stage, self._stage(route.stage, route.settings, corpus=knowledge,
-                                                   general_corpus=general, base_model=row.base, variant=row.route,
-                                                   name=row.model)))
+                                                   general_corpus=general, base_model=row.base, name=row.model,
+                                                   **route.values)))
         steps += self._asking_steps(rows)
         tasks = list(dict.fromkeys(g.task for g in self.generation))
         for row in (r for r in rows if r.generation and r.key in (self.generation_rows or [r.key])):

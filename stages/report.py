@@ -103,7 +103,8 @@ def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict],
     return {"probe_em": probe_em, "probe_seen_em": probe_seen_em, "heldout_loss": loss,
             "heldout_loss_nkb_unmounted": unmounted,
             "params_total": info.get("params") or sum(p.numel() for p in model.parameters()),
-            "params_injected": info.get("params_injected", 0), "model_run": info.get("built_by")}
+            "params_injected": info.get("params_injected", 0), "model_run": info.get("built_by"),
+            "train_seconds": info.get("train_seconds")}
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,7 @@ def _report_row(run: StagedRun, wh: Warehouse, config: ReportConfig, row: Report
         for key in ("dataset", "question_id", "exact_match"):
             answers[key] += mine[key]
     for metric, split in (("probe_em", config.split), ("probe_seen_em", config.split), ("heldout_loss", None),
-                          ("heldout_loss_nkb_unmounted", None)):
+                          ("heldout_loss_nkb_unmounted", None), ("train_seconds", None)):
         if checks[metric] is not None:
             run.metric(metric, checks[metric], dataset=row.shown, split=split)
     return {"model": row.shown, "em": ems, "probe_em": checks["probe_em"], "probe_seen_em": checks["probe_seen_em"],
@@ -254,7 +255,8 @@ def report_rows(wh: Warehouse) -> list[dict]:
 
 def report_table(wh: Warehouse, rows: list[dict]) -> pa.Table:
     """The report as one row per model: EM per dataset and on average, the probe, held-out losses, parameters."""
-    unmounted = {m["dataset"]: m["value"] for m in run_metrics(wh, rows[0]["run_id"], "heldout_loss_nkb_unmounted")}
+    measured = {metric: {m["dataset"]: m["value"] for m in run_metrics(wh, rows[0]["run_id"], metric)}
+                for metric in ("heldout_loss_nkb_unmounted", "train_seconds")}
     datasets = sorted({r["dataset"] for r in rows} - {"average"})
     models = list(dict.fromkeys(r["model"] for r in rows))
     first = {m: next(r for r in rows if r["model"] == m) for m in models}
@@ -271,9 +273,10 @@ def report_table(wh: Warehouse, rows: list[dict]) -> pa.Table:
     columns["probe EM"] = [rounded(first[m]["probe_em"]) for m in models]
     columns["probe EM, seen wording"] = [rounded(first[m].get("probe_seen_em")) for m in models]
     columns["held-out loss"] = [rounded(first[m]["heldout_loss"], 4) for m in models]
-    columns["loss, NKB unmounted"] = [rounded(unmounted.get(m), 4) for m in models]
+    columns["loss, NKB unmounted"] = [rounded(measured["heldout_loss_nkb_unmounted"].get(m), 4) for m in models]
     columns["params"] = [first[m]["params_total"] for m in models]
-    columns["params injected"] = [first[m]["params_injected"] for m in models]
+    columns["params trained"] = [first[m]["params_injected"] for m in models]
+    columns["training s"] = [rounded(measured["train_seconds"].get(m), 0) for m in models]
     return pa.table(columns)
 
 

@@ -140,7 +140,7 @@ def report_markdown(wh: Warehouse) -> str:
         return "–" if value is None else f"{value:.{digits}f}"
 
     head = ["model"] + [f"EM {d}" for d in datasets] + ["probe EM", "probe EM (seen wording)", "held-out loss",
-                                                        "params", "params injected"]
+                                                        "params", "params trained"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in models:
         mine = [r for r in rows if r["model"] == m]

@@ -9,7 +9,9 @@ from __future__ import annotations
 import functools
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -272,15 +274,17 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
 
 def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceModel, previous: SourceModel | None,
             knowledge_digest: str, target: Path, device) -> dict:
-    from nkb_model.checkpoint import hf_dir, relative_base, save_model
+    from nkb_model.checkpoint import hf_dir, relative_base
+    from nkb_model.mounting import resolve_layers
     from nkb_model.nkb import mounted_layers
     from nkb_model.train import train
     started = time.perf_counter()
     segments, spans = segments_with_spans(wh, config.corpus)
     model, tokenizer, _ = base.load()
-    trainable = mount_slots(model, config, previous.directory / "nkb" if previous else None)
-    device.hold(model)  # only the slots are saved: a frozen base may be held in bf16
-    trained, ssm, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device)
+    made = TRAINING[config.variant](model, config, previous.directory / "nkb" if previous else None)
+    device.hold(model)  # only what trains is saved (or, nkb-a, everything trains): a frozen base may be held in bf16
+    trained, ssm, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device,
+                                              made.frozen_base)
     slots = list(mounted_layers(model).values())
 
     def bound_slots() -> None:
@@ -292,26 +296,38 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
         run.metric(loss_metric(batches, step, "ssm_loss", "general_loss"), loss, dataset=config.corpus,
                    split="train", step=step)
     model.to("cpu")
-    total = sum(p.numel() for p in model.parameters())
+    seconds = time.perf_counter() - started
+    # The model as it is loaded and exported: LoRA's adapters merged into the maps they adapt.
+    total = sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
     info = {"name": config.model_name(), "kind": config.variant, "arch": base.info.get("arch", DEFAULT_ARCH),
             "base_folder": relative_base(hf_dir(base.directory), target), "base_model": config.base_model,
-            "params": total, "params_injected": trainable, "built_by": run.run_id, "final_loss": losses[-1][1],
+            "params": total, "params_injected": made.count, "built_by": run.run_id, "final_loss": losses[-1][1],
             "knowledge_digest": knowledge_digest, "started_from": previous.info["built_by"] if previous else None,
-            "layers": model.nkb_config.layers, "slots": model.nkb_config.slots}
-    publish_model(run, target, lambda d: save_model(model, tokenizer, d, info, config.variant == "nkb-a"))
-    run.output("params_injected", trainable)
-    run.metric("params_total", total)
-    run.metric("params_injected", trainable)
+            "layers": resolve_layers(model, config.layers), "slots": model.nkb_config.slots if slots else None,
+            "train_seconds": round(seconds, 1)}
+    publish_model(run, target, lambda d: made.save(model, tokenizer, d, info))
+    run.output("params_injected", made.count)
+    for metric, value in (("params_total", total), ("params_injected", made.count), ("train_seconds", seconds)):
+        run.metric(metric, value)
     return {"model": info["name"], "started_from": info["started_from"], "params_total": total,
-            "params_injected": trainable, "final_loss": round(losses[-1][1], 4),
-            "examples_per_epoch": ssm.per_epoch * config.batch_size, "seconds": time.perf_counter() - started,
-            "device": device.name}
+            "params_injected": made.count, "final_loss": round(losses[-1][1], 4),
+            "examples_per_epoch": ssm.per_epoch * config.batch_size, "seconds": seconds, "device": device.name}
 
 
-def mount_slots(model, config: InjectConfig, start: Path | None) -> int:
+@dataclass(frozen=True)
+class Trained:
+    """What one route of inject made trainable on the model (the slots, LoRA adapters, or the blocks' FFN maps), and
+    how the model is saved once trained: its changes apart from the base's folder, or (nkb-a) all its weights."""
+    count: int
+    save: Callable[[Any, Any, Path, dict], Any]  # (model, tokenizer, directory, info)
+    frozen_base: bool = True  # the blocks below the trained ones stay as they were
+
+
+def mount_slots(model, config: InjectConfig, start: Path | None) -> Trained:
     """Mount the NKB on `model` (its slots from `start`'s when given) and set what trains: the slots alone, the
-    frozen rest without dropout (nkb), or everything (nkb-a). Returns the trainable parameter count."""
+    frozen rest without dropout (nkb), or everything (nkb-a)."""
     import torch
+    from nkb_model.checkpoint import save_model
     from nkb_model.nkb import NKBConfig, load_nkb_weights, mark_only_nkb_trainable, mount_nkb, mounted_layers
     torch.manual_seed(config.seed)
     mount_nkb(model, NKBConfig(layers=config.layers, slots=config.slots))
@@ -321,16 +337,61 @@ def mount_slots(model, config: InjectConfig, start: Path | None) -> int:
         for p in model.parameters():
             p.requires_grad = True
         model.train()
-        return sum(p.numel() for p in model.parameters())
+        return Trained(sum(p.numel() for p in model.parameters()),
+                       lambda m, t, d, info: save_model(m, t, d, info, weights_changed=True), frozen_base=False)
     trainable = mark_only_nkb_trainable(model)
     model.eval()  # frozen parts run without dropout
     for layer in mounted_layers(model).values():
         layer.nkb_dropout.train()
-    return trainable
+    return Trained(trainable, lambda m, t, d, info: save_model(m, t, d, info, weights_changed=False))
+
+
+def mount_lora(model, config: InjectConfig, start: Path | None) -> Trained:
+    """LoRA adapters through PEFT on the FFN maps of the blocks slots would be on; rank `lora_rank`, or the one at
+    which they have as many parameters as those slots."""
+    import torch
+    from nkb_model.adapters import LORA_DIR, matched_rank, mount_lora as mount, save_lora, trainable_count
+    from nkb_model.checkpoint import save_model
+    torch.manual_seed(config.seed)
+    rank = config.lora_rank or matched_rank(model, config.layers, slot_parameters(model, config))
+    wrapped = mount(model, config.layers, rank)
+    model.eval()
+
+    def save(m, tokenizer, directory: Path, info: dict) -> None:
+        save_lora(wrapped, directory / LORA_DIR)
+        save_model(m, tokenizer, directory, {**info, "lora_rank": rank}, weights_changed=False)
+    return Trained(trainable_count(model), save)
+
+
+def train_ffn(model, config: InjectConfig, start: Path | None) -> Trained:
+    """The FFN maps' own weights of the blocks slots would be on (the rest frozen)."""
+    from nkb_model.adapters import BLOCKS_DIR, save_trained_maps, train_ffn_maps
+    from nkb_model.checkpoint import save_model
+    count = train_ffn_maps(model, config.layers)
+    model.eval()
+
+    def save(m, tokenizer, directory: Path, info: dict) -> None:
+        save_trained_maps(m, directory / BLOCKS_DIR)
+        save_model(m, tokenizer, directory, info, weights_changed=False)
+    return Trained(count, save)
+
+
+def slot_parameters(model, config: InjectConfig) -> int:
+    """How many parameters the slots of `config` would have on `model` (a key, a gate where the FFN is gated, and a
+    value of d_model each, per slot and block)."""
+    from nkb_model.mounting import get_ffn, is_gated, key_layer, resolve_layers, rows
+    layers = resolve_layers(model, config.layers)
+    ffn = get_ffn(model, layers[0])
+    out, d_model = rows(key_layer(ffn)).shape
+    return len(layers) * (config.slots or out) * d_model * (3 if is_gated(ffn) else 2)
+
+
+# How each variant of inject trains (`InjectConfig.variant`).
+TRAINING = {"nkb": mount_slots, "nkb-a": mount_slots, "lora": mount_lora, "ft": train_ffn}
 
 
 def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: InjectConfig, base: SourceModel,
-                      device):
+                      device, frozen_base: bool = True):
     """(what trains, the SSM batches, every step's batches): salient span masking over the segments, drawn anew each
     epoch; on a decoder-only base with only slots training, on cached states (the frozen blocks below the slots
     once per segment); interleaved with general text at `general_share`."""
@@ -348,7 +409,7 @@ def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: 
 
     trained, ssm = model, kind.pair_batches(examples, tokenizer, config.batch_size, config.seed, config.max_input_len,
                                             target_eos=False, group_by_length=config.group_by_length)
-    if config.cache and config.variant == "nkb":  # where the architecture allows it
+    if config.cache and frozen_base:  # where the architecture allows it
         trained, ssm = cached_injection(model, tokenizer, segments, drawn, ssm, device)
     batches = ssm
     if config.general_share:

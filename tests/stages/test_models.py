@@ -644,6 +644,59 @@ def test_fine_tuning_the_top_blocks_leaves_everything_below_as_it_was(world):
         training.finetune(world, FinetuneConfig(model="base", name="base.top9", epochs=1, train_blocks=9))
 
 
+def test_lora_and_trained_ffn_maps_train_the_slot_blocks_on_the_same_batches_and_are_reported(world, tmp_path):
+    """The field's routes beside the slots, on a brought tiny Llama: LoRA through PEFT at the slots' parameter count
+    and at rank 8, and the slot block's own FFN maps; each changes that block's FFN alone, loads as a plain model,
+    exports merged, and is reported with its trainable parameters and training time."""
+    from peft import PeftModel
+    from transformers import LlamaForCausalLM
+
+    from nkb_model.adapters import ffn_map_names
+    from nkb_model.base_model import new_causal
+    from stages.export import export_model
+    tokenizer = AutoTokenizer.from_pretrained(training.latest_pretraining_data(world, "general"))
+    new_causal(tokenizer, "llama", "tiny").save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    training.pretrain_base_model(world, BaseModelConfig(name="llama", source=str(tmp_path / "llama"),
+                                                        pretrain_corpus="general"))
+    base = load_model(find_model(world, "llama"))[0]
+    routes = {name: training.inject(world, INJECT.model_copy(update={"base_model": "llama", "name": name, **update}))
+              for name, update in (("llama+nkb", {}), ("llama+lora", {"variant": "lora"}),
+                                   ("llama+lora-8", {"variant": "lora", "lora_rank": 8}),
+                                   ("llama+ft", {"variant": "ft"}))}
+    maps = set(ffn_map_names(base, ["decoder.-1"]))
+    slots = routes["llama+nkb"].value["params_injected"]
+    per_rank = sum(sum(base.get_submodule(n).weight.shape) for n in maps)
+    for name, result in routes.items():
+        assert result.value["seconds"] > 0 and len(run_metrics(world, result.run.run_id, "ssm_loss")) == INJECT.steps
+        if name == "llama+nkb":
+            continue
+        model, _, info = load_model(result.run.checkpoint)
+        assert type(model) is LlamaForCausalLM and info["kind"] == ("ft" if name == "llama+ft" else "lora")
+        changed = {n for n, p in model.state_dict().items() if not torch.equal(p, base.state_dict()[n])}
+        assert changed and {n.rsplit(".", 1)[0] for n in changed} <= maps, name  # the slot block's FFN alone
+        assert info["params"] == sum(p.numel() for p in base.parameters())
+    assert routes["llama+ft"].value["params_injected"] == slots  # as many as the slots at their default width
+    assert routes["llama+lora-8"].value["params_injected"] == 8 * per_rank
+    assert abs(routes["llama+lora"].value["params_injected"] - slots) <= per_rank / 2
+    # PEFT's own folder: what a user loads the adapters with
+    lora = Path(routes["llama+lora-8"].run.checkpoint)
+    adapted = PeftModel.from_pretrained(load_model(find_model(world, "llama"))[0], str(lora / "lora"))
+    assert adapted.peft_config["default"].r == 8
+    exported = LlamaForCausalLM.from_pretrained(export_model(world, "llama+lora-8", tmp_path / "export"))
+    own = load_model(lora)[0].state_dict()
+    assert all(torch.equal(p, own[n]) for n, p in exported.state_dict().items())
+    none = dict.fromkeys(("transformer", "nkb_a", "large", "kformer", "concat"))
+    report.report(world, ReportConfig(base="llama", nkb="llama+nkb", lora="llama+lora", lora_8="llama+lora-8",
+                                      ft="llama+ft", asked=[2], **none))
+    table = {r["model"]: r for r in report.report_table(world, report.report_rows(world)).to_pylist()}
+    assert list(table) == ["base", "base+NKB", "base+LoRA", "base+LoRA (r=8)", "base+FT"]
+    assert table["base+LoRA (r=8)"]["params trained"] == 8 * per_rank and table["base+FT"]["params trained"] == slots
+    assert table["base"]["training s"] is None and all(table[m]["training s"] >= 0 for m in list(table)[1:])
+    assert table["base+NKB"]["loss, NKB unmounted"] == table["base"]["held-out loss"]
+    assert table["base+LoRA"]["loss, NKB unmounted"] is None
+
+
 def test_a_copied_warehouse_finds_loads_and_exports_its_own_models(world, tmp_path):
     import shutil
     from nkb_model.checkpoint import hf_dir
