@@ -62,8 +62,8 @@ def cmd_demo(args) -> int:
                          "use it with --arch t5 (its default) or llama/gpt2, not smollm2")
     sets = (FULL_DEMO if args.full else []) + (arch_demo(arch) if arch != SMOLLM2 else []) + (
         args.set or []) + ([f"sample_world.people={args.people}"] if args.people else [])
-    experiment = SAMPLE_WORLD_SMOLLM2 if arch == SMOLLM2 else SAMPLE_WORLD
-    return run_experiment(Experiment.load(experiment, sets), args, export=True)
+    experiment = Experiment.load(SAMPLE_WORLD_SMOLLM2 if arch == SMOLLM2 else SAMPLE_WORLD, sets)
+    return run_experiment(experiment.with_compared_rows() if args.routes else experiment, args, export=True)
 
 
 def export_and_check(wh: Warehouse, name: str, folder) -> None:
@@ -164,6 +164,10 @@ def add_commands(sub) -> None:
     demo.add_argument("--full", action="store_true", help="the T5 experiment with every row of the paper's Tables 3 "
                       "and 4 (adds the Transformer, larger-base, Kformer and concat rows to --arch t5's base, "
                       "base+NKB and base+NKB-a, and NKB-a to the generation check; what --arch t5 built is reused)")
+    demo.add_argument("--routes", action="store_true", help=(
+        "also train the field's routes on the slots' blocks, batches and steps, for the table that weighs them: "
+        "LoRA through PEFT at the slots' parameter count and at PEFT's default rank (base+lora, base+lora-8), and "
+        "those blocks' own FFN maps (base+ft); what the demo built is reused"))
     demo.add_argument("--arch", choices=[SMOLLM2, *ARCHITECTURES], help=(
         "the base: smollm2 (default), the real pretrained SmolLM2-135M-Instruct, asked few-shot; t5 (the default "
         "with --full), the paper's experiment on tiny T5 bases pretrained here, fine-tuned on QA; llama or gpt2, a "

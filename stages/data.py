@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel
 
@@ -25,9 +26,9 @@ from corpus import sample_world
 from corpus.errors import InputFileError, require_file
 from corpus.files import matching_files, repeats
 from stages import reads
-from stages.configs import (GenerationDataConfig, IndexConfig, IngestConfig, QuestionsConfig, RetrieveConfig,
-                            SalientSpansConfig, SampleWorldConfig)
-from stages.inputs import PRETRAINING, corpus_lineage, one_corpus, world_dir
+from stages.configs import (GenerationDataConfig, IndexConfig, IngestConfig, JoinCorporaConfig, QuestionsConfig,
+                            RetrieveConfig, SalientSpansConfig, SampleWorldConfig)
+from stages.inputs import PRETRAINING, corpora, corpus_lineage, one_corpus, world_dir
 from stages.progress import counting, progress
 from warehouse import ShardTarget, StagedRun, StageResult, Warehouse, file_digest, list_runs
 
@@ -167,6 +168,31 @@ def _refuse_duplicate_documents(run: StagedRun, corpus: str, path: str, paths: l
                   for p in paths for d in docs.read_documents(p, fmt, workers=workers) if d.doc_id == duplicate][:2]
         raise InputFileError(path, " and ".join(places) or None,
                              f"doc id {duplicate!r} occurs more than once in corpus {corpus!r}")
+
+
+def join_corpora(wh: Warehouse, config: JoinCorporaConfig, force: bool = False) -> StageResult:
+    """Several ingested corpora as one: `documents` partition `config.corpus`, their documents in order."""
+    missing = [c for c in config.corpora if c not in corpora(wh)]
+    if missing:
+        raise ValueError(f"no corpus {', '.join(map(repr, missing))} to join; ingested: {', '.join(corpora(wh))}")
+    declared = reads.Declared("join-corpora", config, [reads.corpus(wh, c) for c in config.corpora])
+    return declared.run(wh, lambda run: _join_corpora(run, wh, config), force=force)
+
+
+def _join_corpora(run: StagedRun, wh: Warehouse, config: JoinCorporaConfig) -> dict:
+    counts = {}
+    with run.writer("documents", config.corpus) as out, progress(desc=f"join {config.corpus}", unit=" docs") as bar:
+        for name in config.corpora:
+            before = out.rows
+            for batch in wh.scan("documents", ["doc_id", "title", "text"], partitions=[name]):
+                out.write({"doc_id": pc.binary_join_element_wise(f"{name}/", batch.column("doc_id"), ""),
+                           "title": batch.column("title"), "text": batch.column("text"),
+                           "corpus": pa.array([config.corpus] * batch.num_rows, pa.string())})
+                bar.update(batch.num_rows)
+            counts[name] = out.rows - before
+            run.metric("documents", counts[name], dataset=name)
+    run.metric("documents", out.rows, dataset=config.corpus)
+    return {"corpus": config.corpus, "documents": out.rows, "from": counts}
 
 
 # ---- questions ----------------------------------------------------------------------------

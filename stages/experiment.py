@@ -30,9 +30,9 @@ from corpus.files import is_pattern
 from nkb_model.architectures import DEFAULT_ARCH
 from nkb_model.families import family_of
 from stages.configs import (MAIN_ROW, REPORT_ROWS, ROUTES, RUN_SETTINGS, BaseModelConfig, DaskAddress, DeviceChoice,
-                            GenerationDataConfig, GenerationRow, IngestConfig, Name, PrecisionChoice,
-                            PretrainingDataConfig, QuestionsConfig, ReportRow, Row, SampleWorldConfig, StageConfig,
-                            set_value)
+                            GenerationDataConfig, GenerationRow, IngestConfig, JoinCorporaConfig, Name,
+                            PrecisionChoice, PretrainingDataConfig, QuestionsConfig, ReportRow, Row,
+                            SampleWorldConfig, StageConfig, set_value)
 from stages.names import ModelName, evaluated_name
 from stages.registry import experiment_settings
 from stages.sources import resolve_source
@@ -45,6 +45,8 @@ PROMPT_ROWS = {r.key for r in REPORT_ROWS if r.needs_prompt}
 # What `nkb demo --full` sets over the sample world's file: every row of the paper's Tables 3 and 4 that applies
 # (rows emptied: the default, every row the base allows).
 FULL_DEMO = ["rows=", "generation_rows=base,base+nkb,base+nkb-a"]
+# The field's routes beside the NKB (`nkb demo --routes` adds them to the experiment's rows).
+COMPARED_ROWS = [r.key for r in REPORT_ROWS if r.named_only]
 
 
 def arch_demo(arch: str) -> list[str]:
@@ -64,8 +66,8 @@ BUILT_BASES = {"transformer": lambda base, experiment: {"steps": 0},  # its arch
 OVERRIDABLE: dict[str, type[StageConfig]] = experiment_settings()
 # Fields the plan sets itself (which corpus, which model, which row): an override of them would break the rows.
 PLANNED = {"corpus", "source", "name", "model", "base_model", "variant", "task", "knowledge", "pretrain_corpus",
-           "general_corpus", "generation_tasks", "probes", "facts", "edits", "shots", "asked", "documents"} | {
-           r.field for r in REPORT_ROWS}
+           "general_corpus", "generation_tasks", "probes", "facts", "edits", "shots", "asked", "documents",
+           "retained"} | {r.field for r in REPORT_ROWS}
 
 
 class ExperimentError(ValueError):
@@ -168,8 +170,12 @@ class Experiment(StageConfig):
     description: str = Field("", description="What the experiment is for (shown nowhere but the file).")
     sample_world: Optional[SampleWorldConfig] = Field(
         None, description="Generate the sample world first; '{sample_world}' in a path is its folder.")
-    knowledge: list[CorpusFile] = Field(min_length=1, max_length=1, description=(
-        "The knowledge corpus (one file): what retrieval searches and the NKB slots learn."))
+    knowledge: list[CorpusFile] = Field(min_length=1, description=(
+        "The knowledge corpus: what retrieval searches and the NKB slots learn. Several entries (of any formats, "
+        "each its own corpus) are joined into one, `knowledge_corpus`, their documents' ids prefixed with their "
+        "corpus's name."))
+    knowledge_corpus: Name = Field("knowledge", description=(
+        "The name of the corpus several knowledge entries are joined into (one entry is its own corpus)."))
     general: list[CorpusFile] = Field(default_factory=list, max_length=1, description=(
         "General text (one file, optional): pretraining text for a base built here, and the text of injection's "
         "general steps (inject's general_share) and of the no-forgetting check."))
@@ -236,8 +242,12 @@ class Experiment(StageConfig):
         if not {"train", "validation"} <= splits:
             raise ValueError(f"questions need a 'train' and a 'validation' split (found {sorted(splits)})")
         corpora = [c.corpus for c in self.knowledge + self.general]
-        if len(set(corpora)) != len(corpora):
-            raise ValueError(f"the knowledge and the general corpus need different names (both {corpora[0]!r})")
+        if len(self.knowledge) > 1:
+            corpora.append(self.knowledge_corpus)
+        repeated = next((c for c in corpora if corpora.count(c) > 1), None)
+        if repeated:
+            raise ValueError(f"every corpus needs a name of its own: {repeated!r} names two (knowledge, general, "
+                             "knowledge_corpus)")
         for stage, settings in self.stages.items():
             _check_stage_settings(stage, settings)
         for key in (self.pretrain or {}) | self.large:
@@ -334,12 +344,15 @@ class Experiment(StageConfig):
 
     def plan(self, train_models: bool = True) -> list[tuple[str, StageConfig]]:
         """The stage runs, in order: (stage name, config). Paths must be resolved (`load`, `with_world`)."""
-        knowledge = self.knowledge[0].corpus
+        knowledge = self.knowledge[0].corpus if len(self.knowledge) == 1 else self.knowledge_corpus
         general = self.general[0].corpus if self.general else None
         steps: list[tuple[str, StageConfig]] = []
         if self.sample_world:
             steps.append(("sample-world", self.sample_world))
         steps += [("ingest", IngestConfig(**c.model_dump())) for c in self.knowledge + self.general]
+        if len(self.knowledge) > 1:
+            steps.append(("join-corpora", JoinCorporaConfig(corpora=[c.corpus for c in self.knowledge],
+                                                            corpus=knowledge)))
         steps += [("questions", q) for q in self.questions]
         steps += [("generation-data", g) for g in self.generation]
         steps.append(("index", self._stage("index", corpus=knowledge)))
@@ -367,6 +380,11 @@ class Experiment(StageConfig):
     def asked(self) -> list[int]:
         """How every QA row is asked: K-shot (shots), fine-tuned on the train split (0), or both (also_finetune)."""
         return [self.shots] + ([0] if self.also_finetune else [])
+
+    def with_compared_rows(self) -> "Experiment":
+        """The experiment with the field's routes (`COMPARED_ROWS`) beside its rows."""
+        rows = [r.key for r in self._rows()]
+        return self.model_copy(update={"rows": rows + [r for r in COMPARED_ROWS if r not in rows]})
 
     def _rows(self) -> list[ReportRow]:
         chosen = self.rows or [r.key for r in REPORT_ROWS if not r.named_only
@@ -397,8 +415,9 @@ class Experiment(StageConfig):
             steps.append(("finetune", self._stage("finetune", model=row.base, name=row.model, knowledge=row.knowledge)))
             steps.append(("evaluate", self._stage("evaluate", model=row.model)))
         report = {r.field: r.model if r in rows else None for r in REPORT_ROWS if r.field != "base"}
+        # A brought base knows real-world facts (a base built here none): what each route leaves of them is measured
         steps.append(("report", self._stage("report", **report, asked=self.asked, generation_tasks=tasks,
-                                            probes=self.probes)))
+                                            probes=self.probes, retained=bool(self.base_model))))
         if MAIN_ROW in rows:  # what the slots hold, and editing them (sections 5 and 6), asked as the rows were
             shots = self.asked[0]
             model = {"model": MAIN_ROW.model, "shots": shots} if shots else {"model": evaluated_name(MAIN_ROW.model, 0)}

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from stages.configs import (RUN_SETTINGS, AnalyzeConfig, BaseModelConfig, EditConfig, EvaluateConfig, FinetuneConfig,
-                            GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig, PretrainingDataConfig,
-                            QuestionsConfig, ReportConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig,
-                            StageConfig, SurgeryConfig)
+                            GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig, JoinCorporaConfig,
+                            PretrainingDataConfig, QuestionsConfig, ReportConfig, RetrieveConfig, SalientSpansConfig,
+                            SampleWorldConfig, StageConfig, SurgeryConfig)
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class Stage:
     publishes_model: bool = False        # its runs publish a model folder that later stages find by name
     reads_file: bool = False             # reads one of an experiment's files, named by the file's own entry there
     writes: frozenset[str] = frozenset()  # the tables its runs write (besides its metrics); no other is let through
+    settable: bool = True                # an experiment's `stages:` may set it (join-corpora's all come from the plan)
 
     @property
     def entry(self) -> Callable:
@@ -49,6 +50,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("questions", QuestionsConfig, "data:load_questions", reads_file=True, writes=frozenset({"questions"})),
     Stage("generation-data", GenerationDataConfig, "data:load_generation_data", reads_file=True,
           writes=frozenset({"gen_examples"})),
+    Stage("join-corpora", JoinCorporaConfig, "data:join_corpora", writes=frozenset({"documents"}), settable=False),
     Stage("index", IndexConfig, "data:build_index"),
     Stage("retrieve", RetrieveConfig, "data:retrieve", writes=frozenset({"retrievals"})),
     Stage("salient-spans", SalientSpansConfig, "data:find_salient_spans",
@@ -69,10 +71,10 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
 
 def experiment_settings() -> dict[str, type[StageConfig]]:
     """What each key of an experiment's `stages:` sets: a stage's config (every stage but those that read one of
-    its files), or one kind of that stage's runs over the stage's own settings (`RUN_SETTINGS`)."""
+    its files or that the plan sets wholly), or one kind of that stage's runs over the stage's own settings (`RUN_SETTINGS`)."""
     settings: dict[str, type[StageConfig]] = {}
     for name, stage in STAGES.items():
-        if not stage.reads_file:
+        if stage.settable and not stage.reads_file:
             settings[name] = stage.config
             settings |= {key: stage.config for key, (over, _) in RUN_SETTINGS.items() if over == name}
     return settings

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from corpus.files import iter_jsonl
+from corpus.world_facts import source_version
 from stages import reads
 from stages.configs import REPORT_ROWS, ReportConfig
 from stages.names import evaluated_name, way_of_asking
@@ -76,10 +77,41 @@ HELD_OUT_EMPTY = ("not measured: the base holds no held-out rows (its general co
                   "for held_out_share to keep one); rerun pretraining-data and base-model --force on more text")
 
 
-def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict], split: str, device) -> dict:
+FACT_TOKENS = 10  # a capital's name is at most 4 words: more tokens would only cost time
+
+
+def known_facts(directory: Path, device) -> list[dict]:
+    """The real-world facts (`corpus.world_facts`) the base at `directory` completes right before any training."""
+    from corpus.world_facts import capital_facts
+    from nkb_model.checkpoint import load_model
+    from nkb_model.checks import probe
+    facts = capital_facts()
+    model, tokenizer, _ = load_model(directory)
+    _, hits = probe(model.to(device.device), tokenizer, [f["prompt"] for f in facts], [f["answer"] for f in facts],
+                    device, max_new_tokens=FACT_TOKENS)
+    return [f for f, hit in zip(facts, hits) if hit]
+
+
+def _retained(run: StagedRun, name: str, model, tokenizer, facts: list[dict], split: str, device) -> float | None:
+    """The share of the base's known facts the model still completes right (%); its fills go to `predictions`
+    (dataset `retained`, question_id `<model>/<fact_id>`)."""
+    from nkb_model.checks import probe
+    if not facts:
+        return None
+    fills, hits = probe(model, tokenizer, [f["prompt"] for f in facts], [f["answer"] for f in facts], device,
+                        max_new_tokens=FACT_TOKENS)
+    run.write("predictions", f"{name}.retained.{split}", {
+        "question_id": [f"{name}/{f['fact_id']}" for f in facts], "dataset": ["retained"] * len(facts),
+        "split": [split] * len(facts), "prediction": fills, "exact_match": hits})
+    return 100.0 * sum(hits) / len(hits)
+
+
+def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict], split: str, device,
+                 facts: list[dict] = ()) -> dict:
     """A row's measurements on its own model (before fine-tuning; a row that exists only fine-tuned has none): the
     knowledge probe in unseen and seen wordings, the held-out loss and, for an injected model, the held-out loss with
-    its slots unmounted (it must equal the base's); with the model's parameter counts and the run that built it."""
+    its slots unmounted (it must equal the base's), the share of the base's known `facts` it retained; with the
+    model's parameter counts, training time and the run that built it."""
     from nkb_model.checkpoint import load_model, read_info
     from nkb_model.checks import heldout_loss
     from nkb_model.nkb import unmount_nkb
@@ -87,9 +119,10 @@ def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict],
     info = read_info(directory)
     model, tokenizer, _ = load_model(directory)
     model.to(device.device)
-    probe_em = probe_seen_em = loss = None
+    probe_em = probe_seen_em = loss = retained = None
     if own_model:
         probe_em, probe_seen_em = _probe(run, info["name"], model, tokenizer, probes, split, device)
+        retained = _retained(run, info["name"], model, tokenizer, list(facts), split, device)
         held_path = base_dir_of(directory) / "held_out.npy"
         held = np.load(held_path) if held_path.exists() else None
         if held is not None and not len(held):  # pretraining data made before a tiny corpus kept one row
@@ -101,7 +134,7 @@ def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict],
         unmount_nkb(model)
         unmounted = heldout_loss(model, tokenizer, held, device)
     return {"probe_em": probe_em, "probe_seen_em": probe_seen_em, "heldout_loss": loss,
-            "heldout_loss_nkb_unmounted": unmounted,
+            "heldout_loss_nkb_unmounted": unmounted, "retained_em": retained,
             "params_total": info.get("params") or sum(p.numel() for p in model.parameters()),
             "params_injected": info.get("params_injected", 0), "model_run": info.get("built_by"),
             "train_seconds": info.get("train_seconds")}
@@ -154,7 +187,8 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
         reads.mark(*(f"{r.shown}:{read_info(r.directory).get('built_by', '')}" for r in available)),
         reads.mark(*(f"{r.evaluated}:{json.dumps(latest_scores(wh, r.evaluated, config.split), sort_keys=True)}"
                      for r in available)),
-        reads.mark(json.dumps(generation, sort_keys=True)), reads.file(config.probes)])
+        reads.mark(json.dumps(generation, sort_keys=True)), reads.file(config.probes),
+        reads.mark(source_version()) if config.retained else reads.NOTHING])
     device = choose_device(config.device, config.precision)
     return declared.run(wh, lambda run: _report(run, wh, config, available, probes, generation, device), force=force,
                         device=device.name)
@@ -170,10 +204,13 @@ def _report(run: StagedRun, wh: Warehouse, config: ReportConfig, available: list
     out = {k: [] for k in REPORT_COLUMNS}
     answers = {k: [] for k in ("model", "dataset", "question_id", "exact_match")}
     summary, checked = [], {}  # a model asked two ways is checked once
+    facts = known_facts(next(r.directory for r in available if r.label == "base"), device) if config.retained else []
+    if config.retained:
+        run.output("retained_facts", f"the base completes {len(facts)} facts right ({source_version()})")
     for row in available:
         if row.model not in checked:
             checked[row.model] = model_checks(run, row.directory, row.evaluated != row.model, probes, config.split,
-                                              device)
+                                              device, facts)
         summary.append(_report_row(run, wh, config, row, checked[row.model], out, answers))
     run.write("report", "latest", out)
     run.write("report_answers", "latest", answers)
@@ -204,7 +241,7 @@ def _report_row(run: StagedRun, wh: Warehouse, config: ReportConfig, row: Report
         for key in ("dataset", "question_id", "exact_match"):
             answers[key] += mine[key]
     for metric, split in (("probe_em", config.split), ("probe_seen_em", config.split), ("heldout_loss", None),
-                          ("heldout_loss_nkb_unmounted", None), ("train_seconds", None)):
+                          ("heldout_loss_nkb_unmounted", None), ("train_seconds", None), ("retained_em", None)):
         if checks[metric] is not None:
             run.metric(metric, checks[metric], dataset=row.shown, split=split)
     return {"model": row.shown, "em": ems, "probe_em": checks["probe_em"], "probe_seen_em": checks["probe_seen_em"],
@@ -256,7 +293,7 @@ def report_rows(wh: Warehouse) -> list[dict]:
 def report_table(wh: Warehouse, rows: list[dict]) -> pa.Table:
     """The report as one row per model: EM per dataset and on average, the probe, held-out losses, parameters."""
     measured = {metric: {m["dataset"]: m["value"] for m in run_metrics(wh, rows[0]["run_id"], metric)}
-                for metric in ("heldout_loss_nkb_unmounted", "train_seconds")}
+                for metric in ("heldout_loss_nkb_unmounted", "train_seconds", "retained_em")}
     datasets = sorted({r["dataset"] for r in rows} - {"average"})
     models = list(dict.fromkeys(r["model"] for r in rows))
     first = {m: next(r for r in rows if r["model"] == m) for m in models}
@@ -274,6 +311,7 @@ def report_table(wh: Warehouse, rows: list[dict]) -> pa.Table:
     columns["probe EM, seen wording"] = [rounded(first[m].get("probe_seen_em")) for m in models]
     columns["held-out loss"] = [rounded(first[m]["heldout_loss"], 4) for m in models]
     columns["loss, NKB unmounted"] = [rounded(measured["heldout_loss_nkb_unmounted"].get(m), 4) for m in models]
+    columns["facts retained %"] = [rounded(measured["retained_em"].get(m)) for m in models]
     columns["params"] = [first[m]["params_total"] for m in models]
     columns["params trained"] = [first[m]["params_injected"] for m in models]
     columns["training s"] = [rounded(measured["train_seconds"].get(m), 0) for m in models]

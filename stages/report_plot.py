@@ -60,11 +60,13 @@ def report_figure(wh: Warehouse):
 
     panels = training_curves(wh)
     rows = report_rows(wh)
+    tradeoff = forgetting_points(wh, rows)
     columns = 2
-    grid_rows = (len(panels) + 1 + columns - 1) // columns
+    drawn = len(panels) + 1 + bool(tradeoff)
+    grid_rows = (drawn + columns - 1) // columns
     fig, axes = plt.subplots(grid_rows, columns, figsize=(13, 4.6 * grid_rows), squeeze=False)
     axes = list(axes.flat)
-    for ax in axes[len(panels) + 1:]:
+    for ax in axes[drawn:]:
         ax.set_visible(False)
     for ax, (title, curves) in zip(axes, panels.items()):
         for label, (steps, values), colour in zip(curves, curves.values(), distinct_colours(len(curves))):
@@ -73,8 +75,39 @@ def report_figure(wh: Warehouse):
                yscale="log")
         ax.legend(fontsize=7)
     knowledge_bars(axes[len(panels)], wh, rows)
+    if tradeoff:
+        forgetting_scatter(axes[len(panels) + 1], tradeoff)
     fig.tight_layout()
     return fig
+
+
+def forgetting_points(wh: Warehouse, rows: list[dict]) -> list[tuple[str, float, tuple, float, float | None]]:
+    """(model, average EM, its 95 % interval, held-out loss against the base's in %, facts retained in % or None)
+    for each model with both an EM and a held-out loss, the base's included; empty without the base's loss."""
+    from stages.report import em_intervals
+    if not rows:
+        return []
+    average = {r["model"]: r for r in rows if r["dataset"] == "average"}
+    base = next((r["heldout_loss"] for r in rows if r["model"].split(" (")[0] == "base" and r["heldout_loss"]), None)
+    if base is None:
+        return []
+    retained = {m["dataset"]: m["value"] for m in run_metrics(wh, rows[0]["run_id"], "retained_em")}
+    intervals = em_intervals(wh, rows)
+    return [(model, r["em"], intervals.get((model, "average"), (r["em"], r["em"])),
+             100.0 * (r["heldout_loss"] / base - 1), retained.get(model))
+            for model, r in average.items() if r["em"] is not None and r["heldout_loss"] is not None]
+
+
+def forgetting_scatter(ax, points) -> None:
+    """EM against forgetting, a point per route: up is more knowledge out as answers, right is more general text
+    forgotten (held-out loss above the base's); each label says the share of the base's known facts retained."""
+    for (model, em, (low, high), loss, retained), colour in zip(points, distinct_colours(len(points))):
+        ax.errorbar([loss], [em], yerr=[[em - low], [high - em]], fmt="o", color=colour, capsize=3)
+        kept = "" if retained is None else f", {retained:.0f}% facts kept"
+        ax.annotate(f"{model}{kept}", (loss, em), textcoords="offset points", xytext=(5, 4), fontsize=7)
+    ax.axvline(0, color="grey", linewidth=0.6)
+    ax.set(xlabel="held-out loss against the base's (%): what general text it forgot",
+           ylabel="EM (%), 95 % interval", title="Knowledge gained against what was forgotten")
 
 
 def knowledge_bars(ax, wh: Warehouse, rows: list[dict]) -> None:
@@ -129,26 +162,20 @@ def report_png(wh: Warehouse) -> bytes:
 
 
 def report_markdown(wh: Warehouse) -> str:
-    """The report table in Markdown with the plot embedded as a data URI (for a Prefect artifact)."""
+    """The report table (`stages.report.report_table`) in Markdown with the plot embedded as a data URI (for a
+    Prefect artifact)."""
+    from stages.report import report_table
     rows = report_rows(wh)
     if not rows:
         return "No report rows yet."
-    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    models = list(dict.fromkeys(r["model"] for r in rows))
+    table = report_table(wh, rows).to_pydict()
 
-    def fmt(value, digits=1):
-        return "–" if value is None else f"{value:.{digits}f}"
+    def fmt(value):
+        return "–" if value is None else f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
-    head = ["model"] + [f"EM {d}" for d in datasets] + ["probe EM", "probe EM (seen wording)", "held-out loss",
-                                                        "params", "params trained"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for m in models:
-        mine = [r for r in rows if r["model"] == m]
-        first = mine[0]
-        ems = [fmt(next((r["em"] for r in mine if r["dataset"] == d), None)) for d in datasets]
-        lines.append("| " + " | ".join([m] + ems + [fmt(first["probe_em"]), fmt(first.get("probe_seen_em")),
-                                                    fmt(first["heldout_loss"], 4), f"{first['params_total']:,}",
-                                                    f"{first['params_injected']:,}"]) + " |")
+    lines = ["| " + " | ".join(table) + " |", "|" + "---|" * len(table)]
+    lines += ["| " + " | ".join(fmt(v) if i else v for i, v in enumerate(values)) + " |"
+              for values in zip(*table.values())]
     image = base64.b64encode(report_png(wh)).decode("ascii")
     return (f"# NKB report ({rows[0]['split']}, run {rows[0]['run_id']})\n\n" + "\n".join(lines)
             + "\n\nEM in %; probe: cloze prompts before fine-tuning, in wordings the injection corpus does not use."

@@ -313,3 +313,37 @@ def test_cleaning_in_parts_as_dask_workers_do_gives_the_same_documents(tmp_path)
     table = "SELECT * EXCLUDE (run_id) FROM documents"
     assert query(parted, table).to_pylist() == query(whole, table).to_pylist()
     assert not list(parted.tables_dir.rglob("*.part.parquet"))  # the parts went with the staging folder
+
+
+@pytest.mark.slow
+def test_knowledge_from_a_dump_and_a_jsonl_of_passages_is_joined_indexed_and_retrieved_over_together(tmp_path, wh):
+    """Two sources of different formats, ingested each as its own corpus, joined into the one retrieval searches:
+    ids prefixed with their source (both sources number their documents from 1), every document there once."""
+    from stages.configs import IndexConfig, JoinCorporaConfig, RetrieveConfig
+    from stages.inputs import retrieved_documents
+    folder = split_dump(tmp_path / "dump", parts=1, pages=3)
+    data.ingest(wh, IngestConfig(path=str(next(folder.iterdir())), corpus="wiki"))
+    passages = tmp_path / "passages.jsonl"
+    passages.write_text("".join(json.dumps({"id": str(i), "title": f"Passage {i}", "text": text}) + "\n"
+                                for i, text in enumerate(["Zorblat is the capital of Quenland.",
+                                                          "The river Vell runs through Zorblat."], start=1)))
+    data.ingest(wh, IngestConfig(path=str(passages), corpus="passages"))
+    config = JoinCorporaConfig(corpora=["wiki", "passages"], corpus="knowledge")
+    result = data.join_corpora(wh, config)
+    assert result.value == {"corpus": "knowledge", "documents": 5, "from": {"wiki": 3, "passages": 2}}
+    rows = query(wh, "SELECT doc_id, title FROM documents WHERE corpus = 'knowledge'").to_pylist()
+    assert [r["doc_id"] for r in rows] == ["wiki/1", "wiki/2", "wiki/3", "passages/1", "passages/2"]
+    assert data.join_corpora(wh, config).skipped
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question": "which page is about the capital of quenland",
+                                     "answer": ["Zorblat"]}) + "\n")
+    data.load_questions(wh, QuestionsConfig(path=str(questions), format="nq_open", dataset="nq", split="validation"))
+    data.build_index(wh, IndexConfig(corpus="knowledge"))
+    data.retrieve(wh, RetrieveConfig(corpus="knowledge", k=3))
+    (found,) = retrieved_documents(wh, [query(wh, "SELECT question_id FROM questions").column(0)[0].as_py()], 3)
+    assert found[0] == "Zorblat is the capital of Quenland." and any(d.startswith("Page") for d in found)
+    passages.write_text(passages.read_text() + json.dumps({"id": "3", "title": "P3", "text": "More."}) + "\n")
+    data.ingest(wh, IngestConfig(path=str(passages), corpus="passages"))
+    assert data.join_corpora(wh, config).value["documents"] == 6  # a source changed: joined again
+    with pytest.raises(ValueError, match="no corpus 'books' to join; ingested: knowledge, passages, wiki"):
+        data.join_corpora(wh, JoinCorporaConfig(corpora=["wiki", "books"], corpus="all"))

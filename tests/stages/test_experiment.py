@@ -207,7 +207,7 @@ def test_sets_read_yaml_values_lists_and_nested_keys():
     ({"pretrain": {"size": "tiny"}}, "give base_model .* or pretrain .*, not both"),
     ({"base_model": None}, "give base_model .* or pretrain .*, not both"),
     ({"questions": MINIMAL["questions"][:1]}, r"questions need a 'train' and a 'validation' split \(found \['train'\]\)"),
-    ({"general": [{"path": "g.jsonl", "corpus": "wiki"}]}, "the knowledge and the general corpus need different names"),
+    ({"general": [{"path": "g.jsonl", "corpus": "wiki"}]}, "every corpus needs a name of its own: .wiki. names two"),
     ({"stages": {"injection": {}}}, "stages: no stage 'injection'; stages: index, "),
     ({"stages": {"inject": {"stepz": 3}}}, "stages.inject: no setting 'stepz'; settings: device"),
     ({"stages": {"inject": {"corpus": "x"}}}, "stages.inject.corpus is set by the experiment itself"),
@@ -348,3 +348,19 @@ def test_the_rag_row_asks_the_frozen_base_with_its_documents_and_trains_nothing(
     # a report config without the row fingerprints as before it existed
     from stages.configs import ReportConfig
     assert "rag" not in ReportConfig().identity() and ReportConfig(rag="base").identity()["rag"] == "base"
+
+
+def test_knowledge_of_several_files_is_ingested_each_then_joined_into_the_corpus_every_stage_reads():
+    entries = [{"path": "enwiki-pages-articles.xml.bz2", "corpus": "enwiki"},
+               {"path": "passages.jsonl", "corpus": "passages", "format": "jsonl"}]
+    plan = plan_of(Experiment.parse(MINIMAL | {"knowledge": entries, "knowledge_corpus": "wiki_and_passages"}))
+    assert [c.corpus for s, c in plan if s == "ingest"][:2] == ["enwiki", "passages"]
+    (join,) = [c for s, c in plan if s == "join-corpora"]
+    assert (join.corpora, join.corpus) == (["enwiki", "passages"], "wiki_and_passages")
+    stages = [s for s, _ in plan]
+    assert stages.index("join-corpora") < stages.index("index")
+    assert {c.corpus for s, c in plan if s in ("index", "retrieve", "salient-spans", "inject")} == {"wiki_and_passages"}
+    with pytest.raises(ExperimentError, match="'passages' names two"):
+        Experiment.parse(MINIMAL | {"knowledge": entries, "knowledge_corpus": "passages"})
+    one = plan_of(Experiment.parse(MINIMAL))
+    assert "join-corpora" not in [s for s, _ in one]

@@ -1,5 +1,6 @@
 """The report plot names each curve by the run's own model and task, one panel per kind of training."""
 
+import numpy as np
 import pytest
 from matplotlib.container import BarContainer
 
@@ -68,3 +69,24 @@ def test_colours_never_repeat_and_smoothing_averages_the_trailing_window():
     for n in (3, 11, 25):
         assert len(set(distinct_colours(n))) == n
     assert smooth([1, 3, 5, 7], 2) == [1, 2, 4, 6]
+
+
+@pytest.mark.slow
+def test_each_route_is_a_point_of_em_against_the_general_text_it_forgot_labelled_with_the_facts_it_kept(tmp_path):
+    wh = Warehouse(tmp_path / "wh")
+
+    def body(run):
+        run.write("report", "latest", {
+            "model": ["base", "base", "base+NKB", "base+NKB", "base+FT", "base+FT"], "dataset": ["nq", "average"] * 3,
+            "split": ["validation"] * 6, "em": [0.0, 0.0, 30.0, 30.0, 20.0, 20.0], "params_total": [5] * 6,
+            "params_injected": [0, 0, 2, 2, 2, 2], "probe_em": [None] * 6, "probe_seen_em": [None] * 6,
+            "heldout_loss": [4.0, 4.0, 4.04, 4.04, 5.0, 5.0], "model_run": ["r"] * 6})
+        for model, kept in (("base", 100.0), ("base+NKB", 98.0), ("base+FT", 50.0)):
+            run.metric("retained_em", kept, dataset=model)
+        return {}
+    run_stage(wh, "report", {}, "fp-report", body)
+    (ax,) = [ax for ax in report_figure(wh).axes if ax.get_title() == "Knowledge gained against what was forgotten"]
+    points = [tuple(np.round(line.get_xydata()[0], 3)) for line in ax.lines if line.get_marker() == "o"]
+    assert points == [(0.0, 0.0), (1.0, 30.0), (25.0, 20.0)]
+    assert [t.get_text() for t in ax.texts] == ["base, 100% facts kept", "base+NKB, 98% facts kept",
+                                                "base+FT, 50% facts kept"]
