@@ -133,9 +133,55 @@ class SpanCorruptionBatches:
         return pad_pairs(pairs, self.pad)
 
 
-class Interleaved:
-    """`batch(step)` drawing a `share` of the steps, spread evenly, from `second` and the rest from `first`;
-    each source sees its own consecutive step numbers, so the mix stays a pure function of the step."""
+class Named:
+    """A source of batches and the metric its steps' losses are recorded as (`metric_at`)."""
+
+    def __init__(self, batches, metric: str):
+        self.batches, self.metric = batches, metric
+
+    def __call__(self, step: int) -> dict[str, torch.Tensor]:
+        return self.batches(step)
+
+    def __getattr__(self, name):  # per_epoch, batch_size, ...: the source's own
+        return getattr(self.batches, name)
+
+
+def metric_at(batches, step: int) -> str:
+    """The metric pipeline step `step`'s loss (0-based: `train` records it as step + 1) is recorded as: that of the `Named` source the step is drawn from,
+    through any `Interleaved` or `Sequenced` mixes (so that curves of different objectives are never drawn as one)."""
+    while not isinstance(batches, Named):
+        which, step = batches.source(step)
+        batches = (batches.first, batches.second)[which]
+    return batches.metric
+
+
+class Mix:
+    """`batch(step)` drawn from `first` or `second` as `source(step)` says, each source seeing its own consecutive
+    step numbers, so that the mix stays a pure function of the step."""
+    first: object
+    second: object
+
+    def source(self, step: int) -> tuple[int, int]:
+        """(0, the first source's step) or (1, the second's) for pipeline step `step`."""
+        raise NotImplementedError
+
+    def __call__(self, step: int) -> dict[str, torch.Tensor]:
+        which, own_step = self.source(step)
+        return (self.second if which else self.first)(own_step)
+
+
+class Sequenced(Mix):
+    """The first `first_steps` steps from `first`, the rest from `second`."""
+
+    def __init__(self, first, second, first_steps: int):
+        self.first, self.second, self.first_steps = first, second, first_steps
+
+    def source(self, step: int) -> tuple[int, int]:
+        return (0, step) if step < self.first_steps else (1, step - self.first_steps)
+
+
+class Interleaved(Mix):
+    """A `share` of the steps, spread evenly, from `second`, the rest from `first`."""
 
     def __init__(self, first, second, share: float):
         if not 0 < share < 1:
@@ -143,10 +189,5 @@ class Interleaved:
         self.first, self.second, self.share = first, second, share
 
     def source(self, step: int) -> tuple[int, int]:
-        """(0, the first source's step) or (1, the second's) for pipeline step `step`."""
         taken = int((step + 1) * self.share)  # steps of `second` up to and including this one
         return (1, taken - 1) if taken > int(step * self.share) else (0, step - taken)
-
-    def __call__(self, step: int) -> dict[str, torch.Tensor]:
-        which, own_step = self.source(step)
-        return (self.second if which else self.first)(own_step)

@@ -87,6 +87,11 @@ class EncoderDecoder(Family):
         """The decoder starts afresh: each answer's own tokens."""
         return tokenizer(answers, add_special_tokens=False)["input_ids"]
 
+    def qa_example(self, question: str) -> str:
+        """A question as a training input whose target is its answer: the paper's `question: …` (T5 is then
+        fine-tuned and asked in that form)."""
+        return f"question: {question}"
+
     def probe_fills(self, model, tokenizer, prompts, answers, device, batch_size, max_new_tokens):
         """What the model fills `<extra_id_0>` of each prompt with."""
         return generate(model, tokenizer, prompts, device, batch_size, max_new_tokens=max_new_tokens)
@@ -154,6 +159,12 @@ class DecoderOnly(Family):
         """Each answer as the continuation of its text (a GPT-2 token carries its leading space)."""
         from nkb_model.causal import encode_pairs
         return [target for _, target in encode_pairs(tokenizer, texts, answers, eos=False)]
+
+    def qa_example(self, question: str) -> str:
+        """A question as a training input whose target is its answer: asked as a decoder-only model is, in
+        lm-evaluation-harness's prompt (its zero-shot: the instruction, then `Q: …?` and `A:`)."""
+        from nkb_model.fewshot import fewshot_prompt
+        return fewshot_prompt([], question)
 
     def probe_fills(self, model, tokenizer, prompts, answers, device, batch_size, max_new_tokens):
         """The model continues the text before the blank; its first words, as many as the answer's, are the fill."""

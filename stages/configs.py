@@ -420,7 +420,8 @@ class BaseModelConfig(TrainingConfig):
 
 class InjectConfig(TrainingConfig):
     """Inject the salient-span-masked knowledge corpus into NKB slots mounted on a base model."""
-    later_settings = TrainingConfig.later_settings | {"start", "span_target", "cued_spans", "lora_rank"}
+    later_settings = TrainingConfig.later_settings | {"start", "span_target", "cued_spans", "lora_rank", "qa_share",
+                                                      "qa_order"}
     volatile = TrainingConfig.volatile | {"cache"}
 
     base_model: str = Field("base", description="Model name from the base-model stage, or a Hugging Face T5 directory.")
@@ -464,6 +465,14 @@ class InjectConfig(TrainingConfig):
         "null: unbounded. Unbounded at a high rate, slots grow thousands of times louder than the FFN and take "
         "over the model on any text they fire on a little, which general generation pays for."))
     general_batch_size: int = Field(16, ge=1, description="Packed general-text sequences per general step.")
+    qa_share: float = Field(0.0, ge=0, lt=1, description=(
+        "Share of the steps that train on the train split's questions and first answers, each asked as the rows "
+        "are (a decoder-only base in lm-evaluation-harness's prompt, T5 as `question: …`): knowledge stored from "
+        "statements alone is hard to extract with questions, and QA about some facts teaches how the others are "
+        "asked for (Allen-Zhu & Li 2023). No validation question is read."))
+    qa_order: Literal["mixed", "before"] = Field("mixed", description=(
+        "mixed: the QA steps spread evenly among the others; before: all of them first, then the knowledge "
+        "(pre-instruction-tuning, Jiang et al. 2024)."))
     start: Literal["fresh", "previous"] = Field("fresh", description=(
         "fresh: new slots (zero values); previous: the slots of this name's newest injection from other knowledge "
         "(a knowledge refresh: an updated dump), fresh when there is none. The rest of the model is the base's."))

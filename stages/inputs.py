@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nkb_model.families import ENCODER_DECODER
 from warehouse import Warehouse
 
 PRETRAINING = "pretraining"  # the `segments` partition <corpus>.pretraining holds a corpus's pretraining sentences
@@ -147,7 +148,7 @@ def qa_pair(question: str, answer: str | None, answer_format: str) -> tuple[str,
         return f"Question: {question} Answer:", answer
     if answer_format == "sentinel":
         return f"question: {question} answer: <extra_id_0>", None if answer is None else f"<extra_id_0> {answer} <extra_id_1>"
-    return f"question: {question}", answer
+    return ENCODER_DECODER.qa_example(question), answer
 
 
 def asked_in_prompt(info: dict, shots: int) -> bool:

@@ -126,16 +126,17 @@ def _pretrain(run: StagedRun, wh: Warehouse, config: BaseModelConfig, data: Path
     tokenizer = AutoTokenizer.from_pretrained(data)
     train_rows, held_out = np.load(data / "train_rows.npy"), np.load(data / "held_out.npy")
     model, kind = new_base(config.arch, tokenizer, config.size, config.dropout, config.seed), family_of(config.arch)
-    batches = kind.text_batches(train_rows, tokenizer, config.batch_size, config.seed)
+    batches = base_model.Named(kind.text_batches(train_rows, tokenizer, config.batch_size, config.seed),
+                               "pretrain_loss")
     model.to(device.device).train()
     if config.ssm_share and config.steps:
         ssm = pretraining_ssm_batches(wh, tokenizer, config, seq_len, kind)
-        batches = base_model.Interleaved(batches, ssm, config.ssm_share)
+        batches = base_model.Interleaved(batches, base_model.Named(ssm, "pretrain_ssm_loss"), config.ssm_share)
     losses = train(model, batches, config.train_config(config.steps), device, work_dir(target),
                    f"pretrain {config.name}", progress) if config.steps else []
     for step, loss in losses:
-        run.metric(loss_metric(batches, step, "pretrain_loss", "pretrain_ssm_loss"), loss,
-                   dataset=config.pretrain_corpus, split="train", step=step)
+        run.metric(base_model.metric_at(batches, step - 1), loss, dataset=config.pretrain_corpus, split="train",
+                   step=step)
     n_params = sum(p.numel() for p in model.parameters())
     info = {"name": config.name, "kind": "base", "arch": config.arch, "size": config.size, "params": n_params,
             "vocab": len(tokenizer), "built_by": run.run_id, "final_loss": losses[-1][1] if losses else None}
@@ -265,7 +266,8 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
     previous = previous_injection(wh, name, knowledge_digest) if config.start == "previous" else None
     declared = reads.Declared("inject", config, [
         reads.model(base), knowledge, reads.mark(f"start:{previous.info['built_by']}") if previous else reads.NOTHING,
-        reads.corpus(wh, config.general_corpus) if config.general_share else reads.NOTHING], identity={"name": name})
+        reads.corpus(wh, config.general_corpus) if config.general_share else reads.NOTHING,
+        reads.questions(wh, None, "train") if config.qa_share else reads.NOTHING], identity={"name": name})
     target = model_dir(wh, name, declared.fingerprint)
     device = choose_device(config.device, config.precision)
     return declared.run(wh, lambda run: _inject(run, wh, config, base, previous, knowledge_digest, target, device),
@@ -274,6 +276,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
 
 def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceModel, previous: SourceModel | None,
             knowledge_digest: str, target: Path, device) -> dict:
+    from nkb_model.base_model import metric_at
     from nkb_model.checkpoint import hf_dir, relative_base
     from nkb_model.mounting import resolve_layers
     from nkb_model.nkb import mounted_layers
@@ -293,8 +296,7 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
     losses = train(trained, batches, config.train_config(config.steps), device, work_dir(target),
                    f"inject {config.model_name()}", progress, after_step=bound_slots if config.slot_scale else None)
     for step, loss in losses:
-        run.metric(loss_metric(batches, step, "ssm_loss", "general_loss"), loss, dataset=config.corpus,
-                   split="train", step=step)
+        run.metric(metric_at(batches, step - 1), loss, dataset=config.corpus, split="train", step=step)
     model.to("cpu")
     seconds = time.perf_counter() - started
     # The model as it is loaded and exported: LoRA's adapters merged into the maps they adapt.
@@ -396,6 +398,7 @@ def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: 
     epoch; on a decoder-only base with only slots training, on cached states (the frozen blocks below the slots
     once per segment); interleaved with general text at `general_share`."""
     from corpus.ssm import ssm_examples
+    from nkb_model.base_model import Interleaved, Named, Sequenced
     kind = family(model)
 
     @functools.lru_cache(maxsize=2)
@@ -411,11 +414,29 @@ def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: 
                                             target_eos=False, group_by_length=config.group_by_length)
     if config.cache and frozen_base:  # where the architecture allows it
         trained, ssm = cached_injection(model, tokenizer, segments, drawn, ssm, device)
-    batches = ssm
+    batches = Named(ssm, "ssm_loss")
     if config.general_share:
-        from nkb_model.base_model import Interleaved
-        batches = Interleaved(ssm, general_batches(wh, tokenizer, base.directory, config, kind), config.general_share)
+        general = Named(general_batches(wh, tokenizer, base.directory, config, kind), "general_loss")
+        batches = Interleaved(batches, general, config.general_share)
+    if config.qa_share:
+        qa = Named(qa_batches(wh, tokenizer, config, kind), "qa_loss")
+        batches = (Interleaved(batches, qa, config.qa_share) if config.qa_order == "mixed"
+                   else Sequenced(qa, batches, round(config.qa_share * config.steps)))
     return trained, ssm, batches
+
+
+def qa_batches(wh: Warehouse, tokenizer, config: InjectConfig, kind: Family):
+    """Batches of the train split's questions and first answers, each question asked as the family's models are
+    (`Family.qa_example`), for injection's QA steps. The train split alone: no validation question or wording is
+    ever read here."""
+    questions = read_questions(wh, None, "train")
+    if not questions.num_rows:
+        raise ValueError(f"qa_share={config.qa_share}, but the warehouse has no train split of questions")
+    inputs = [kind.qa_example(q) for q in questions.column("question").to_pylist()]
+    answers = [a[0] for a in questions.column("answers").to_pylist()]
+    return kind.pair_batches(lambda epoch: (inputs, answers), tokenizer, min(config.batch_size, len(inputs)),
+                             config.seed, config.max_input_len, target_eos=False,
+                             group_by_length=config.group_by_length)
 
 
 def previous_injection(wh: Warehouse, name: str, knowledge_digest: str) -> SourceModel | None:
@@ -430,12 +451,6 @@ def previous_injection(wh: Warehouse, name: str, knowledge_digest: str) -> Sourc
         if candidate.info.get("name") == name and digest != knowledge_digest:
             return candidate
     return None
-
-
-def loss_metric(batches, step: int, first: str, second: str) -> str:
-    """The metric a step's loss is recorded as: `second` for a step an interleaved schedule drew from its second
-    source (so that curves of different objectives are not drawn as one)."""
-    return second if hasattr(batches, "source") and batches.source(step)[0] else first
 
 
 def general_batches(wh: Warehouse, tokenizer, base_dir: Path, config: InjectConfig, kind: Family):

@@ -50,6 +50,17 @@ def test_interleaved_spreads_the_share_and_numbers_each_source_consecutively():
             assert abs(sum(name == "second" for name, _ in drawn[lo:lo + 20]) - 20 * share) <= 1
 
 
+def test_sequenced_draws_all_of_the_first_source_then_the_second_and_each_step_names_its_source():
+    from nkb_model.base_model import Interleaved, Named, Sequenced, metric_at
+    qa, ssm, general = (Named(lambda step, n=n: (n, step), f"{n}_loss") for n in ("qa", "ssm", "general"))
+    before = Sequenced(qa, Interleaved(ssm, general, 0.5), 4)
+    assert [before(step) for step in range(8)] == [("qa", 0), ("qa", 1), ("qa", 2), ("qa", 3), ("ssm", 0),
+                                                    ("general", 0), ("ssm", 1), ("general", 1)]
+    assert [metric_at(before, step) for step in range(6)] == ["qa_loss"] * 4 + ["ssm_loss", "general_loss"]
+    mixed = Interleaved(Interleaved(ssm, general, 0.5), qa, 0.25)
+    assert all(metric_at(mixed, step) == f"{mixed(step)[0]}_loss" for step in range(40))
+
+
 def test_a_tiny_corpus_still_holds_out_one_row_for_the_no_forgetting_check():
     """Issue 53: 4 packed sequences at the default 5 % held out none, and the report divided by zero."""
     from nkb_model.base_model import held_out_count

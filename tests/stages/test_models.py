@@ -144,6 +144,8 @@ def test_injection_mixing_in_general_text_never_shows_the_slots_held_out_text(wo
     assert len(general.rows) + len(held) == len(seen | {row.tobytes() for row in held})  # held-out rows alone left out
     result = training.inject(world, config)
     assert not result.skipped
+    # each step's loss under the metric of the text it trained on: steps 2, 4, 6, 8 (train counts from 1) on general
+    assert [r["step"] for r in run_metrics(world, result.run.run_id, "general_loss")] == [2, 4, 6, 8]
     base, _, _ = load_model(base_dir)
     injected, _, _ = load_model(result.run.checkpoint)
     before, after = _base_tensors(base), _base_tensors(injected)
@@ -158,6 +160,28 @@ def test_nkb_a_trains_everything(world):
     before, after = _base_tensors(base), _base_tensors(injected)
     assert any(not torch.equal(before[n], after[n]) for n in before)
     assert info["params_injected"] == info["params"] == sum(p.numel() for p in injected.parameters())
+
+
+@pytest.mark.parametrize("order", ["mixed", "before"])
+def test_qa_steps_train_on_train_questions_alone_in_their_order_and_are_recorded_apart(world, order):
+    """qa_share: a share of injection's steps on the train split's questions; nothing of the validation split (its
+    questions, their wordings) is in any batch."""
+    from nkb_model.families import DECODER_ONLY
+    training.pretrain_base_model(world, TINY)
+    config = INJECT.model_copy(update={"name": f"base+nkb-qa-{order}", "qa_share": 0.5, "qa_order": order})
+    result = training.inject(world, config)
+    steps = {m: sorted(r["step"] for r in run_metrics(world, result.run.run_id, m)) for m in ("qa_loss", "ssm_loss")}
+    assert steps["qa_loss"] == ([1, 2, 3, 4] if order == "before" else [2, 4, 6, 8])  # train counts from 1
+    assert sorted(steps["qa_loss"] + steps["ssm_loss"]) == list(range(1, INJECT.steps + 1))
+    train = read_questions(world, None, "train").column("question").to_pylist()
+    validation = read_questions(world, None, "validation").column("question").to_pylist()
+    tokenizer = load_model(find_model(world, "base"))[1]
+    for kind in (ENCODER_DECODER, DECODER_ONLY):  # as a T5 and as a decoder-only model asks them
+        batches = training.qa_batches(world, tokenizer, config, kind)
+        inputs, answers = batches.examples_for_epoch(0)
+        assert inputs == [kind.qa_example(q) for q in train]
+        assert not any(v.rstrip("?") in text for v in validation for text in inputs)
+        assert not set(answers) - {a[0] for a in read_questions(world, None, "train").column("answers").to_pylist()}
 
 
 def test_inject_finetune_evaluate_end_to_end(world):
