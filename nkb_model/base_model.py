@@ -147,8 +147,9 @@ class Named:
 
 
 def metric_at(batches, step: int) -> str:
-    """The metric pipeline step `step`'s loss (0-based: `train` records it as step + 1) is recorded as: that of the `Named` source the step is drawn from,
-    through any `Interleaved` or `Sequenced` mixes (so that curves of different objectives are never drawn as one)."""
+    """The metric pipeline step `step`'s loss (0-based: `train` records it as step + 1) is recorded as: that of the
+    `Named` source the step is drawn from, through any mixes (so that curves of different objectives are never drawn
+    as one)."""
     while not isinstance(batches, Named):
         which, step = batches.source(step)
         batches = (batches.first, batches.second)[which]
