@@ -421,7 +421,7 @@ class BaseModelConfig(TrainingConfig):
 class InjectConfig(TrainingConfig):
     """Inject the salient-span-masked knowledge corpus into NKB slots mounted on a base model."""
     later_settings = TrainingConfig.later_settings | {"start", "span_target", "cued_spans", "lora_rank", "qa_share",
-                                                      "qa_order"}
+                                                      "qa_order", "sparse_slots"}
     volatile = TrainingConfig.volatile | {"cache"}
 
     base_model: str = Field("base", description="Model name from the base-model stage, or a Hugging Face T5 directory.")
@@ -465,6 +465,10 @@ class InjectConfig(TrainingConfig):
         "null: unbounded. Unbounded at a high rate, slots grow thousands of times louder than the FFN and take "
         "over the model on any text they fire on a little, which general generation pays for."))
     general_batch_size: int = Field(16, ge=1, description="Packed general-text sequences per general step.")
+    sparse_slots: Optional[int] = Field(None, ge=1, description=(
+        "Each step updates only this many slots per block: those that fire most on its batch against their firing "
+        "on general text (general_corpus), as sparse memory fine-tuning does (Lin et al. 2025); the others' update "
+        "is put back. null: every slot."))
     qa_share: float = Field(0.0, ge=0, lt=1, description=(
         "Share of the steps that train on the train split's questions and first answers, each asked as the rows "
         "are (a decoder-only base in lm-evaluation-harness's prompt, T5 as `question: …`): knowledge stored from "

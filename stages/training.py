@@ -257,8 +257,13 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
     """Mount NKB slots on a base model and train them (or everything, nkb-a) on SSM examples."""
     from nkb_model.train import choose_device
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
-    if config.general_share and not config.general_corpus:
-        raise ValueError(f"general_share={config.general_share} needs general_corpus= (corpora: {', '.join(corpora(wh))})")
+    for setting in ("general_share", "sparse_slots"):  # both read general text
+        if getattr(config, setting) and not config.general_corpus:
+            raise ValueError(f"{setting}={getattr(config, setting)} needs general_corpus= (corpora: "
+                             f"{', '.join(corpora(wh))})")
+    if config.sparse_slots and config.variant != "nkb":
+        raise ValueError(f"sparse_slots updates some of the NKB's slots; variant {config.variant} has no frozen base "
+                         "with slots beside it (nkb does)")
     base = source_model(wh, config.base_model)
     name = config.model_name()
     knowledge = reads.spans(wh, config.corpus)
@@ -266,7 +271,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
     previous = previous_injection(wh, name, knowledge_digest) if config.start == "previous" else None
     declared = reads.Declared("inject", config, [
         reads.model(base), knowledge, reads.mark(f"start:{previous.info['built_by']}") if previous else reads.NOTHING,
-        reads.corpus(wh, config.general_corpus) if config.general_share else reads.NOTHING,
+        reads.corpus(wh, config.general_corpus) if config.general_share or config.sparse_slots else reads.NOTHING,
         reads.questions(wh, None, "train") if config.qa_share else reads.NOTHING], identity={"name": name})
     target = model_dir(wh, name, declared.fingerprint)
     device = choose_device(config.device, config.precision)
@@ -289,12 +294,9 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
     trained, ssm, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device,
                                               made.frozen_base)
     slots = list(mounted_layers(model).values())
-
-    def bound_slots() -> None:
-        for layer in slots:
-            layer.bound_to_ffn_scale(config.slot_scale)
     losses = train(trained, batches, config.train_config(config.steps), device, work_dir(target),
-                   f"inject {config.model_name()}", progress, after_step=bound_slots if config.slot_scale else None)
+                   f"inject {config.model_name()}", progress,
+                   after_step=after_injection_step(wh, model, trained, tokenizer, config, base, device))
     for step, loss in losses:
         run.metric(metric_at(batches, step - 1), loss, dataset=config.corpus, split="train", step=step)
     model.to("cpu")
@@ -314,6 +316,27 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
     return {"model": info["name"], "started_from": info["started_from"], "params_total": total,
             "params_injected": made.count, "final_loss": round(losses[-1][1], 4),
             "examples_per_epoch": ssm.per_epoch * config.batch_size, "seconds": seconds, "device": device.name}
+
+
+def after_injection_step(wh: Warehouse, model, trained, tokenizer, config: InjectConfig, base: SourceModel, device):
+    """What runs after each optimizer step, or None: the slots kept within the FFN's scale (`slot_scale`), after
+    the updates of all but the slots most specific to the batch were put back (`sparse_slots`)."""
+    from nkb_model.nkb import mounted_layers
+    hooks = []
+    if config.sparse_slots:
+        from nkb_model.sparse_slots import SparseSlotUpdates, background_use
+        general = general_batches(wh, tokenizer, base.directory, config, family(model))
+        background = background_use(trained, (general(i) for i in range(min(SPARSE_BACKGROUND_BATCHES,
+                                                                              general.per_epoch))), device)
+        hooks.append(SparseSlotUpdates(model, config.sparse_slots, background).after_step)
+    if config.slot_scale:
+        hooks += [functools.partial(layer.bound_to_ffn_scale, config.slot_scale)
+                  for layer in mounted_layers(model).values()]
+    return (lambda: [hook() for hook in hooks]) if hooks else None
+
+
+# General-text batches each slot's background use is measured on (sparse_slots): 8 x 16 packed sequences.
+SPARSE_BACKGROUND_BATCHES = 8
 
 
 @dataclass(frozen=True)

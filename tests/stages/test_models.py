@@ -152,6 +152,26 @@ def test_injection_mixing_in_general_text_never_shows_the_slots_held_out_text(wo
     assert all(torch.equal(before[n], after[n]) for n in before)
 
 
+def test_sparse_slot_updates_change_at_most_the_chosen_slots_of_each_step(world):
+    training.pretrain_base_model(world, TINY)
+    from nkb_model.nkb import NKBConfig, mount_nkb
+    config = INJECT.model_copy(update={"name": "base+nkb-sparse", "sparse_slots": 4, "general_corpus": "general",
+                                       "slot_scale": None})  # unbounded: no slot changed but by its own updates
+    injected, _, info = load_model(training.inject(world, config).run.checkpoint)
+    start = load_model(find_model(world, "base"))[0]
+    torch.manual_seed(config.seed)  # the slots injection started from
+    mount_nkb(start, NKBConfig(layers=config.layers))
+    before, after = (mounted_layers(m)["decoder.1"] for m in (start, injected))
+    changed = {i for i in range(info["slots"]) if not torch.equal(before.nkb_values.weight[:, i],
+                                                                   after.nkb_values.weight[:, i])
+               or not torch.equal(before.nkb_keys.weight[i], after.nkb_keys.weight[i])}
+    assert 0 < len(changed) <= config.steps * config.sparse_slots < info["slots"]
+    with pytest.raises(ValueError, match="sparse_slots=4 needs general_corpus="):
+        training.inject(world, config.model_copy(update={"general_corpus": None}))
+    with pytest.raises(ValueError, match="variant lora has no frozen base with slots"):
+        training.inject(world, config.model_copy(update={"variant": "lora"}))
+
+
 def test_nkb_a_trains_everything(world):
     training.pretrain_base_model(world, TINY)
     result = training.inject(world, INJECT.model_copy(update={"variant": "nkb-a"}))
