@@ -254,7 +254,8 @@ def pretraining_ssm_batches(wh: Warehouse, tokenizer, config: BaseModelConfig, m
 # ---- injection -----------------------------------------------------------------------------------
 
 def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageResult:
-    """Mount NKB slots on a base model and train them (or everything, nkb-a) on SSM examples."""
+    """Mount NKB slots on a base model and train them (or everything, nkb-a) on SSM examples; or, for comparison,
+    LoRA adapters (lora) or the FFN maps (ft) of the same blocks."""
     from nkb_model.train import choose_device
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
     for setting in ("general_share", "sparse_slots"):  # both read general text
@@ -418,8 +419,9 @@ TRAINING = {"nkb": mount_slots, "nkb-a": mount_slots, "lora": mount_lora, "ft": 
 def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: InjectConfig, base: SourceModel,
                       device, frozen_base: bool = True):
     """(what trains, the SSM batches, every step's batches): salient span masking over the segments, drawn anew each
-    epoch; on a decoder-only base with only slots training, on cached states (the frozen blocks below the slots
-    once per segment); interleaved with general text at `general_share`."""
+    epoch; on a decoder-only base whose blocks below the trained ones are frozen, on cached states (those blocks
+    once per segment); interleaved with general text at `general_share`, and with the train split's questions at
+    `qa_share` (or those first)."""
     from corpus.ssm import ssm_examples
     from nkb_model.base_model import Interleaved, Named, Sequenced
     kind = family(model)
