@@ -18,7 +18,7 @@ from corpus.world_facts import source_version
 from stages import reads
 from stages.configs import REPORT_ROWS, ReportConfig
 from stages.names import evaluated_name, way_of_asking
-from warehouse import StagedRun, StageResult, Warehouse, list_runs, query, run_metrics
+from warehouse import StagedRun, StageResult, Warehouse, get_run, list_runs, query, run_metrics
 
 GENERATION_METRICS = ("rougeL", "bleu")
 GENERATION_ROWS = {r.label for r in REPORT_ROWS if r.generation}  # rows fine-tuned on the generation tasks
@@ -137,7 +137,13 @@ def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict],
             "heldout_loss_nkb_unmounted": unmounted, "retained_em": retained,
             "params_total": info.get("params") or sum(p.numel() for p in model.parameters()),
             "params_injected": info.get("params_injected", 0), "model_run": info.get("built_by"),
-            "train_seconds": info.get("train_seconds")}
+            "train_seconds": training_seconds(run.wh, info)}
+
+
+def training_seconds(wh: Warehouse, info: dict) -> float | None:
+    """How long the run that trained a model took (None for a base: brought in or pretrained apart)."""
+    built = get_run(wh, info["built_by"]) if info.get("kind") != "base" and info.get("built_by") else None
+    return built.seconds if built else None
 
 
 @dataclass(frozen=True)

@@ -100,12 +100,14 @@ def forgetting_points(wh: Warehouse, rows: list[dict]) -> list[tuple[str, float,
 
 def forgetting_scatter(ax, points) -> None:
     """EM against forgetting, a point per route: up is more knowledge out as answers, right is more general text
-    forgotten (held-out loss above the base's); each label says the share of the base's known facts retained."""
+    forgotten (held-out loss above the base's); the legend says each one's share of the base's known facts kept
+    (a legend, not labels: routes that forget alike sit on one another)."""
     for (model, em, (low, high), loss, retained), colour in zip(points, distinct_colours(len(points))):
-        ax.errorbar([loss], [em], yerr=[[em - low], [high - em]], fmt="o", color=colour, capsize=3)
         kept = "" if retained is None else f", {retained:.0f}% facts kept"
-        ax.annotate(f"{model}{kept}", (loss, em), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        ax.errorbar([loss], [em], yerr=[[em - low], [high - em]], fmt="o", color=colour, capsize=3,
+                    label=f"{model}: loss {loss:+.1f}%{kept}")
     ax.axvline(0, color="grey", linewidth=0.6)
+    ax.legend(fontsize=7)
     ax.set(xlabel="held-out loss against the base's (%): what general text it forgot",
            ylabel="EM (%), 95 % interval", title="Knowledge gained against what was forgotten")
 

@@ -308,12 +308,11 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
             "base_folder": relative_base(hf_dir(base.directory), target), "base_model": config.base_model,
             "params": total, "params_injected": made.count, "built_by": run.run_id, "final_loss": losses[-1][1],
             "knowledge_digest": knowledge_digest, "started_from": previous.info["built_by"] if previous else None,
-            "layers": resolve_layers(model, config.layers), "slots": model.nkb_config.slots if slots else None,
-            "train_seconds": round(seconds, 1)}
+            "layers": resolve_layers(model, config.layers), "slots": model.nkb_config.slots if slots else None}
     publish_model(run, target, lambda d: made.save(model, tokenizer, d, info))
     run.output("params_injected", made.count)
-    for metric, value in (("params_total", total), ("params_injected", made.count), ("train_seconds", seconds)):
-        run.metric(metric, value)
+    run.metric("params_total", total)
+    run.metric("params_injected", made.count)
     return {"model": info["name"], "started_from": info["started_from"], "params_total": total,
             "params_injected": made.count, "final_loss": round(losses[-1][1], 4),
             "examples_per_epoch": ssm.per_epoch * config.batch_size, "seconds": seconds, "device": device.name}

@@ -88,5 +88,5 @@ def test_each_route_is_a_point_of_em_against_the_general_text_it_forgot_labelled
     (ax,) = [ax for ax in report_figure(wh).axes if ax.get_title() == "Knowledge gained against what was forgotten"]
     points = [tuple(np.round(line.get_xydata()[0], 3)) for line in ax.lines if line.get_marker() == "o"]
     assert points == [(0.0, 0.0), (1.0, 30.0), (25.0, 20.0)]
-    assert [t.get_text() for t in ax.texts] == ["base, 100% facts kept", "base+NKB, 98% facts kept",
-                                                "base+FT, 50% facts kept"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "base: loss +0.0%, 100% facts kept", "base+NKB: loss +1.0%, 98% facts kept", "base+FT: loss +25.0%, 50% facts kept"]
