@@ -63,13 +63,15 @@ class SlotUse:
 
 
 @torch.no_grad()
-def background_use(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], device) -> dict[str, torch.Tensor]:
-    """Each slot's mean activation magnitude on `batches` of general text (the IDF side of the ranking)."""
+def background_use(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], device,
+                   forward: Callable | None = None) -> dict[str, torch.Tensor]:
+    """Each slot's mean activation magnitude on `batches` of general text (the IDF side of the ranking), read as
+    `forward` (default the model itself; the cached tail that training calls runs such batches whole) runs them."""
     use = SlotUse(model)
     try:
         for batch in batches:
             with device.autocast():
-                model(**{k: v.to(device.device) for k, v in batch.items()})
+                (forward or model)(**{k: v.to(device.device) for k, v in batch.items()})
         return use.mean()
     finally:
         use.remove()

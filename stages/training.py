@@ -326,8 +326,8 @@ def after_injection_step(wh: Warehouse, model, trained, tokenizer, config: Injec
     if config.sparse_slots:
         from nkb_model.sparse_slots import SparseSlotUpdates, background_use
         general = general_batches(wh, tokenizer, base.directory, config, family(model))
-        background = background_use(trained, (general(i) for i in range(min(SPARSE_BACKGROUND_BATCHES,
-                                                                              general.per_epoch))), device)
+        background = background_use(model, (general(i) for i in range(min(SPARSE_BACKGROUND_BATCHES,
+                                                                            general.per_epoch))), device, trained)
         hooks.append(SparseSlotUpdates(model, config.sparse_slots, background).after_step)
     if config.slot_scale:
         hooks += [functools.partial(layer.bound_to_ffn_scale, config.slot_scale)

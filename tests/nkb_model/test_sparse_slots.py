@@ -56,3 +56,19 @@ def test_the_chosen_slots_fire_most_on_the_batch_against_their_use_on_general_te
     background[loudest] = 1e6
     assert sparse.specific()[name].tolist() != [loudest]
     sparse.remove()
+
+
+def test_background_use_is_read_through_the_cached_tail_training_calls():
+    """On a decoder-only base injection trains `CachedTail`; general text goes through it whole, and the slots'
+    use is read off the model's own blocks."""
+    from nkb_model.prefix_cache import CachedTail
+    from nkb_model.sparse_slots import background_use
+    from nkb_model.train import choose_device
+    model = make("llama")
+    mount_nkb(model, NKBConfig(layers=["decoder.-1"]))
+    mark_only_nkb_trainable(model)
+    batch = {"input_ids": tokens(), "attention_mask": torch.ones_like(tokens()), "labels": tokens()}
+    device = choose_device("cpu", "fp32")
+    through_tail = background_use(model, [batch], device, CachedTail(model, 1))
+    direct = background_use(model, [batch], device)
+    assert through_tail.keys() == direct.keys() and all(torch.allclose(through_tail[k], direct[k]) for k in direct)
