@@ -100,9 +100,9 @@ class SparseSlotUpdates:
         self.chosen = self.specific()
         for name, layer in self.use.layers.items():
             for (weight, dim), old in zip(_slot_weights(layer), self.before[name]):
+                chosen = self.chosen[name].to(weight.device)
                 kept = old.to(weight.device, weight.dtype)
-                kept.index_copy_(dim, self.chosen[name].to(weight.device), weight.index_select(
-                    dim, self.chosen[name].to(weight.device)))
+                kept.index_copy_(dim, chosen, weight.index_select(dim, chosen))
                 weight.copy_(kept)
         self.use.reset()
         self.before = self._snapshot()

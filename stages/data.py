@@ -172,9 +172,10 @@ def _refuse_duplicate_documents(run: StagedRun, corpus: str, path: str, paths: l
 
 def join_corpora(wh: Warehouse, config: JoinCorporaConfig, force: bool = False) -> StageResult:
     """Several ingested corpora as one: `documents` partition `config.corpus`, their documents in order."""
-    missing = [c for c in config.corpora if c not in corpora(wh)]
+    ingested = corpora(wh)
+    missing = [c for c in config.corpora if c not in ingested]
     if missing:
-        raise ValueError(f"no corpus {', '.join(map(repr, missing))} to join; ingested: {', '.join(corpora(wh))}")
+        raise ValueError(f"no corpus {', '.join(map(repr, missing))} to join; ingested: {', '.join(ingested)}")
     declared = reads.Declared("join-corpora", config, [reads.corpus(wh, c) for c in config.corpora])
     return declared.run(wh, lambda run: _join_corpora(run, wh, config), force=force)
 

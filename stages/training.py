@@ -285,7 +285,6 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
     from nkb_model.base_model import metric_at
     from nkb_model.checkpoint import hf_dir, relative_base
     from nkb_model.mounting import resolve_layers
-    from nkb_model.nkb import mounted_layers
     from nkb_model.train import train
     started = time.perf_counter()
     segments, spans = segments_with_spans(wh, config.corpus)
@@ -294,7 +293,6 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
     device.hold(model)  # only what trains is saved (or, nkb-a, everything trains): a frozen base may be held in bf16
     trained, ssm, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device,
                                               made.frozen_base)
-    slots = list(mounted_layers(model).values())
     losses = train(trained, batches, config.train_config(config.steps), device, work_dir(target),
                    f"inject {config.model_name()}", progress,
                    after_step=after_injection_step(wh, model, trained, tokenizer, config, base, device))
@@ -308,7 +306,7 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
             "base_folder": relative_base(hf_dir(base.directory), target), "base_model": config.base_model,
             "params": total, "params_injected": made.count, "built_by": run.run_id, "final_loss": losses[-1][1],
             "knowledge_digest": knowledge_digest, "started_from": previous.info["built_by"] if previous else None,
-            "layers": resolve_layers(model, config.layers), "slots": model.nkb_config.slots if slots else None}
+            "layers": resolve_layers(model, config.layers), "slots": model.nkb_config.slots if hasattr(model, "nkb_config") else None}
     publish_model(run, target, lambda d: made.save(model, tokenizer, d, info))
     run.output("params_injected", made.count)
     run.metric("params_total", total)
