@@ -15,6 +15,8 @@ words nearest the target are kept), targets from the right.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -86,6 +88,15 @@ def pad_causal(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> dict[st
         attention[row, :n] = 1
         labels[row, len(prompt):n] = torch.tensor(target)
     return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+
+
+@functools.lru_cache(maxsize=4)
+def line_end_ids(tokenizer) -> tuple[int, ...]:
+    """EOS and every token whose text holds a line break: generation that keeps only the first line of what it
+    writes stops at any of them (the same first line, without writing the rest: ~half the steps of a few-shot
+    answer that would go on to the next example)."""
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    return (tokenizer.eos_token_id, *(i for i, t in enumerate(texts) if "\n" in t and i != tokenizer.eos_token_id))
 
 
 def pad_left(ids: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:

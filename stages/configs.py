@@ -345,10 +345,11 @@ class SalientSpansConfig(StageConfig):
     volatile = frozenset({"batch_size", "n_process", "dask"})
 
     corpus: Optional[Name] = Field(None, description="Corpus of the documents; default: the warehouse's only corpus.")
-    source: Literal["retrieved", "pretraining"] = Field(
+    source: Literal["retrieved", "pretraining", "augmented"] = Field(
         "retrieved", description="retrieved: segment the corpus's retrieved documents (what NKB injection learns); "
                                  "pretraining: the training sentences the pretraining-data stage wrote for the "
-                                 "corpus (what base-model's salient span masking learns).")
+                                 "corpus (what base-model's salient span masking learns); augmented: the other "
+                                 "wordings of the retrieved segments that the augment stage wrote.")
     max_words: int = Field(300, ge=8, description="Longest segment of a retrieved document in words (300 words fit "
                                                   "T5's 512-token input).")
     labels: list[str] = Field(
@@ -362,6 +363,34 @@ class SalientSpansConfig(StageConfig):
     shard_size: int = Field(5000, ge=1, description="Segments per Parquet shard; a crash loses at most one shard.")
     model: Optional[str] = Field(None, description="spaCy model name; default en_core_web_sm, else its re-upload.")
     dask: DaskAddress = None
+
+
+AugmentMethod = Literal["permute", "full_name", "paraphrase"]  # corpus.augment.METHODS
+
+
+class AugmentConfig(ModelStageConfig):
+    """Write other wordings of a corpus's retrieved segments into `augmented_segments`, each row with its source
+    segment and method: sentences permuted, the subject's full name for pronouns and short forms, and paraphrases
+    by an instruct LM (kept only when they keep every salient span word for word)."""
+    volatile = ModelStageConfig.volatile | {"batch_size", "shard_size"}
+
+    corpus: Optional[Name] = Field(None, description="Corpus whose retrieved segments to augment; default: the "
+                                                      "warehouse's only corpus.")
+    methods: list[AugmentMethod] = Field(
+        default_factory=lambda: ["permute", "full_name", "paraphrase"], min_length=1,
+        description="permute: the segment's sentences in another order (segments of two or more); full_name: the "
+                    "article title for sentence-initial pronouns and short forms of it; paraphrase: each sentence "
+                    "reworded by paraphrase_model.")
+    paraphrases: int = Field(2, ge=1, le=6, description="Paraphrases per segment, each prompted with its own three "
+                                                         "demonstrations (corpus.augment.DEMONSTRATIONS).")
+    paraphrase_model: str = Field("base", description=(
+        "The decoder-only LM that writes paraphrases, greedily and few-shot: a model name in the warehouse "
+        "(default: the base), a Hugging Face folder, a .gguf file or pip:PACKAGE."))
+    max_new_tokens: int = Field(96, ge=4, description="Longest paraphrase of one sentence, in tokens.")
+    batch_size: int = Field(32, ge=1, description="Sentences paraphrased per batch.")
+    shard_size: int = Field(500, ge=1, description="Segments per Parquet shard of `augmented_segments`: a crash "
+                                                   "loses at most one shard's paraphrases.")
+    seed: Seed = 0
 
 
 # ---- training stages -----------------------------------------------------------------------------
@@ -421,7 +450,7 @@ class BaseModelConfig(TrainingConfig):
 class InjectConfig(TrainingConfig):
     """Inject the salient-span-masked knowledge corpus into NKB slots mounted on a base model."""
     later_settings = TrainingConfig.later_settings | {"start", "span_target", "cued_spans", "lora_rank", "qa_share",
-                                                      "qa_order", "sparse_slots"}
+                                                      "qa_order", "sparse_slots", "augmented"}
     volatile = TrainingConfig.volatile | {"cache"}
 
     base_model: str = Field("base", description="Model name from the base-model stage, or a Hugging Face T5 directory.")
@@ -477,6 +506,10 @@ class InjectConfig(TrainingConfig):
     qa_order: Literal["mixed", "before"] = Field("mixed", description=(
         "mixed: the QA steps spread evenly among the others; before: all of them first, then the knowledge "
         "(pre-instruction-tuning, Jiang et al. 2024)."))
+    augmented: list[AugmentMethod] = Field(default_factory=list, description=(
+        "Other wordings of the segments trained on beside them: those of these methods in `augmented_segments` "
+        "(the augment stage's; permute, full_name, paraphrase), with their own salient spans (salient-spans "
+        "source=augmented). The same steps: more wordings, not more training (Allen-Zhu & Li 2023)."))
     start: Literal["fresh", "previous"] = Field("fresh", description=(
         "fresh: new slots (zero values); previous: the slots of this name's newest injection from other knowledge "
         "(a knowledge refresh: an updated dump), fresh when there is none. The rest of the model is the base's."))

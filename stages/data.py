@@ -28,7 +28,7 @@ from corpus.files import matching_files, repeats
 from stages import reads
 from stages.configs import (GenerationDataConfig, IndexConfig, IngestConfig, JoinCorporaConfig, QuestionsConfig,
                             RetrieveConfig, SalientSpansConfig, SampleWorldConfig)
-from stages.inputs import PRETRAINING, corpora, corpus_lineage, one_corpus, world_dir
+from stages.inputs import SEGMENTS_BY, corpora, corpus_lineage, one_corpus, world_dir
 from stages.progress import counting, progress
 from warehouse import ShardTarget, StagedRun, StageResult, Warehouse, file_digest, list_runs
 
@@ -455,8 +455,8 @@ def ner_shards_here(jobs: list[NerShard]) -> list[int]:
 def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = False,
                        map_shards: Optional[Callable[[Callable, list[NerShard]], list[int]]] = None) -> StageResult:
     """NER in resumable shards over a corpus's segments: its retrieved documents, each segmented once into the
-    `segments` partition <corpus> here, or (source=pretraining) the `segments` partition <corpus>.pretraining
-    that the pretraining-data stage wrote.
+    `segments` partition <corpus> here, or the `segments` partition <corpus>.<source> that the pretraining-data
+    stage (source=pretraining) or the augment stage (source=augmented) wrote.
 
     `map_shards(ner_shard, shards)` runs the pending shards elsewhere and returns their row counts (the flow passes
     a Dask-backed one when `config.dask` is set); by default they run in this process. The result is the same."""
@@ -469,11 +469,12 @@ def find_salient_spans(wh: Warehouse, config: SalientSpansConfig, force: bool = 
             raise ValueError("no retrievals; run the retrieve stage first")
         upstream = [("documents", corpus_lineage(wh, config.corpus))] + upstream
     else:
-        partition = f"{config.corpus}.{PRETRAINING}"
+        partition = f"{config.corpus}.{config.source}"
         upstream = [(n, f) for n, f in wh.lineage("segments", partition) if n == partition]
         if not upstream:
-            raise ValueError(f"no pretraining sentences of corpus {config.corpus!r}; run the pretraining-data "
-                             f"stage first (nkb run pretraining-data --set corpus={config.corpus})")
+            first = SEGMENTS_BY[config.source]
+            raise ValueError(f"no {config.source} segments of corpus {config.corpus!r}; run the {first} stage first "
+                             f"(nkb run {first} --set corpus={config.corpus})")
     declared = reads.Declared("salient-spans", config, [reads.mark(ner.model_id(config.model)),
                                                         reads.partitions(upstream)])
     return declared.run(wh, lambda run: _find_salient_spans(run, wh, config, partition, map_shards), force=force,

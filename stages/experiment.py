@@ -359,8 +359,24 @@ class Experiment(StageConfig):
         steps.append(("retrieve", self._stage("retrieve", corpus=knowledge)))
         steps.append(("salient-spans", self._stage("salient-spans", corpus=knowledge)))
         if train_models:
-            steps += self._model_steps(knowledge, general)
+            models = self._model_steps(knowledge, general)
+            first = next((i for i, (stage, _) in enumerate(models) if stage == "inject"), len(models))
+            steps += models[:first] + self._augment_steps(models, knowledge) + models[first:]  # after the base
         return steps
+
+    def _augment_steps(self, models: list[tuple[str, StageConfig]], knowledge: str) -> list[tuple[str, StageConfig]]:
+        """Other wordings of the knowledge and their salient spans, when an injection trains on them: by the methods
+        the injections ask for, unless `stages.augment.methods` names more."""
+        asked = list(dict.fromkeys(m for stage, c in models if stage == "inject" for m in c.augmented))
+        if not asked:
+            return []
+        config = self._stage("augment", corpus=knowledge)
+        methods = self.stages.get("augment", {}).get("methods") or asked
+        if missing := [m for m in asked if m not in methods]:
+            raise ExperimentError(f"stages.augment.methods: {', '.join(methods)} leaves out {', '.join(missing)}, "
+                                  "which an injection's `augmented` asks for")
+        return [("augment", config.model_copy(update={"methods": methods})),
+                ("salient-spans", self._stage("salient-spans", corpus=knowledge, source="augmented"))]
 
     def _stage(self, stage: str, settings: tuple[str, ...] = (), **planned):
         """A stage's config: the experiment's settings for it (and for the `settings` keys over them: nkb-a,

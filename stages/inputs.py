@@ -13,6 +13,9 @@ from nkb_model.families import ENCODER_DECODER
 from warehouse import Warehouse
 
 PRETRAINING = "pretraining"  # the `segments` partition <corpus>.pretraining holds a corpus's pretraining sentences
+AUGMENTED = "augmented"  # and <corpus>.augmented the other wordings of its retrieved segments (the augment stage's)
+# The stage to run before salient-spans, for segments of each source.
+SEGMENTS_BY = {"retrieved": "retrieve", PRETRAINING: "pretraining-data", AUGMENTED: "augment"}
 
 
 def world_dir(wh: Warehouse) -> Path:
@@ -55,12 +58,12 @@ def partition_family(wh: Warehouse, table: str, partition: str) -> list[tuple[st
 
 
 def span_partitions(wh: Warehouse, corpus: str, source: str = "retrieved") -> tuple[str, list[str]]:
-    """The `segments` partition of a corpus's retrieved documents (source=retrieved) or pretraining sentences,
-    and its `salient_spans` shards. Raises, saying which stages to run, when either is missing."""
-    segments = corpus if source == "retrieved" else f"{corpus}.{PRETRAINING}"
+    """The `segments` partition of a corpus's retrieved documents (source=retrieved), pretraining sentences or
+    augmented segments, and its `salient_spans` shards. Raises, saying which stages to run, when either is missing."""
+    segments = corpus if source == "retrieved" else f"{corpus}.{source}"
     spans = [name for name, _ in partition_family(wh, "salient_spans", segments)]
     if not partition_family(wh, "segments", segments) or not spans:
-        first = ("retrieve" if source == "retrieved" else f"pretraining-data --set corpus={corpus}")
+        first = SEGMENTS_BY[source] + ("" if source == "retrieved" else f" --set corpus={corpus}")
         raise ValueError(f"no salient spans of {corpus!r} ({source}); run the {first} stage, then "
                          f"salient-spans --set corpus={corpus} --set source={source}")
     return segments, spans

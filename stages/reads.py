@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from stages.configs import StageConfig
-from stages.inputs import PRETRAINING, corpus_lineage, partition_family, span_partitions
+from stages.inputs import AUGMENTED, PRETRAINING, corpus_lineage, partition_family, span_partitions
 from stages.registry import STAGES
 from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, run_stage
 
@@ -69,8 +69,10 @@ def spans(wh: Warehouse, corpus_name: str, source: str = "retrieved") -> Read:
 
 
 def retrieved_span_partitions(wh: Warehouse) -> list[tuple[str, str]]:
-    """(name, lineage) of the salient spans of every corpus's retrieved documents (not of pretraining text)."""
-    return [(n, f) for n, f in wh.lineage("salient_spans") if f".{PRETRAINING}-" not in n]
+    """(name, lineage) of the salient spans of every corpus's retrieved documents (not of pretraining text, nor of
+    augmented segments)."""
+    return [(n, f) for n, f in wh.lineage("salient_spans")
+            if f".{PRETRAINING}-" not in n and f".{AUGMENTED}-" not in n]
 
 
 def file(path: str | None) -> Read:

@@ -10,10 +10,10 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from stages.configs import (RUN_SETTINGS, AnalyzeConfig, BaseModelConfig, EditConfig, EvaluateConfig, FinetuneConfig,
-                            GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig, JoinCorporaConfig,
-                            PretrainingDataConfig, QuestionsConfig, ReportConfig, RetrieveConfig, SalientSpansConfig,
-                            SampleWorldConfig, StageConfig, SurgeryConfig)
+from stages.configs import (RUN_SETTINGS, AnalyzeConfig, AugmentConfig, BaseModelConfig, EditConfig, EvaluateConfig,
+                            FinetuneConfig, GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig,
+                            JoinCorporaConfig, PretrainingDataConfig, QuestionsConfig, ReportConfig, RetrieveConfig,
+                            SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig)
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,8 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("retrieve", RetrieveConfig, "data:retrieve", writes=frozenset({"retrievals"})),
     Stage("salient-spans", SalientSpansConfig, "data:find_salient_spans",
           writes=frozenset({"segments", "salient_spans"})),
+    Stage("augment", AugmentConfig, "augment:augment", pool="gpu",
+          writes=frozenset({"augmented_segments", "segments", "salient_spans"})),
     Stage("pretraining-data", PretrainingDataConfig, "training:prepare_pretraining_data",
           writes=frozenset({"segments"})),
     Stage("base-model", BaseModelConfig, "training:pretrain_base_model", pool="gpu", publishes_model=True),

@@ -14,13 +14,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from nkb_model.architectures import DEFAULT_ARCH
 from nkb_model.families import Family, family, family_of, new_base
 from stages import reads
 from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig, PretrainingDataConfig
-from stages.inputs import (PRETRAINING, corpora, corpus_texts, gen_examples, gen_inputs, one_corpus, packed_rows,
-                           qa_inputs, qa_pair, read_questions, segments_with_spans)
+from stages.inputs import (AUGMENTED, PRETRAINING, corpora, corpus_texts, gen_examples, gen_inputs, one_corpus,
+                           packed_rows, qa_inputs, qa_pair, read_questions, segments_with_spans)
 from stages.models import (SourceModel, base_dir_of, model_at, model_dir, model_present, publish_model, source_model,
                            work_dir)
 from stages.progress import progress
@@ -273,7 +275,8 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
     declared = reads.Declared("inject", config, [
         reads.model(base), knowledge, reads.mark(f"start:{previous.info['built_by']}") if previous else reads.NOTHING,
         reads.corpus(wh, config.general_corpus) if config.general_share or config.sparse_slots else reads.NOTHING,
-        reads.questions(wh, None, "train") if config.qa_share else reads.NOTHING], identity={"name": name})
+        reads.questions(wh, None, "train") if config.qa_share else reads.NOTHING,
+        reads.spans(wh, config.corpus, AUGMENTED) if config.augmented else reads.NOTHING], identity={"name": name})
     target = model_dir(wh, name, declared.fingerprint)
     device = choose_device(config.device, config.precision)
     return declared.run(wh, lambda run: _inject(run, wh, config, base, previous, knowledge_digest, target, device),
@@ -287,7 +290,7 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
     from nkb_model.mounting import resolve_layers
     from nkb_model.train import train
     started = time.perf_counter()
-    segments, spans = segments_with_spans(wh, config.corpus)
+    segments, spans = knowledge_segments(wh, config)
     model, tokenizer, _ = base.load()
     made = TRAINING[config.variant](model, config, previous.directory / "nkb" if previous else None)
     device.hold(model)  # only what trains is saved (or, nkb-a, everything trains): a frozen base may be held in bf16
@@ -314,6 +317,22 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
     return {"model": info["name"], "started_from": info["started_from"], "params_total": total,
             "params_injected": made.count, "final_loss": round(losses[-1][1], 4),
             "examples_per_epoch": ssm.per_epoch * config.batch_size, "seconds": seconds, "device": device.name}
+
+
+def knowledge_segments(wh: Warehouse, config: InjectConfig) -> tuple[pa.Table, pa.Table]:
+    """(segments, their salient spans) that inject trains on: the corpus's retrieved segments, and their other
+    wordings of the `augmented` methods."""
+    segments, spans = segments_with_spans(wh, config.corpus)
+    if not config.augmented:
+        return segments, spans
+    more, more_spans = segments_with_spans(wh, config.corpus, AUGMENTED)
+    methods = pc.replace_substring_regex(more.column("segment_id"), r"^.*~|\d+$", "")  # <segment>~<method><k>
+    if missing := sorted(set(config.augmented) - set(methods.unique().to_pylist())):
+        raise ValueError(f"augmented: the corpus {config.corpus!r} has no augmented segments by "
+                         f"{', '.join(missing)}; run augment --set methods={','.join(config.augmented)}")
+    more = more.filter(pc.is_in(methods, pa.array(config.augmented)))
+    more_spans = more_spans.filter(pc.is_in(more_spans.column("segment_id"), more.column("segment_id")))
+    return pa.concat_tables([segments, more]), pa.concat_tables([spans, more_spans])
 
 
 def after_injection_step(wh: Warehouse, model, trained, tokenizer, config: InjectConfig, base: SourceModel, device):

@@ -61,6 +61,15 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
         pa.field("text", pa.string()),
         RUN_ID,
     ]),
+    "augmented_segments": pa.schema([                       # other wordings of a corpus's retrieved segments
+        pa.field("segment_id", pa.string(), nullable=False),  # <source segment>~<method><k>
+        pa.field("source_segment_id", pa.string(), nullable=False),
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("method", pa.string(), nullable=False),      # permute | full_name | paraphrase
+        pa.field("text", pa.string()),
+        pa.field("model", pa.string()),                       # paraphrase: the LM that wrote it
+        RUN_ID,
+    ]),
     "predictions": pa.schema([
         RUN_ID,
         pa.field("question_id", pa.string(), nullable=False),

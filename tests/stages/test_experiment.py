@@ -364,3 +364,19 @@ def test_knowledge_of_several_files_is_ingested_each_then_joined_into_the_corpus
         Experiment.parse(MINIMAL | {"knowledge": entries, "knowledge_corpus": "passages"})
     one = plan_of(Experiment.parse(MINIMAL))
     assert "join-corpora" not in [s for s, _ in one]
+
+
+def test_an_injection_on_augmented_wordings_plans_them_and_their_spans_after_the_base_and_before_it():
+    plain = [s for s, _ in plan_of(Experiment.load(SAMPLE_WORLD_SMOLLM2))]
+    assert "augment" not in plain
+    plan = plan_of(Experiment.load(SAMPLE_WORLD_SMOLLM2, ["stages.inject.augmented=paraphrase",
+                                                          "stages.augment.paraphrases=3"]))
+    stages = [s for s, _ in plan]
+    assert stages.index("base-model") < stages.index("augment") < stages.index("inject")  # the base paraphrases
+    (augment,) = [c for s, c in plan if s == "augment"]
+    assert augment.methods == ["paraphrase"] and augment.paraphrases == 3 and augment.corpus == "sampleworld"
+    assert [c.source for s, c in plan if s == "salient-spans"] == ["retrieved", "augmented"]
+    assert made(plan)["base+nkb"].augmented == ["paraphrase"]
+    with pytest.raises(ExperimentError, match="stages.augment.methods: permute leaves out paraphrase"):
+        plan_of(Experiment.load(SAMPLE_WORLD_SMOLLM2, ["stages.inject.augmented=paraphrase",
+                                                       "stages.augment.methods=permute"]))

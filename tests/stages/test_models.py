@@ -802,3 +802,27 @@ def test_a_base_without_held_out_rows_is_reported_without_its_loss_and_says_why(
     run = report.report(copy, ReportConfig(), force=True).run
     assert run.outputs["heldout_loss"] == report.HELD_OUT_EMPTY
     assert {r["model"]: r["heldout_loss"] for r in copy.read("report").to_pylist()}["base"] is None
+
+
+def test_injection_trains_on_the_augmented_wordings_it_names_beside_the_segments(world):
+    """`augmented`: the other wordings of those methods (the augment stage's), with their own spans, in the same
+    steps; a method the augment stage did not run is named."""
+    from stages import augment
+    from stages.configs import AugmentConfig
+    training.pretrain_base_model(world, TINY)
+    config = INJECT.model_copy(update={"name": "base+nkb-permuted", "augmented": ["permute"]})
+    with pytest.raises(ValueError, match=r"no salient spans of 'sampleworld' \(augmented\); run the augment"):
+        training.inject(world, config)
+    augment.augment(world, AugmentConfig(corpus="sampleworld", methods=["permute"]))
+    data.find_salient_spans(world, SalientSpansConfig(corpus="sampleworld", source="augmented"))
+    with pytest.raises(ValueError, match="no augmented segments by paraphrase; run augment --set "
+                                         "methods=permute,paraphrase"):
+        training.inject(world, config.model_copy(update={"augmented": ["permute", "paraphrase"]}))
+    plain, result = training.inject(world, INJECT), training.inject(world, config)
+    assert result.value["examples_per_epoch"] > plain.value["examples_per_epoch"]
+    assert len(run_metrics(world, result.run.run_id, "ssm_loss")) == INJECT.steps  # the same steps
+    segments, spans = training.knowledge_segments(world, config)
+    ids = segments.column("segment_id").to_pylist()
+    permuted = [i for i in ids if "~" in i]
+    assert permuted and all(i.endswith("~permute") for i in permuted)
+    assert set(spans.column("segment_id").to_pylist()) <= set(ids)

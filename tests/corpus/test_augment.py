@@ -1,0 +1,60 @@
+"""Knowledge augmentation's methods, as pure functions of a segment."""
+
+import random
+
+from corpus import augment
+
+
+def test_permuted_keeps_every_sentence_in_another_order_and_leaves_one_sentence_alone():
+    text = "Ada Lovelace was born in London. She wrote notes on the Analytical Engine. She died in 1852."
+    out = augment.permuted(text, random.Random(0))
+    assert out != text and sorted(augment.sentence_texts(out)) == sorted(augment.sentence_texts(text))
+    assert out == augment.permuted(text, random.Random(0))  # seeded: the same order again
+    assert augment.permuted("Ada Lovelace was born in London.", random.Random(0)) is None
+
+
+def test_full_name_replaces_short_forms_and_sentence_initial_pronouns_not_other_people():
+    text = "Curie was born in Warsaw. She married Pierre Curie in 1895. Her daughter Irène won a prize."
+    people = [(0, 5), (38, 50), (73, 78)]  # Curie, Pierre Curie, Irène
+    assert [text[a:b] for a, b in people] == ["Curie", "Pierre Curie", "Irène"]
+    assert augment.with_full_name(text, "Marie Curie (physicist)", people) == (
+        "Marie Curie was born in Warsaw. Marie Curie married Pierre Curie in 1895. "
+        "Marie Curie's daughter Irène won a prize.")
+    assert augment.with_full_name("Marie Curie was born in Warsaw.", "Marie Curie", [(0, 11)]) is None
+    assert augment.subject_name("Mercury (planet)") == "Mercury"
+
+
+def test_paraphrase_prompts_differ_by_their_demonstrations_and_end_where_the_paraphrase_starts():
+    heads = [augment.paraphrase_demonstrations(k) for k in range(2)]
+    assert heads[0] != heads[1] and all(h.count("Paraphrase:") == augment.SHOTS for h in heads)
+    assert all(h.endswith("\n\n") for h in heads)
+    assert augment.paraphrase_request("Toyota makes cars.") == "Sentence: Toyota makes cars.\nParaphrase:"
+
+
+def test_a_paraphrase_is_kept_only_with_every_salient_span_and_in_proportion():
+    sentence = "Hourdraes Bouhel was born in 1907 in Zixthalkel."
+    keep = ["Hourdraes Bouhel", "1907", "Zixthalkel"]
+    assert augment.kept_paraphrase(sentence, " In 1907,  Hourdraes Bouhel was born in Zixthalkel. ", keep) == \
+        "In 1907, Hourdraes Bouhel was born in Zixthalkel."
+    assert augment.kept_paraphrase(sentence, "In 1907, Hourdraes Bouhel was born in Zixthalkal.", keep) is None
+    assert augment.kept_paraphrase(sentence, sentence.lower(), keep) is None  # the sentence itself
+    assert augment.kept_paraphrase(sentence, "", keep) is None
+    rambling = "In 1907, Hourdraes Bouhel was born in Zixthalkel, " + "a town of many rivers " * 4
+    assert augment.kept_paraphrase(sentence, rambling, keep) is None
+
+
+def test_a_heading_without_closing_punctuation_keeps_its_place():
+    text = "Ada Lovelace was born in London. She died in 1852. Works References"
+    out = augment.permuted(text, random.Random(0))
+    assert out == "She died in 1852. Ada Lovelace was born in London. Works References"
+    assert augment.permuted("Ada Lovelace was born in London. Works References", random.Random(0)) is None
+
+
+def test_a_person_span_inside_the_full_name_itself_is_left_as_it_is():
+    """spaCy marks part of a name as a person (`Shershaeth` of `Shershaeth and Sons`, `Brøtai` of `Shøskrend
+    Brøtai`): already the full name, not a short form of it."""
+    text = "While at Shershaeth and Sons, Shøskrend Brøtai carved a statue. Brøtai died in 1990."
+    sons, first, last = text.index("Shershaeth"), text.index("Brøtai"), text.rindex("Brøtai")
+    assert augment.with_full_name(text, "Shershaeth and Sons", [(sons, sons + 10)]) is None
+    assert augment.with_full_name(text, "Shøskrend Brøtai", [(first, first + 6), (last, last + 6)]) == (
+        "While at Shershaeth and Sons, Shøskrend Brøtai carved a statue. Shøskrend Brøtai died in 1990.")
