@@ -66,6 +66,8 @@ def with_full_name(text: str, title: str, people: Iterable[tuple[int, int]]) -> 
     """The segment with its subject's full name in place of sentence-initial he/she (his/her: the name's) and of
     the `people` spans (character offsets of PERSON entities) that are short forms of it; None if nothing changed."""
     name = subject_name(title)
+    if not name:  # a document without a title names no subject
+        return None
     words = set(name.split())
     out, last = [], 0
     for start, end in sorted(people):

@@ -22,6 +22,7 @@ def test_full_name_replaces_short_forms_and_sentence_initial_pronouns_not_other_
         "Marie Curie's daughter Irène won a prize.")
     assert augment.with_full_name("Marie Curie was born in Warsaw.", "Marie Curie", [(0, 11)]) is None
     assert augment.subject_name("Mercury (planet)") == "Mercury"
+    assert augment.with_full_name(text, "", people) is None  # no title: no subject to name
 
 
 def test_paraphrase_prompts_differ_by_their_demonstrations_and_end_where_the_paraphrase_starts():
