@@ -70,6 +70,10 @@ def _augment(run: StagedRun, wh: Warehouse, config: AugmentConfig, writer: Parap
     segments, spans = segments_to_augment(wh, config.corpus)
     loaded = writer.load() if writer else None
     if loaded:
+        from nkb_model.families import family
+        if family(loaded[0]).has_encoder:
+            raise ValueError(f"paraphrase_model {config.paraphrase_model} is an encoder-decoder model; paraphrases "
+                             "are written by a decoder-only (instruct) LM: name one with paraphrase_model=")
         loaded[0].to(device.device).eval().requires_grad_(False)
     shards = run.shards("augmented_segments", config.corpus)
     resumed = shards.done_count()

@@ -813,6 +813,8 @@ def test_injection_trains_on_the_augmented_wordings_it_names_beside_the_segments
     config = INJECT.model_copy(update={"name": "base+nkb-permuted", "augmented": ["permute"]})
     with pytest.raises(ValueError, match=r"no salient spans of 'sampleworld' \(augmented\); run the augment"):
         training.inject(world, config)
+    with pytest.raises(ValueError, match="paraphrase_model base is an encoder-decoder model"):
+        augment.augment(world, AugmentConfig(corpus="sampleworld", methods=["paraphrase"]))  # the tiny T5 base
     augment.augment(world, AugmentConfig(corpus="sampleworld", methods=["permute"]))
     data.find_salient_spans(world, SalientSpansConfig(corpus="sampleworld", source="augmented"))
     with pytest.raises(ValueError, match="no augmented segments by paraphrase; run augment --set "
