@@ -820,10 +820,10 @@ def test_injection_trains_on_the_augmented_wordings_it_names_beside_the_segments
     with pytest.raises(ValueError, match="no augmented segments by paraphrase; run augment --set "
                                          "methods=permute,paraphrase"):
         training.inject(world, config.model_copy(update={"augmented": ["permute", "paraphrase"]}))
-    plain, result = training.inject(world, INJECT), training.inject(world, config)
-    assert result.value["examples_per_epoch"] > plain.value["examples_per_epoch"]
+    result = training.inject(world, config)
     assert len(run_metrics(world, result.run.run_id, "ssm_loss")) == INJECT.steps  # the same steps
     segments, spans = training.knowledge_segments(world, config)
+    assert segments.num_rows > training.knowledge_segments(world, INJECT)[0].num_rows  # more wordings
     ids = segments.column("segment_id").to_pylist()
     permuted = [i for i in ids if "~" in i]
     assert permuted and all(i.endswith("~permute") for i in permuted)
