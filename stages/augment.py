@@ -77,14 +77,15 @@ def _augment(run: StagedRun, wh: Warehouse, config: AugmentConfig, writer: Parap
         loaded[0].to(device.device).eval().requires_grad_(False)
     shards = run.shards("augmented_segments", config.corpus)
     resumed = shards.done_count()
-    todo = [lo for index, lo in enumerate(range(0, len(segments), config.shard_size)) if not shards.is_done(index)]
     with progress(desc="augment", unit=" seg", total=len(segments),  # advanced by shares of a shard
                   bar_format="{l_bar}{bar}| {n:.0f}/{total} [{elapsed}<{remaining}]") as bar:
-        bar.update(len(segments) - sum(len(segments[lo:lo + config.shard_size]) for lo in todo))
-        for lo in todo:
+        for index, lo in enumerate(range(0, len(segments), config.shard_size)):
             part = segments[lo:lo + config.shard_size]
-            shards.write(lo // config.shard_size, augmented_rows(part, spans, config, writer, loaded, device,
-                                                                 lambda share: bar.update(share * len(part))))
+            if shards.is_done(index):  # written before a crash
+                bar.update(len(part))
+                continue
+            shards.write(index, augmented_rows(part, spans, config, writer, loaded, device,
+                                               lambda share: bar.update(share * len(part))))
     table = pa.concat_tables([pq.read_table(staged, columns=list(COLUMNS)) for staged, _ in shards.files()])
     run.write("segments", f"{config.corpus}.{AUGMENTED}", table.select(["segment_id", "doc_id", "text"]))
     run.replace_partitions("salient_spans", f"{config.corpus}.{AUGMENTED}-")  # they described other segments
@@ -118,10 +119,10 @@ def augmented_rows(segments: list[dict], spans: dict, config: AugmentConfig, wri
     done."""
     rows: dict[str, list] = {c: [] for c in COLUMNS}
 
-    def add(segment: dict, method: str, text: str | None, name: str | None = None) -> None:
+    def add(segment: dict, method: str, text: str | None, k: int | str = "", name: str | None = None) -> None:
         if text:
-            for column, value in zip(COLUMNS, (f"{segment['segment_id']}~{method}", segment["segment_id"],
-                                               segment["doc_id"], method.rstrip("0123456789"), text, name)):
+            for column, value in zip(COLUMNS, (f"{segment['segment_id']}~{method}{k}", segment["segment_id"],
+                                               segment["doc_id"], method, text, name)):
                 rows[column].append(value)
     for segment in segments:
         rng = random.Random(f"{config.seed}:{segment['segment_id']}")
@@ -132,7 +133,7 @@ def augmented_rows(segments: list[dict], spans: dict, config: AugmentConfig, wri
             add(segment, "full_name", aug.with_full_name(segment["text"], segment["title"], people))
     if writer:
         for segment, k, text in paraphrased(segments, spans, config, loaded, device, advance):
-            add(segment, f"paraphrase{k}", text, writer.name)
+            add(segment, "paraphrase", text, k, writer.name)
     else:
         advance(1.0)
     return rows

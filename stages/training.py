@@ -309,7 +309,8 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
             "base_folder": relative_base(hf_dir(base.directory), target), "base_model": config.base_model,
             "params": total, "params_injected": made.count, "built_by": run.run_id, "final_loss": losses[-1][1],
             "knowledge_digest": knowledge_digest, "started_from": previous.info["built_by"] if previous else None,
-            "layers": resolve_layers(model, config.layers), "slots": model.nkb_config.slots if hasattr(model, "nkb_config") else None}
+            "layers": resolve_layers(model, config.layers),
+            "slots": model.nkb_config.slots if hasattr(model, "nkb_config") else None}
     publish_model(run, target, lambda d: made.save(model, tokenizer, d, info))
     run.output("params_injected", made.count)
     run.metric("params_total", total)

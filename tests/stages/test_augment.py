@@ -12,12 +12,18 @@ from warehouse import list_runs, query
 pytestmark = pytest.mark.slow  # a real Lucene index first
 
 
-def test_augmented_segments_name_their_source_and_method_resume_after_a_crash_and_get_their_spans(tmp_path,
-                                                                                                  monkeypatch):
-    wh = load_world(tmp_path / "wh")
+def spanned_world(home):
+    """The sample world with its retrieved segments and their salient spans: what augment reads."""
+    wh = load_world(home)
     data.build_index(wh, IndexConfig())
     data.retrieve(wh, RetrieveConfig())
     data.find_salient_spans(wh, SalientSpansConfig())
+    return wh
+
+
+def test_augmented_segments_name_their_source_and_method_resume_after_a_crash_and_get_their_spans(tmp_path,
+                                                                                                  monkeypatch):
+    wh = spanned_world(tmp_path / "wh")
     with pytest.raises(ValueError, match="no augmented segments of corpus 'sampleworld'; run the augment stage"):
         data.find_salient_spans(wh, SalientSpansConfig(source="augmented"))
     config = AugmentConfig(methods=["permute", "full_name"], shard_size=10)
@@ -58,9 +64,6 @@ def test_augmented_segments_name_their_source_and_method_resume_after_a_crash_an
 
 
 def test_a_paraphrase_model_that_is_not_there_is_named(tmp_path):
-    wh = load_world(tmp_path / "wh")
-    data.build_index(wh, IndexConfig())
-    data.retrieve(wh, RetrieveConfig())
-    data.find_salient_spans(wh, SalientSpansConfig())
+    wh = spanned_world(tmp_path / "wh")
     with pytest.raises(ValueError, match="base model ./no-such.gguf: no such folder or file"):
         augment.augment(wh, AugmentConfig(paraphrase_model="./no-such.gguf"))
