@@ -80,7 +80,7 @@ HELD_OUT_EMPTY = ("not measured: the base holds no held-out rows (its general co
 FACT_TOKENS = 10  # a capital's name is at most 4 words: more tokens would only cost time
 
 
-def _ask_facts(model, tokenizer, facts: list[dict], device) -> tuple[list[str], list[bool]]:
+def ask_facts(model, tokenizer, facts: list[dict], device) -> tuple[list[str], list[bool]]:
     from nkb_model.checks import probe
     return probe(model, tokenizer, [f["prompt"] for f in facts], [f["answer"] for f in facts], device,
                  max_new_tokens=FACT_TOKENS)
@@ -92,7 +92,7 @@ def known_facts(directory: Path, device) -> list[dict]:
     from nkb_model.checkpoint import load_model
     facts = capital_facts()
     model, tokenizer, _ = load_model(directory)
-    _, hits = _ask_facts(model.to(device.device), tokenizer, facts, device)
+    _, hits = ask_facts(model.to(device.device), tokenizer, facts, device)
     return [f for f, hit in zip(facts, hits) if hit]
 
 
@@ -101,7 +101,7 @@ def _retained(run: StagedRun, name: str, model, tokenizer, facts: list[dict], sp
     (dataset `retained`, question_id `<model>/<fact_id>`)."""
     if not facts:
         return None
-    fills, hits = _ask_facts(model, tokenizer, facts, device)
+    fills, hits = ask_facts(model, tokenizer, facts, device)
     run.write("predictions", f"{name}.retained.{split}", {
         "question_id": [f"{name}/{f['fact_id']}" for f in facts], "dataset": ["retained"] * len(facts),
         "split": [split] * len(facts), "prediction": fills, "exact_match": hits})

@@ -1,0 +1,94 @@
+"""One lever, one training: a route of an experiment trained again under another name with some settings changed,
+beside the rows the experiment already built, and measured as the report measures a row: how the lever trials
+of `docs/journal.md` (qa_share, qa_order, augmented, sparse_slots, seeds) are measured.
+
+    python -m bench.levers --home .nkb --name qa-first --set stages.inject.qa_share=0.2 \
+        --set stages.inject.qa_order=before [--row base+lora-8] [--experiment experiments/sample-world-smollm2.yaml]
+
+The route's inject and evaluate settings come from the experiment's own plan (its data, blocks, steps, asking),
+`--set` changes them as `nkb pipeline --set` would; the model is written to the experiment's warehouse under
+`--name`, so the experiment's own rows stay as they are. Prints JSON (EM with its 95 % interval, the probe in
+unseen and seen wordings, the held-out loss against the base's, the base's known capitals kept, training seconds)
+and records it as `metrics` rows in `bench/results/levers`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from stages.experiment import SAMPLE_WORLD_SMOLLM2
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--home", required=True, help="the warehouse the experiment built (its base, data, spans)")
+    parser.add_argument("--experiment", default=str(SAMPLE_WORLD_SMOLLM2), help="the experiment file it ran")
+    parser.add_argument("--row", default="base+nkb", help="the route trained: base+nkb, base+lora, base+lora-8, base+ft")
+    parser.add_argument("--name", required=True, help="the trained model's name in the warehouse")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an experiment setting, e.g. stages.inject.qa_share=0.2 (repeatable)")
+    parser.add_argument("--results", default="bench/results/levers", help="benchmark warehouse for the figures")
+    args = parser.parse_args(argv)
+
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from nkb_model.checkpoint import load_model
+    from nkb_model.checks import heldout_loss, probe
+    from nkb_model.metrics import bootstrap_interval
+    from nkb_model.train import choose_device
+    from stages import evaluation, training
+    from stages.experiment import Experiment
+    from stages.inputs import world_dir
+    from stages.models import base_dir_of, find_model
+    from stages.report import ask_facts, known_facts
+    from warehouse import Warehouse, run_stage
+
+    wh = Warehouse(args.home)
+    experiment = Experiment.load(args.experiment, [f"rows=base,{args.row}", *args.set]).with_world(world_dir(wh))
+    plan = experiment.plan()
+    inject = next(c for stage, c in plan if stage == "inject" and c.model_name() == args.row)
+    asked = next(c for stage, c in plan if stage == "evaluate" and c.model == args.row)
+
+    started = time.perf_counter()
+    trained = training.inject(wh, inject.model_copy(update={"name": args.name}))
+    seconds = time.perf_counter() - started
+    answered = evaluation.evaluate(wh, asked.model_copy(update={"model": args.name}))
+    hits = wh.read("predictions", ["exact_match"], pc.field("run_id") == answered.run.run_id,
+                   [f"{answered.run.config['model_name']}.{asked.split}"]).column("exact_match").to_pylist()
+
+    device = choose_device("cpu", experiment.precision)
+    directory = find_model(wh, args.name)
+    model, tokenizer, _ = load_model(directory)
+    model.to(device.device).eval()
+    result = {"row": args.row, "name": args.name, "sets": args.set, "questions": len(hits),
+              "em": 100.0 * sum(hits) / len(hits), "em_interval": bootstrap_interval([[bool(h) for h in hits]]),
+              "train_seconds": None if trained.skipped else round(seconds, 1)}
+    probes = [json.loads(line) for line in open(experiment.probes)] if experiment.probes else []
+    for wording in ("unseen", "seen"):
+        mine = [p for p in probes if p.get("wording", "unseen") == wording]
+        if mine:
+            _, right = probe(model, tokenizer, [p["prompt"] for p in mine], [p["answer"] for p in mine], device)
+            result[f"probe_{wording}"] = 100.0 * sum(right) / len(right)
+    held = np.load(base_dir_of(directory) / "held_out.npy")
+    result["heldout_loss"] = heldout_loss(model, tokenizer, held, device)
+    base, _, _ = load_model(find_model(wh, "base"))
+    result["heldout_loss_base"] = heldout_loss(base.to(device.device).eval(), tokenizer, held, device)
+    facts = known_facts(find_model(wh, "base"), device)
+    _, kept = ask_facts(model, tokenizer, facts, device)
+    result["capitals_known"], result["capitals_kept"] = len(facts), sum(kept)
+    print(json.dumps(result, indent=1))
+
+    def body(run):
+        for key, value in result.items():
+            if isinstance(value, (int, float)):
+                run.metric(f"bench.levers.{key}", value)
+    run_stage(Warehouse(args.results), "bench-levers", vars(args), "bench", body, force=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
