@@ -218,14 +218,31 @@ def read_dpr_tsv(path: str | os.PathLike) -> Iterator[Document]:
 # ---- JSONL ------------------------------------------------------------------------------------
 
 def read_jsonl_documents(path: str | os.PathLike) -> Iterator[Document]:
-    """One `{"id", "title", "text"}` object per line."""
+    """One `{"id", "title", "text"}` object per line, or Anserini's JsonCollection `{"id", "contents"}` (what
+    pyserini indexes, and FlashRAG's corpora): the title is then the first line of `contents`, without the double
+    quotes it may have, as Wikipedia passages in that form put it (`"Aaron"\nAaron Aaron ( or ; …`, `Absalon\n…`);
+    `contents` without a line break has no title."""
     for lineno, obj in iter_jsonl(path):
         where = f"line {lineno}"
+        if "contents" in obj and "text" not in obj:
+            title, text = _titled_contents(text_field(path, where, obj, "contents"))
+            yield Document(doc_id=id_field(path, where, obj), title=title, text=text, where=where)
+            continue
         missing = [k for k in ("id", "title", "text") if k not in obj]
         if missing:
-            raise InputFileError(path, where, f"missing field(s) {', '.join(missing)}")
+            raise InputFileError(path, where, f"missing field(s) {', '.join(missing)} (a passage is "
+                                              "{\"id\", \"title\", \"text\"} or Anserini's {\"id\", \"contents\"})")
         yield Document(doc_id=id_field(path, where, obj), title=text_field(path, where, obj, "title"),
                        text=text_field(path, where, obj, "text"), where=where)
+
+
+def _titled_contents(contents: str) -> tuple[str, str]:
+    first, newline, rest = contents.partition("\n")
+    if not newline:
+        return "", contents
+    if len(first) > 1 and first.startswith('"') and first.endswith('"'):
+        first = first[1:-1]
+    return first.strip(), rest
 
 
 # ---- KILT knowledge source -----------------------------------------------------------------------

@@ -60,6 +60,20 @@ def test_jsonl_documents(tmp_path):
     assert [(d.doc_id, d.text) for d in read_documents(path)] == [("5", "Ünïcode")]
 
 
+def test_anserini_contents_documents_take_their_title_from_the_first_line(tmp_path):
+    """Anserini's JsonCollection as pyserini and FlashRAG write Wikipedia passages: the title on the first line of
+    `contents`, quoted or not (both occur in one file), the passage after it; contents on one line have no title."""
+    path = tmp_path / "corpus.jsonl"
+    rows = [{"id": "0", "contents": '"Evan Morrow"\nEvan Morrow Evan Morrow (born 1977) is "a lobbyist".'},
+            {"id": 1, "contents": "Absalom\ndragged forth, and then\nbaptized."},
+            {"id": "2", "contents": "A passage without a title."}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert [(d.doc_id, d.title, d.text) for d in read_documents(path)] == [
+        ("0", "Evan Morrow", 'Evan Morrow Evan Morrow (born 1977) is "a lobbyist".'),
+        ("1", "Absalom", "dragged forth, and then\nbaptized."),
+        ("2", "", "A passage without a title.")]
+
+
 @pytest.mark.parametrize("name,fmt", [("a.xml.bz2", "mediawiki"), ("enwiki.XML", "mediawiki"),
                                       # Wikimedia's split dumps: the page range follows the extension
                                       ("enwiki-20231101-pages-articles1.xml-p1p41242.bz2", "mediawiki"),
@@ -113,7 +127,7 @@ def test_jsonl_line_that_is_not_json(tmp_path):
 def test_jsonl_missing_field(tmp_path):
     path = tmp_path / "docs.jsonl"
     path.write_text('{"id": 1, "text": "b"}\n', encoding="utf-8")
-    with pytest.raises(InputFileError, match=r"line 1: missing field\(s\) title"):
+    with pytest.raises(InputFileError, match=r"line 1: missing field\(s\) title \(a passage is .*contents"):
         list(read_documents(path))
 
 
