@@ -41,17 +41,23 @@ def main(argv=None) -> int:
     from nkb_model.metrics import bootstrap_interval
     from nkb_model.train import choose_device
     from stages import evaluation, training
-    from stages.experiment import Experiment
+    from stages.experiment import Experiment, ExperimentError
     from stages.inputs import world_dir
     from stages.models import base_dir_of, find_model
     from stages.report import ask_facts, known_facts
     from warehouse import Warehouse, run_stage
 
+    try:
+        experiment = Experiment.load(args.experiment, [f"rows=base,{args.row}", *args.set])
+    except ExperimentError as exc:
+        parser.error(str(exc))
     wh = Warehouse(args.home)
-    experiment = Experiment.load(args.experiment, [f"rows=base,{args.row}", *args.set]).with_world(world_dir(wh))
+    experiment = experiment.with_world(world_dir(wh))
     plan = experiment.plan()
-    inject = next(c for stage, c in plan if stage == "inject" and c.model_name() == args.row)
-    asked = next(c for stage, c in plan if stage == "evaluate" and c.model == args.row)
+    inject = next((c for stage, c in plan if stage == "inject" and c.model_name() == args.row), None)
+    asked = next((c for stage, c in plan if stage == "evaluate" and c.model == args.row), None)
+    if inject is None or asked is None:
+        parser.error(f"--row {args.row}: the experiment trains and asks no such row")
 
     started = time.perf_counter()
     trained = training.inject(wh, inject.model_copy(update={"name": args.name}))
@@ -60,7 +66,7 @@ def main(argv=None) -> int:
     hits = wh.read("predictions", ["exact_match"], pc.field("run_id") == answered.run.run_id,
                    [f"{answered.run.config['model_name']}.{asked.split}"]).column("exact_match").to_pylist()
 
-    device = choose_device("cpu", experiment.precision)
+    device = choose_device(inject.device, inject.precision)
     directory = find_model(wh, args.name)
     model, tokenizer, _ = load_model(directory)
     model.to(device.device).eval()
