@@ -30,6 +30,8 @@ def main(argv=None) -> int:
     parser.add_argument("--name", required=True, help="the trained model's name in the warehouse")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an experiment setting, e.g. stages.inject.qa_share=0.2 (repeatable)")
+    parser.add_argument("--measure-only", action="store_true",
+                        help="measure the model already named --name (trained by an earlier run) without training")
     parser.add_argument("--results", default="bench/results/levers", help="benchmark warehouse for the figures")
     args = parser.parse_args(argv)
 
@@ -59,9 +61,10 @@ def main(argv=None) -> int:
     if inject is None or asked is None:
         parser.error(f"--row {args.row}: the experiment trains and asks no such row")
 
-    started = time.perf_counter()
-    trained = training.inject(wh, inject.model_copy(update={"name": args.name}))
-    seconds = time.perf_counter() - started
+    started, seconds = time.perf_counter(), None
+    if not args.measure_only:
+        trained = training.inject(wh, inject.model_copy(update={"name": args.name}))
+        seconds = None if trained.skipped else round(time.perf_counter() - started, 1)
     answered = evaluation.evaluate(wh, asked.model_copy(update={"model": args.name}))
     hits = wh.read("predictions", ["exact_match"], pc.field("run_id") == answered.run.run_id,
                    [f"{answered.run.config['model_name']}.{asked.split}"]).column("exact_match").to_pylist()
@@ -72,8 +75,11 @@ def main(argv=None) -> int:
     model.to(device.device).eval()
     result = {"row": args.row, "name": args.name, "sets": args.set, "questions": len(hits),
               "em": 100.0 * sum(hits) / len(hits), "em_interval": bootstrap_interval([[bool(h) for h in hits]]),
-              "train_seconds": None if trained.skipped else round(seconds, 1)}
+              "train_seconds": seconds}
+    # The asked split's facts only, as the report probes them: the train split's facts are those of the questions
+    # qa_share trains on.
     probes = [json.loads(line) for line in open(experiment.probes)] if experiment.probes else []
+    probes = [p for p in probes if p.get("split", asked.split) == asked.split]
     for wording in ("unseen", "seen"):
         mine = [p for p in probes if p.get("wording", "unseen") == wording]
         if mine:
