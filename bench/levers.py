@@ -35,18 +35,13 @@ def main(argv=None) -> int:
     parser.add_argument("--results", default="bench/results/levers", help="benchmark warehouse for the figures")
     args = parser.parse_args(argv)
 
-    import numpy as np
     import pyarrow.compute as pc
 
-    from nkb_model.checkpoint import load_model
-    from nkb_model.checks import heldout_loss, probe
     from nkb_model.metrics import bootstrap_interval
     from nkb_model.train import choose_device
     from stages import evaluation, training
     from stages.experiment import Experiment, ExperimentError
     from stages.inputs import world_dir
-    from stages.models import base_dir_of, find_model
-    from stages.report import ask_facts, known_facts
     from warehouse import Warehouse, run_stage
 
     try:
@@ -69,29 +64,10 @@ def main(argv=None) -> int:
     hits = wh.read("predictions", ["exact_match"], pc.field("run_id") == answered.run.run_id,
                    [f"{answered.run.config['model_name']}.{asked.split}"]).column("exact_match").to_pylist()
 
-    device = choose_device(inject.device, inject.precision)
-    directory = find_model(wh, args.name)
-    model, tokenizer, _ = load_model(directory)
-    model.to(device.device).eval()
     result = {"row": args.row, "name": args.name, "sets": args.set, "questions": len(hits),
               "em": 100.0 * sum(hits) / len(hits), "em_interval": bootstrap_interval([[bool(h) for h in hits]]),
-              "train_seconds": seconds}
-    # The asked split's facts only, as the report probes them: the train split's facts are those of the questions
-    # qa_share trains on.
-    probes = [json.loads(line) for line in open(experiment.probes)] if experiment.probes else []
-    probes = [p for p in probes if p.get("split", asked.split) == asked.split]
-    for wording in ("unseen", "seen"):
-        mine = [p for p in probes if p.get("wording", "unseen") == wording]
-        if mine:
-            _, right = probe(model, tokenizer, [p["prompt"] for p in mine], [p["answer"] for p in mine], device)
-            result[f"probe_{wording}"] = 100.0 * sum(right) / len(right)
-    held = np.load(base_dir_of(directory) / "held_out.npy")
-    result["heldout_loss"] = heldout_loss(model, tokenizer, held, device)
-    base, _, _ = load_model(find_model(wh, "base"))
-    result["heldout_loss_base"] = heldout_loss(base.to(device.device).eval(), tokenizer, held, device)
-    facts = known_facts(find_model(wh, "base"), device)
-    _, kept = ask_facts(model, tokenizer, facts, device)
-    result["capitals_known"], result["capitals_kept"] = len(facts), sum(kept)
+              "train_seconds": seconds,
+              **measured(wh, args.name, experiment.probes, asked.split, choose_device(inject.device, inject.precision))}
     print(json.dumps(result, indent=1))
 
     def body(run):
@@ -100,6 +76,38 @@ def main(argv=None) -> int:
                 run.metric(f"bench.levers.{key}", value)
     run_stage(Warehouse(args.results), "bench-levers", vars(args), "bench", body, force=True)
     return 0
+
+
+def measured(wh, name: str, probes_path: str | None, split: str, device) -> dict:
+    """What the report measures of a row's model: the probe of the split's facts in unseen and seen wordings (the
+    train split's facts are those of the questions qa_share trains on), the held-out loss beside the base's, and
+    how many of the real-world facts the base knew it still completes."""
+    import numpy as np
+
+    from nkb_model.checkpoint import load_model
+    from nkb_model.checks import heldout_loss, probe
+    from stages.models import base_dir_of, find_model
+    from stages.report import ask_facts, known_facts
+
+    directory = find_model(wh, name)
+    model, tokenizer, _ = load_model(directory)
+    model.to(device.device).eval()
+    out = {}
+    probes = [json.loads(line) for line in open(probes_path)] if probes_path else []
+    probes = [p for p in probes if p.get("split", split) == split]
+    for wording in ("unseen", "seen"):
+        mine = [p for p in probes if p.get("wording", "unseen") == wording]
+        if mine:
+            _, right = probe(model, tokenizer, [p["prompt"] for p in mine], [p["answer"] for p in mine], device)
+            out[f"probe_{wording}"] = 100.0 * sum(right) / len(right)
+    held = np.load(base_dir_of(directory) / "held_out.npy")
+    out["heldout_loss"] = heldout_loss(model, tokenizer, held, device)
+    base, _, _ = load_model(find_model(wh, "base"))
+    out["heldout_loss_base"] = heldout_loss(base.to(device.device).eval(), tokenizer, held, device)
+    facts = known_facts(find_model(wh, "base"), device)
+    _, kept = ask_facts(model, tokenizer, facts, device)
+    out["capitals_known"], out["capitals_kept"] = len(facts), sum(kept)
+    return out
 
 
 if __name__ == "__main__":
