@@ -64,51 +64,47 @@ def main(argv=None) -> int:
     hits = wh.read("predictions", ["exact_match"], pc.field("run_id") == answered.run.run_id,
                    [f"{answered.run.config['model_name']}.{asked.split}"]).column("exact_match").to_pylist()
 
+    device = choose_device(inject.device, inject.precision)
     result = {"row": args.row, "name": args.name, "sets": args.set, "questions": len(hits),
               "em": 100.0 * sum(hits) / len(hits), "em_interval": bootstrap_interval([[bool(h) for h in hits]]),
-              "train_seconds": seconds,
-              **measured(wh, args.name, experiment.probes, asked.split, choose_device(inject.device, inject.precision))}
-    print(json.dumps(result, indent=1))
+              "train_seconds": seconds}
 
     def body(run):
+        result.update(measured(run, wh, args.name, experiment.probes, asked.split, device))
         for key, value in result.items():
             if isinstance(value, (int, float)):
                 run.metric(f"bench.levers.{key}", value)
     run_stage(Warehouse(args.results), "bench-levers", vars(args), "bench", body, force=True)
+    print(json.dumps(result, indent=1))
     return 0
 
 
-def measured(wh, name: str, probes_path: str | None, split: str, device) -> dict:
-    """What the report measures of a row's model: the probe of the split's facts in unseen and seen wordings (the
-    train split's facts are those of the questions qa_share trains on), the held-out loss beside the base's, and
-    how many of the real-world facts the base knew it still completes."""
+def measured(run, wh, name: str, probes_path: str | None, split: str, device) -> dict:
+    """What the report measures of a row's model (`stages.report.model_checks`: the probe of the split's facts, the
+    held-out loss, the base's known facts kept; its fills go to the benchmark warehouse's `predictions`), beside the
+    base's held-out loss."""
     import numpy as np
 
+    from corpus.files import iter_jsonl
     from nkb_model.checkpoint import load_model
-    from nkb_model.checks import heldout_loss, probe
+    from nkb_model.checks import heldout_loss
     from stages.models import base_dir_of, find_model
-    from stages.report import ask_facts, known_facts
+    from stages.report import facts_known_by, model_checks
 
+    base, tokenizer, _ = load_model(find_model(wh, "base"))
+    base.to(device.device).eval()
+    facts = facts_known_by(base, tokenizer, device)
     directory = find_model(wh, name)
-    model, tokenizer, _ = load_model(directory)
-    model.to(device.device).eval()
-    out = {}
-    probes = [json.loads(line) for line in open(probes_path)] if probes_path else []
-    probes = [p for p in probes if p.get("split", split) == split]
-    for wording in ("unseen", "seen"):
-        mine = [p for p in probes if p.get("wording", "unseen") == wording]
-        if mine:
-            _, right = probe(model, tokenizer, [p["prompt"] for p in mine], [p["answer"] for p in mine], device)
-            out[f"probe_{wording}"] = 100.0 * sum(right) / len(right)
-    held = np.load(base_dir_of(directory) / "held_out.npy")
-    out["heldout_loss"] = heldout_loss(model, tokenizer, held, device)
-    base, _, _ = load_model(find_model(wh, "base"))
-    out["heldout_loss_base"] = heldout_loss(base.to(device.device).eval(), tokenizer, held, device)
-    facts = known_facts(find_model(wh, "base"), device)
-    _, kept = ask_facts(model, tokenizer, facts, device)
-    out["capitals_known"], out["capitals_kept"] = len(facts), sum(kept)
-    return out
-
+    # The asked split's facts only, as the report probes them: the train split's facts are those of the questions
+    # qa_share trains on.
+    probes = [p for _, p in iter_jsonl(probes_path)] if probes_path else []
+    checks = model_checks(run, directory, True, [p for p in probes if p.get("split", split) == split], split, device,
+                          facts)
+    return {"probe_unseen": checks["probe_em"], "probe_seen": checks["probe_seen_em"],
+            "heldout_loss": checks["heldout_loss"], "heldout_loss_unmounted": checks["heldout_loss_nkb_unmounted"],
+            "heldout_loss_base": heldout_loss(base, tokenizer, np.load(base_dir_of(directory) / "held_out.npy"), device),
+            "capitals_known": len(facts),
+            "capitals_kept": round((checks["retained_em"] or 0.0) * len(facts) / 100)}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -88,11 +88,16 @@ def ask_facts(model, tokenizer, facts: list[dict], device) -> tuple[list[str], l
 
 def known_facts(directory: Path, device) -> list[dict]:
     """The real-world facts (`corpus.world_facts`) the base at `directory` completes right before any training."""
-    from corpus.world_facts import capital_facts
     from nkb_model.checkpoint import load_model
-    facts = capital_facts()
     model, tokenizer, _ = load_model(directory)
-    _, hits = ask_facts(model.to(device.device), tokenizer, facts, device)
+    return facts_known_by(model.to(device.device), tokenizer, device)
+
+
+def facts_known_by(model, tokenizer, device) -> list[dict]:
+    """The real-world facts a loaded model completes right."""
+    from corpus.world_facts import capital_facts
+    facts = capital_facts()
+    _, hits = ask_facts(model, tokenizer, facts, device)
     return [f for f, hit in zip(facts, hits) if hit]
 
 
