@@ -40,21 +40,13 @@ def main(argv=None) -> int:
     from nkb_model.metrics import bootstrap_interval
     from nkb_model.train import choose_device
     from stages import evaluation, training
-    from stages.experiment import Experiment, ExperimentError
-    from stages.inputs import world_dir
-    from warehouse import Warehouse, run_stage
+    from warehouse import Warehouse, WarehouseError, run_stage
 
     try:
-        experiment = Experiment.load(args.experiment, [f"rows=base,{args.row}", *args.set])
-    except ExperimentError as exc:
+        wh = Warehouse(args.home, create=False)  # a mistyped --home: no warehouse there, not a new empty one
+        experiment, inject, asked = route(wh, args.experiment, args.row, args.set)
+    except (ValueError, WarehouseError) as exc:
         parser.error(str(exc))
-    wh = Warehouse(args.home)
-    experiment = experiment.with_world(world_dir(wh))
-    plan = experiment.plan()
-    inject = next((c for stage, c in plan if stage == "inject" and c.model_name() == args.row), None)
-    asked = next((c for stage, c in plan if stage == "evaluate" and c.model == args.row), None)
-    if inject is None or asked is None:
-        parser.error(f"--row {args.row}: the experiment trains and asks no such row")
 
     started, seconds = time.perf_counter(), None
     if not args.measure_only:
@@ -77,6 +69,20 @@ def main(argv=None) -> int:
     run_stage(Warehouse(args.results), "bench-levers", vars(args), "bench", body, force=True)
     print(json.dumps(result, indent=1))
     return 0
+
+
+def route(wh, experiment_file: str, row: str, sets: list[str]):
+    """(the experiment, the inject config that trains `row`, the evaluate config that asks it) from the experiment's
+    own plan with `sets` applied; ValueError naming what is wrong."""
+    from stages.experiment import Experiment
+    from stages.inputs import world_dir
+    experiment = Experiment.load(experiment_file, [f"rows=base,{row}", *sets]).with_world(world_dir(wh))
+    plan = experiment.plan()
+    inject = next((c for stage, c in plan if stage == "inject" and c.model_name() == row), None)
+    asked = next((c for stage, c in plan if stage == "evaluate" and c.model == row), None)
+    if inject is None or asked is None:
+        raise ValueError(f"--row {row}: the experiment trains and asks no such row")
+    return experiment, inject, asked
 
 
 def measured(run, wh, name: str, probes_path: str | None, split: str, device) -> dict:

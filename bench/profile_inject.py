@@ -1,0 +1,170 @@
+"""Where an injection's time goes on this machine: the demo's injection (or any route of an experiment) set up as
+the inject stage sets it up, then a few of its steps under PyTorch's profiler, with what the CPU can do beside it.
+
+    python -m bench.profile_inject --home .nkb [--row base+nkb] [--steps 30] [--warmup 10] [--set KEY=VALUE]
+
+Prints, and records as `metrics` rows in `bench/results/profile_inject`:
+- the machine: CPU model, the instruction sets bf16 matrix products can use (AVX512-BF16, AMX), PyTorch's CPU
+  capability and thread count;
+- the set-up's seconds: the base loaded, the blocks below the trained ones cached over the corpus;
+- the profiled steps (after `--warmup` steps, which also take the questions `qa_order: before` puts first): steps a
+  second, and their time by kind of work (matrix products, attention, the optimizer,
+  the rest), with the ten operators of most time;
+- the matrix products one block's FFN does at the step's size, alone, in bf16 and fp32 (GFLOP/s): what this CPU
+  gives the work that dominates a step. Two machines whose steps differ while these agree lose the time elsewhere.
+
+Nothing is written to the experiment's warehouse: the steps train a copy that is dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from collections import defaultdict
+
+# Operator name fragments by kind of work; the first that matches names an operator's kind.
+KINDS = (("matmul", ("mm", "matmul", "linear", "addmm", "bmm", "baddbmm", "mkldnn")),
+         ("attention", ("attention", "softmax", "sdpa", "flash")),
+         ("optimizer", ("optimizer", "adafactor", "clip_grad", "foreach", "_fused")),
+         ("copies", ("copy_", "to_copy", "_to_copy", "cat", "clone", "contiguous", "index", "gather", "scatter")))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--home", required=True, help="the warehouse the experiment built (its base, data, spans)")
+    parser.add_argument("--experiment", default=None, help="the experiment file it ran (default: the demo's)")
+    parser.add_argument("--row", default="base+nkb",
+                        help="the route profiled: base+nkb, base+lora, base+lora-8, base+ft")
+    parser.add_argument("--steps", type=int, default=30, help="steps profiled")
+    parser.add_argument("--warmup", type=int, default=10, help="steps run first, not profiled")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an experiment setting, e.g. stages.inject.precision=fp32 (repeatable)")
+    parser.add_argument("--results", default="bench/results/profile_inject", help="benchmark warehouse for the figures")
+    args = parser.parse_args(argv)
+
+    from bench.levers import route
+    from stages.experiment import SAMPLE_WORLD_SMOLLM2
+    from warehouse import Warehouse, WarehouseError, run_stage
+    try:
+        wh = Warehouse(args.home, create=False)  # a mistyped --home: no warehouse there, not a new empty one
+        _, inject, _ = route(wh, args.experiment or str(SAMPLE_WORLD_SMOLLM2), args.row, args.set)
+    except (ValueError, WarehouseError) as exc:
+        parser.error(str(exc))
+
+    result = {"row": args.row, "sets": args.set, **machine()}
+    model, trained, batches, device, after, setup = prepared(wh, inject, args.warmup + args.steps)
+    result.update(setup)
+    result.update(profiled_steps(trained, batches, inject, device, after, args.warmup, args.steps))
+    result.update(ffn_matmul_speed(model, batches(args.warmup), device))
+
+    def body(run):
+        for key, value in result.items():
+            if isinstance(value, (int, float)):
+                run.metric(f"bench.profile_inject.{key}", value)
+    run_stage(Warehouse(args.results), "bench-profile-inject", vars(args), "bench", body, force=True)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+def machine() -> dict:
+    """The CPU and what PyTorch makes of it."""
+    import torch
+    flags, model = set(), platform.processor()
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:  # not Linux: the flags stay unknown
+        pass
+    return {"cpu": model, "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
+            "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_threads": torch.get_num_threads()}
+
+
+def prepared(wh, config, steps: int):
+    """The inject stage's own set-up of `config` (base, route, device, batches, the after-step hook), timed."""
+    from stages.inputs import one_corpus
+    from stages.models import source_model
+    from stages.training import TRAINING, after_injection_step, injection_batches, knowledge_segments
+    from nkb_model.train import choose_device
+    config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus), "steps": steps})
+    base = source_model(wh, config.base_model)
+    started = time.perf_counter()
+    segments, spans = knowledge_segments(wh, config)
+    model, tokenizer, _ = base.load()
+    made = TRAINING[config.variant](model, config, None)
+    device = choose_device(config.device, config.precision)
+    device.hold(model)
+    loaded = time.perf_counter()
+    trained, _, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device,
+                                            made.frozen_base)
+    after = after_injection_step(wh, model, trained, tokenizer, config, base, device)
+    return model, trained, batches, device, after, {
+        "setup_load_seconds": round(loaded - started, 1),
+        "setup_batches_seconds": round(time.perf_counter() - loaded, 1), "precision": config.precision}
+
+
+def profiled_steps(trained, batches, config, device, after, warmup: int, steps: int) -> dict:
+    """`warmup` steps, then `steps` under the profiler, of the stage's own training loop; their time by kind."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from nkb_model.train import train
+    times = []
+
+    window = schedule(wait=0, warmup=warmup, active=steps, repeat=1)
+    with profile(activities=[ProfilerActivity.CPU], schedule=window) as prof:
+        def after_step():
+            if after:
+                after()
+            times.append(time.perf_counter())
+            prof.step()
+        train(trained, batches, config.train_config(warmup + steps), device, None, "profiled steps",
+              after_step=after_step)
+    active = times[warmup - 1:] if warmup else times
+    seconds = active[-1] - active[0]
+    by_kind, top = defaultdict(float), []
+    for event in prof.key_averages():
+        if event.self_cpu_time_total <= 0:
+            continue
+        by_kind[kind_of(event.key)] += event.self_cpu_time_total
+        top.append((event.self_cpu_time_total, event.key, event.count))
+    total = sum(by_kind.values())
+    top.sort(reverse=True)
+    return {"steps_per_second": round((len(active) - 1) / seconds, 3),
+            **{f"share_{kind}": round(100 * t / total, 1) for kind, t in sorted(by_kind.items())},
+            "top_operators": [f"{key}: {100 * t / total:.1f} % ({n} calls)" for t, key, n in top[:10]]}
+
+
+def kind_of(operator: str) -> str:
+    name = operator.lower()
+    return next((kind for kind, fragments in KINDS if any(f in name for f in fragments)), "other")
+
+
+def ffn_matmul_speed(model, batch, device, repeats: int = 20) -> dict:
+    """GFLOP/s of one FFN's up-projection at the step's token count, in bf16 and fp32, forward only."""
+    import torch
+    tokens = int((batch["attention_mask"] if "attention_mask" in batch else batch["labels"]).numel())  # pads too
+    width = getattr(model.config, "hidden_size", None) or model.config.d_model
+    inner = getattr(model.config, "intermediate_size", None) or model.config.d_ff
+    out = {"matmul_tokens": tokens, "matmul_shape": f"{tokens}x{width} @ {width}x{inner}"}
+    for dtype, label in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        x = torch.randn(tokens, width, dtype=dtype, device=device.device)
+        w = torch.randn(width, inner, dtype=dtype, device=device.device)
+        for _ in range(3):
+            x @ w
+        started = time.perf_counter()
+        for _ in range(repeats):
+            x @ w
+        seconds = (time.perf_counter() - started) / repeats
+        out[f"matmul_gflops_{label}"] = round(2 * tokens * width * inner / seconds / 1e9, 1)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
