@@ -3,6 +3,7 @@ counted under one kind, and the matrix-product probe runs at the step's size."""
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from bench.inject import causal_model_for
@@ -21,6 +22,7 @@ def test_operators_are_sorted_by_kind():
     assert kind_of("aten::mul") == kind_of("aten::silu") == "other"
 
 
+@pytest.mark.slow  # a model trained under the profiler: ~10 s
 def test_profiled_steps_are_the_training_loops_and_their_time_is_all_counted():
     device = choose_device("cpu")
     model = causal_model_for("llama", "tiny", VOCAB, "nkb", device)
