@@ -25,6 +25,8 @@ import sys
 import time
 from collections import defaultdict
 
+from stages.experiment import SAMPLE_WORLD_SMOLLM2
+
 # Operator name fragments by kind of work; the first that matches names an operator's kind.
 KINDS = (("matmul", ("mm", "matmul", "linear", "addmm", "bmm", "baddbmm", "mkldnn")),
          ("attention", ("attention", "softmax", "sdpa", "flash")),
@@ -35,7 +37,7 @@ KINDS = (("matmul", ("mm", "matmul", "linear", "addmm", "bmm", "baddbmm", "mkldn
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--home", required=True, help="the warehouse the experiment built (its base, data, spans)")
-    parser.add_argument("--experiment", default=None, help="the experiment file it ran (default: the demo's)")
+    parser.add_argument("--experiment", default=str(SAMPLE_WORLD_SMOLLM2), help="the experiment file it ran")
     parser.add_argument("--row", default="base+nkb",
                         help="the route profiled: base+nkb, base+lora, base+lora-8, base+ft")
     parser.add_argument("--steps", type=int, default=30, help="steps profiled")
@@ -44,13 +46,14 @@ def main(argv=None) -> int:
                         help="an experiment setting, e.g. stages.inject.precision=fp32 (repeatable)")
     parser.add_argument("--results", default="bench/results/profile_inject", help="benchmark warehouse for the figures")
     args = parser.parse_args(argv)
+    if args.steps < 2 or args.warmup < 0:
+        parser.error("--steps: at least 2 (a rate needs two step ends); --warmup: 0 or more")
 
     from bench.levers import route
-    from stages.experiment import SAMPLE_WORLD_SMOLLM2
     from warehouse import Warehouse, WarehouseError, run_stage
     try:
         wh = Warehouse(args.home, create=False)  # a mistyped --home: no warehouse there, not a new empty one
-        _, inject, _ = route(wh, args.experiment or str(SAMPLE_WORLD_SMOLLM2), args.row, args.set)
+        _, inject, _ = route(wh, args.experiment, args.row, args.set)
     except (ValueError, WarehouseError) as exc:
         parser.error(str(exc))
 
