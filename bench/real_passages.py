@@ -1,0 +1,110 @@
+"""Real Wikipedia passages and the NQ-open questions they answer, as an experiment: the demo's template on real text.
+
+The source is `qa_data/nq-open-oracle.jsonl.gz` of nelson-liu/lost-in-the-middle (2,655 NQ-open questions, each
+with the Wikipedia passage NQ's annotators marked as holding its answer: `{question, answers, ctxs: [{title, text,
+hasanswer, isgold}], nq_annotated_gold}`). Of the questions whose passage holds an answer, a seeded draw of
+`--questions` is split into train and validation; their passages are the knowledge (each once), and passages of
+other questions are the general text (the held-out loss). The experiment file keeps every setting of the demo's
+(`experiments/sample-world-smollm2.yaml`) but its data.
+
+    python -m bench.real_passages nq-open-oracle.jsonl.gz --out real-nq
+    nkb --home real-nq/.nkb pipeline real-nq/real-nq-smollm2.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import sys
+from pathlib import Path
+
+import yaml
+
+from stages.experiment import SAMPLE_WORLD_SMOLLM2
+
+EXPERIMENT = "real-nq-smollm2.yaml"
+
+
+def read_oracle(path: Path) -> list[dict]:
+    """The file's questions with their gold passage: {question, answers, title, text, hasanswer}; ValueError naming
+    the line at fault."""
+    rows = []
+    with gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                record = json.loads(line)
+                gold = record["ctxs"][0]
+                rows.append({"question": record["question"], "answers": record["answers"], "title": gold["title"],
+                             "text": gold["text"], "hasanswer": bool(gold.get("hasanswer", True))})
+            except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+                raise ValueError(f"{path}, line {number}: not a question with its passage "
+                                 f"(question, answers, ctxs[0].title/text): {exc!r}") from None
+    return rows
+
+
+def split(rows: list[dict], questions: int, validation: int, general: int, seed: int) -> dict[str, list[dict]]:
+    """train / validation questions, their passages (each once) and other questions' passages as general text."""
+    answerable = [r for r in rows if r["hasanswer"]]
+    if questions > len(answerable) or validation >= questions:
+        raise ValueError(f"{questions} questions ({validation} of them validation) asked of {len(answerable)} "
+                         "whose passage holds an answer")
+    random.Random(seed).shuffle(answerable)
+    chosen = answerable[:questions]
+    passages = list(dict.fromkeys((r["title"], r["text"]) for r in chosen))
+    known = set(passages)
+    others = list(dict.fromkeys((r["title"], r["text"]) for r in answerable[questions:]
+                                if (r["title"], r["text"]) not in known))[:general]
+    return {"train": chosen[:questions - validation], "validation": chosen[questions - validation:],
+            "passages": [{"id": f"p{i}", "title": t, "text": x} for i, (t, x) in enumerate(passages)],
+            "general": [{"id": f"g{i}", "title": t, "text": x} for i, (t, x) in enumerate(others)]}
+
+
+def experiment(template: Path) -> dict:
+    """The demo's experiment with the files written here in place of the sample world's."""
+    config = yaml.safe_load(template.read_text())
+    for key in ("sample_world", "probes"):
+        config.pop(key, None)
+    return {**config, "name": "real-nq-smollm2",
+            "knowledge": [{"path": "passages.jsonl", "corpus": "nqwiki"}],
+            "general": [{"path": "general.jsonl", "corpus": "general"}],
+            "questions": [{"path": f"{s}.jsonl", "format": "jsonl", "dataset": "nq", "split": s}
+                          for s in ("train", "validation")]}
+
+
+def write(out: Path, parts: dict[str, list[dict]], template: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("passages", "general"):
+        (out / f"{name}.jsonl").write_text("".join(json.dumps(p) + "\n" for p in parts[name]))
+    for name in ("train", "validation"):
+        (out / f"{name}.jsonl").write_text("".join(
+            json.dumps({"id": f"{name}-{n}", "question": r["question"], "answers": r["answers"]}) + "\n"
+            for n, r in enumerate(parts[name])))
+    (out / EXPERIMENT).write_text(f"# Written by python -m bench.real_passages: {template.name}'s settings, real data\n"
+                                  + yaml.safe_dump(experiment(template), sort_keys=False))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("oracle", type=Path, help="lost-in-the-middle's qa_data/nq-open-oracle.jsonl.gz")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the data and the experiment file")
+    parser.add_argument("--questions", type=int, default=600, help="questions drawn (train and validation)")
+    parser.add_argument("--validation", type=int, default=200, help="of them, the validation split")
+    parser.add_argument("--general", type=int, default=300, help="other questions' passages as general text")
+    parser.add_argument("--seed", type=int, default=0, help="the draw's seed")
+    parser.add_argument("--template", type=Path, default=SAMPLE_WORLD_SMOLLM2, help="the experiment whose settings it keeps")
+    args = parser.parse_args(argv)
+    try:
+        parts = split(read_oracle(args.oracle), args.questions, args.validation, args.general, args.seed)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    write(args.out, parts, args.template)
+    print(f"{len(parts['train'])} train and {len(parts['validation'])} validation questions, "
+          f"{len(parts['passages'])} passages, {len(parts['general'])} general passages: "
+          f"nkb --home {args.out}/.nkb pipeline {args.out / EXPERIMENT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
