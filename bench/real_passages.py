@@ -14,7 +14,6 @@ other questions are the general text (the held-out loss). The experiment file ke
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import random
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from corpus.files import iter_jsonl
 from stages.experiment import SAMPLE_WORLD_SMOLLM2
 
 EXPERIMENT = "real-nq-smollm2.yaml"
@@ -31,16 +31,14 @@ def read_oracle(path: Path) -> list[dict]:
     """The file's questions with their gold passage: {question, answers, title, text, hasanswer}; ValueError naming
     the line at fault."""
     rows = []
-    with gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            try:
-                record = json.loads(line)
-                gold = record["ctxs"][0]
-                rows.append({"question": record["question"], "answers": record["answers"], "title": gold["title"],
-                             "text": gold["text"], "hasanswer": bool(gold.get("hasanswer", True))})
-            except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-                raise ValueError(f"{path}, line {number}: not a question with its passage "
-                                 f"(question, answers, ctxs[0].title/text): {exc!r}") from None
+    for number, record in iter_jsonl(path):
+        try:
+            gold = record["ctxs"][0]
+            rows.append({"question": record["question"], "answers": record["answers"], "title": gold["title"],
+                         "text": gold["text"], "hasanswer": bool(gold.get("hasanswer", True))})
+        except (KeyError, IndexError, TypeError) as exc:
+            raise ValueError(f"{path}, line {number}: not a question with its passage "
+                             f"(question, answers, ctxs[0].title/text): missing {exc}") from None
     return rows
 
 
