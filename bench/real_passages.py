@@ -50,13 +50,15 @@ def split(rows: list[dict], questions: int, validation: int, general: int, seed:
                          "whose passage holds an answer")
     random.Random(seed).shuffle(answerable)
     chosen = answerable[:questions]
-    passages = list(dict.fromkeys((r["title"], r["text"]) for r in chosen))
-    known = set(passages)
-    others = list(dict.fromkeys((r["title"], r["text"]) for r in answerable[questions:]
-                                if (r["title"], r["text"]) not in known))[:general]
+    passages = dict.fromkeys((r["title"], r["text"]) for r in chosen)  # each once, in draw order
+    others = [p for p in dict.fromkeys((r["title"], r["text"]) for r in answerable[questions:]) if p not in passages]
     return {"train": chosen[:questions - validation], "validation": chosen[questions - validation:],
-            "passages": [{"id": f"p{i}", "title": t, "text": x} for i, (t, x) in enumerate(passages)],
-            "general": [{"id": f"g{i}", "title": t, "text": x} for i, (t, x) in enumerate(others)]}
+            "passages": documents("p", passages), "general": documents("g", others[:general])}
+
+
+def documents(prefix: str, passages) -> list[dict]:
+    """(title, text) pairs as JSONL corpus rows {id, title, text}."""
+    return [{"id": f"{prefix}{i}", "title": title, "text": text} for i, (title, text) in enumerate(passages)]
 
 
 def experiment(template: Path) -> dict:
