@@ -5,7 +5,8 @@ before them; several paraphrases, permuted sentences and the full name in every 
 Three methods, each a pure function of a segment here (the LM that writes paraphrases is run by the augment stage):
 - `permute`: the segment's sentences in another order;
 - `full_name`: the subject's full name (its article's title) in place of sentence-initial pronouns and of short
-  forms of it (a PERSON entity whose words are some of the title's);
+  forms of it (a PERSON entity whose words are some of the title's), in articles about a person
+  (`is_person_subject`);
 - `paraphrase`: each sentence reworded by an instruct LM, prompted few-shot (`paraphrase_demonstrations`), kept only
   if it keeps every salient span of the sentence word for word (`kept_paraphrase`): a small LM often drops or
   misspells a name, and a fact with another name is a wrong fact.
@@ -62,6 +63,32 @@ def subject_name(title: str) -> str:
     return re.sub(r"\s*\([^)]*\)\s*$", "", title).strip()
 
 
+# Lower-case words a person's name may hold; any other (`of`, `in`, `the`) makes a title something else's.
+_NAME_PARTICLES = {"al", "bin", "da", "de", "del", "der", "di", "du", "ibn", "la", "le", "van", "von", "y"}
+# Disambiguations of articles named after a person that are about something else: `H. L. Hunley (submarine)`.
+_THINGS = {"album", "band", "book", "company", "film", "game", "magazine", "musical", "novel", "play", "series",
+           "ship", "song", "submarine"}
+
+
+def is_person_subject(title: str, people: Iterable[str]) -> bool:
+    """Whether an article is about a person: its subject's name is capitalised word by word, holds no digit, and
+    NER takes some name in the article for a PERSON whose words are some of the subject's (`Smith` in the article on
+    Jaden Smith) or all of them and more (`Julie Deborah Kavner`). Only then do he/she and a short name stand for
+    the subject: in real Wikipedia, `He` in the article on `Meet the Press` is its host, and `Bates` in `List of
+    Bates Motel characters` is not the list."""
+    name = subject_name(title)
+    words, told = name.split(), set(re.findall(r"\w+", title[len(name):]))  # `(submarine)`: not a person
+    if not words or told & _THINGS or any(ch.isdigit() for ch in name) or not all(
+            w[0].isupper() or w in _NAME_PARTICLES for w in words):
+        return False
+    mine = set(words)
+    for person in people:
+        theirs = {w.removesuffix("'s").strip(",.;:") for w in person.split()} - {""}
+        if theirs and (theirs <= mine or mine <= theirs):
+            return True
+    return False
+
+
 def with_full_name(text: str, title: str, people: Iterable[tuple[int, int]]) -> str | None:
     """The segment with its subject's full name in place of sentence-initial he/she (his/her: the name's) and of
     the `people` spans (character offsets of PERSON entities) that are short forms of it; None if nothing changed."""
@@ -80,7 +107,8 @@ def with_full_name(text: str, title: str, people: Iterable[tuple[int, int]]) -> 
     out.append(text[last:])
     replaced = " ".join(_PRONOUN.sub(lambda m: name if m.group(1) else f"{name}'s", s)
                         for s in sentence_texts("".join(out)))
-    return replaced if replaced != " ".join(text.split()) else None
+    # against the text rejoined the same way: `str.split` would also break at the no-break spaces Wikipedia has
+    return replaced if replaced != " ".join(sentence_texts(text)) else None
 
 
 def paraphrase_demonstrations(k: int) -> str:

@@ -98,19 +98,26 @@ def _augment(run: StagedRun, wh: Warehouse, config: AugmentConfig, writer: Parap
 
 
 def segments_to_augment(wh: Warehouse, corpus: str) -> tuple[list[dict], dict[str, list[tuple[int, int, str]]]]:
-    """The corpus's retrieved segments that have salient spans, each with its document's title, and their spans
-    (start, end, label) by segment."""
+    """The corpus's retrieved segments that have salient spans, each with its document's title and whether the
+    document is about a person (`person`), and their spans (start, end, label) by segment."""
     segments_part, span_parts = span_partitions(wh, corpus)
-    found = wh.read("salient_spans", ["segment_id", "start_char", "end_char", "label"], partitions=span_parts)
+    found = wh.read("salient_spans", ["segment_id", "start_char", "end_char", "label", "text"], partitions=span_parts)
     spans: dict[str, list[tuple[int, int, str]]] = {}
-    for seg, start, end, label in zip(*(found.column(c).to_pylist() for c in found.column_names)):
+    people: dict[str, list[str]] = {}  # the PERSON spans' texts by segment
+    for seg, start, end, label, text in zip(*(found.column(c).to_pylist() for c in found.column_names)):
         spans.setdefault(seg, []).append((start, end, label))
+        if label == "PERSON":
+            people.setdefault(seg, []).append(text)
     table = wh.read("segments", ["segment_id", "doc_id", "text"], partitions=[segments_part],
                     filter=pc.field("segment_id").isin(list(spans))).sort_by("segment_id")
     docs = wh.read("documents", ["doc_id", "title"], filter=(pc.field("corpus") == corpus)
                    & pc.field("doc_id").isin(table.column("doc_id").unique()))
     titles = dict(zip(docs.column("doc_id").to_pylist(), docs.column("title").to_pylist()))
-    return [row | {"title": titles.get(row["doc_id"]) or ""} for row in table.to_pylist()], spans
+    rows = [row | {"title": titles.get(row["doc_id"]) or ""} for row in table.to_pylist()]
+    named: dict[str, list[str]] = {}  # the PERSON spans' texts by document
+    for row in rows:
+        named.setdefault(row["doc_id"], []).extend(people.get(row["segment_id"], []))
+    return [row | {"person": aug.is_person_subject(row["title"], named[row["doc_id"]])} for row in rows], spans
 
 
 def augmented_rows(segments: list[dict], spans: dict, config: AugmentConfig, writer: Paraphraser | None, loaded,
@@ -128,7 +135,7 @@ def augmented_rows(segments: list[dict], spans: dict, config: AugmentConfig, wri
         rng = random.Random(f"{config.seed}:{segment['segment_id']}")
         if "permute" in config.methods:
             add(segment, "permute", aug.permuted(segment["text"], rng))
-        if "full_name" in config.methods:
+        if "full_name" in config.methods and segment["person"]:
             people = [(a, b) for a, b, label in spans[segment["segment_id"]] if label == "PERSON"]
             add(segment, "full_name", aug.with_full_name(segment["text"], segment["title"], people))
     if writer:

@@ -59,3 +59,23 @@ def test_a_person_span_inside_the_full_name_itself_is_left_as_it_is():
     assert augment.with_full_name(text, "Shershaeth and Sons", [(sons, sons + 10)]) is None
     assert augment.with_full_name(text, "Shøskrend Brøtai", [(first, first + 6), (last, last + 6)]) == (
         "While at Shershaeth and Sons, Shøskrend Brøtai carved a statue. Shøskrend Brøtai died in 1990.")
+
+
+def test_only_an_article_about_a_person_has_a_subject_that_he_or_she_stands_for():
+    # real Wikipedia passages: `He` in the article on a TV programme is its host; `Bates` in a list is not the list
+    assert augment.is_person_subject("Julie Kavner", ["Valerie Harper's", "Julie Deborah Kavner"])
+    assert augment.is_person_subject("Jaden Smith", ["Jackie Chan", "Smith"])
+    assert augment.is_person_subject("Kelly Taylor (90210)", ["Kelly's"])
+    assert augment.is_person_subject("Mohammad bin Salman", ["Salman"])
+    assert not augment.is_person_subject("Meet the Press", ["Tim Russert"])
+    assert not augment.is_person_subject("Call Me Maybe", ["Carly Rae Jepsen"])
+    assert not augment.is_person_subject("List of Bates Motel characters", ["Norman Bates", "Bates"])
+    assert not augment.is_person_subject("Bigg Boss Kannada 5", ["Kannada"])
+    assert not augment.is_person_subject("H. L. Hunley (submarine)", ["Hunley"])
+    assert not augment.is_person_subject("", ["Claudia Wells"])
+
+
+def test_a_segment_with_no_break_spaces_and_nothing_to_replace_is_left_out():
+    text = "During the course of the programme, 52 episodes aired\xa0over six series. It ended in 2015."
+    assert augment.with_full_name(text, "Downton Abbey", []) is None
+    assert augment.with_full_name("He was\xa0born in 1950.", "Tim Russert", []) == "Tim Russert was\xa0born in 1950."
