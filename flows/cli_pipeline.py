@@ -51,7 +51,8 @@ def ready_to_run(runs) -> None:
 
 def cmd_pipeline(args) -> int:
     from stages.experiment import Experiment
-    return run_experiment(Experiment.load(args.experiment, args.set or []), args)
+    experiment = Experiment.load(args.experiment, args.set or [])
+    return run_experiment(experiment.with_compared_rows() if args.routes else experiment, args)
 
 
 def cmd_demo(args) -> int:
@@ -164,16 +165,16 @@ def add_commands(sub) -> None:
     demo.add_argument("--full", action="store_true", help="the T5 experiment with every row of the paper's Tables 3 "
                       "and 4 (adds the Transformer, larger-base, Kformer and concat rows to --arch t5's base, "
                       "base+NKB and base+NKB-a, and NKB-a to the generation check; what --arch t5 built is reused)")
-    demo.add_argument("--routes", action="store_true", help=(
-        "also train the field's routes on the slots' blocks, batches and steps, for the table that weighs them: "
-        "LoRA through PEFT at the slots' parameter count and at PEFT's default rank (base+lora, base+lora-8), and "
-        "those blocks' own FFN maps (base+ft); what the demo built is reused"))
     demo.add_argument("--arch", choices=[SMOLLM2, *ARCHITECTURES], help=(
         "the base: smollm2 (default), the real pretrained SmolLM2-135M-Instruct, asked few-shot; t5 (the default "
         "with --full), the paper's experiment on tiny T5 bases pretrained here, fine-tuned on QA; llama or gpt2, a "
         "decoder-only base of the T5's size and budget with slots on every block (no Kformer or concat rows: "
         "they are T5 baselines)"))
     for p, func in ((pipe, cmd_pipeline), (demo, cmd_demo)):
+        p.add_argument("--routes", action="store_true", help=(
+            "also train the field's routes on the slots' blocks, batches and steps, for the table that weighs them: "
+            "LoRA through PEFT at the slots' parameter count and at PEFT's default rank (base+lora, base+lora-8), "
+            "and those blocks' own FFN maps (base+ft); what the experiment built is reused"))
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help=experiment_help)
         p.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")
         p.add_argument("--models", action=argparse.BooleanOptionalAction, default=True, help=models_help)

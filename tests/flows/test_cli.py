@@ -181,3 +181,12 @@ def test_commands_that_answer_at_once_import_no_heavy_library(home, argv):
     out = subprocess.run([sys.executable, "-c", script, "--home", home, *argv], capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "[]", (argv, out.stdout[-500:], out.stderr[-500:])
+
+
+def test_pipeline_routes_adds_the_fields_routes_to_the_experiments_rows(capsys, home, monkeypatch):
+    from flows import cli_pipeline
+    ran = []
+    monkeypatch.setattr(cli_pipeline, "run_experiment", lambda experiment, args: ran.append(experiment.rows) or 0)
+    for extra in ([], ["--routes"]):
+        assert run_cli(capsys, "--home", home, "pipeline", "experiments/sample-world-smollm2.yaml", *extra)[0] == 0
+    assert ran == [["base", "rag", "base+nkb"], ["base", "rag", "base+nkb", "base+lora", "base+lora-8", "base+ft"]]
