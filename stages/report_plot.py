@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 
+from stages.configs import REPORT_ROWS
 from stages.report import report_rows
 from warehouse import Warehouse, list_runs, run_metrics
 
@@ -13,21 +14,23 @@ from warehouse import Warehouse, list_runs, run_metrics
 # `<task>_loss` (qa_loss for QA), matched by its suffix.
 PANELS = [
     ("Pretraining", "base-model", {"pretrain_loss": "span corruption", "pretrain_ssm_loss": "salient span masking"}),
-    ("Injection", "inject", {"ssm_loss": "SSM", "general_loss": "general text"}),
+    ("Injection", "inject", {"ssm_loss": "SSM", "general_loss": "general text", "qa_loss": "questions"}),
     ("Fine-tuning", "finetune", {"_loss": ""}),
 ]
 SMOOTHING = 25  # steps in the moving average: one step's loss is noise
 
 
-def training_curves(wh: Warehouse) -> dict[str, dict[str, tuple[list, list]]]:
-    """{panel: {curve label: (steps, smoothed losses)}} of the newest successful run of each model."""
+def training_curves(wh: Warehouse, models: set[str] | None = None) -> dict[str, dict[str, tuple[list, list]]]:
+    """{panel: {curve label: (steps, smoothed losses)}} of the newest successful run of each model: of `models` and
+    their fine-tuned versions (`MODEL.qa`) where given, else of every model the warehouse trained."""
     from stages.registry import model_of
     out: dict[str, dict[str, tuple[list, list]]] = {}
     for title, stage, metrics in PANELS:
         newest: dict[str, object] = {}
         for run in list_runs(wh, stage=stage):  # newest first
             model = model_of(stage, run.config)
-            if run.status == "success" and model and model not in newest:
+            if run.status == "success" and model and model not in newest and (
+                    models is None or any(model == m or model.startswith(f"{m}.") for m in models)):
                 newest[model] = run
         curves = out.setdefault(title, {})
         for model, run in sorted(newest.items()):
@@ -58,8 +61,8 @@ def report_figure(wh: Warehouse):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = training_curves(wh)
     rows = report_rows(wh)
+    panels = training_curves(wh, reported_models(wh, rows))
     tradeoff = forgetting_points(wh, rows)
     columns = 2
     drawn = len(panels) + 1 + bool(tradeoff)
@@ -79,6 +82,15 @@ def report_figure(wh: Warehouse):
         forgetting_scatter(axes[len(panels) + 1], tradeoff)
     fig.tight_layout()
     return fig
+
+
+def reported_models(wh: Warehouse, rows: list[dict]) -> set[str] | None:
+    """The models the latest report's rows name (None before any report): the figure's curves are theirs, not those
+    of trials trained into the same warehouse under other names."""
+    config = next((r.config for r in list_runs(wh, stage="report") if rows and r.run_id == rows[0]["run_id"]), None)
+    if not config:
+        return None
+    return {config[row.field] for row in REPORT_ROWS if config.get(row.field)} or None
 
 
 def forgetting_points(wh: Warehouse, rows: list[dict]) -> list[tuple[str, float, tuple, float, float | None]]:

@@ -90,3 +90,26 @@ def test_each_route_is_a_point_of_em_against_the_general_text_it_forgot_labelled
     assert points == [(0.0, 0.0), (1.0, 30.0), (25.0, 20.0)]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "base: loss +0.0%, 100% facts kept", "base+NKB: loss +1.0%, 98% facts kept", "base+FT: loss +25.0%, 50% facts kept"]
+
+
+@pytest.mark.slow
+def test_the_curves_are_those_of_the_reports_models_not_of_trials_beside_them(tmp_path):
+    from stages.configs import ReportConfig
+    wh = Warehouse(tmp_path / "wh")
+    def losses(run):
+        for metric in ("qa_loss", "ssm_loss"):
+            run.metric(metric, 1.0, split="train", step=0)
+        return {}
+    for name in ("base+nkb", "trial"):  # a lever trial trained into the experiment's warehouse under its own name
+        run_stage(wh, "inject", InjectConfig(corpus="wiki", name=name, qa_share=0.5).model_dump(), f"fp-{name}", losses)
+    record(wh, "finetune", FinetuneConfig(model="base+nkb"), {"qa_loss": [1, 0.5]})
+
+    def body(run):
+        run.write("report", "latest", {"model": ["base+NKB"], "dataset": ["average"], "split": ["validation"],
+                                       "em": [1.0], "params_total": [5], "params_injected": [2], "probe_em": [None],
+                                       "probe_seen_em": [None], "heldout_loss": [None], "model_run": ["r"]})
+        return {}
+    run_stage(wh, "report", ReportConfig().model_dump(), "fp-report", body)
+    panels = {ax.get_title(): [t.get_text() for t in ax.get_legend().get_texts()] for ax in report_figure(wh).axes
+              if ax.get_visible() and ax.get_legend() and ax.get_title() in ("Injection", "Fine-tuning")}
+    assert panels == {"Injection": ["base+nkb: questions", "base+nkb: SSM"], "Fine-tuning": ["base+nkb.qa"]}
