@@ -379,9 +379,9 @@ class AugmentConfig(ModelStageConfig):
     methods: list[AugmentMethod] = Field(
         default_factory=lambda: ["permute", "full_name", "paraphrase"], min_length=1,
         description="permute: the segment's sentences in another order (segments of two or more); full_name: the "
-                    "article title for sentence-initial he/she and short forms of it, in articles about a person (NER "
-                    "finds the title's name as a PERSON in them); paraphrase: each sentence "
-                    "reworded by paraphrase_model.")
+                    "article title for sentence-initial he/she and short forms of it, in articles about a person (spaCy "
+                    "marks a person there whose words are part of the title's, or all of them and more); paraphrase: "
+                    "each sentence reworded by paraphrase_model.")
     paraphrases: int = Field(2, ge=1, le=6, description="Paraphrases per segment, each prompted with its own three "
                                                          "demonstrations (corpus.augment.DEMONSTRATIONS).")
     paraphrase_model: str = Field("base", description=(
