@@ -72,10 +72,10 @@ _THINGS = {"album", "band", "book", "company", "film", "game", "magazine", "musi
 
 def is_person_subject(title: str, people: Iterable[str]) -> bool:
     """Whether an article is about a person: its subject's name is capitalised word by word and holds no digit, its
-    title no disambiguation of a thing (`(film)`), and NER takes some name in the article for a PERSON whose words are some of the subject's (`Smith` in the article on
-    Jaden Smith) or all of them and more (`Julie Deborah Kavner`). Only then do he/she and a short name stand for
-    the subject: in real Wikipedia, `He` in the article on `Meet the Press` is its host, and `Bates` in `List of
-    Bates Motel characters` is not the list."""
+    title no disambiguation of a thing (`(film)`), and NER takes some name in the article for a PERSON whose words
+    are some of the subject's (`Smith` in the article on Jaden Smith) or all of them and more (`Julie Deborah
+    Kavner`). Only then do he/she and a short name stand for the subject: in real Wikipedia, `He` in the article on
+    `Meet the Press` is its host, and `Bates` in `List of Bates Motel characters` is not the list."""
     name = subject_name(title)
     words, told = name.split(), set(re.findall(r"\w+", title[len(name):]))  # `(submarine)`: not a person
     if not words or told & _THINGS or any(ch.isdigit() for ch in name) or not all(

@@ -101,7 +101,8 @@ def test_the_curves_are_those_of_the_reports_models_not_of_trials_beside_them(tm
             run.metric(metric, 1.0, split="train", step=0)
         return {}
     for name in ("base+nkb", "trial"):  # a lever trial trained into the experiment's warehouse under its own name
-        run_stage(wh, "inject", InjectConfig(corpus="wiki", name=name, qa_share=0.5).model_dump(), f"fp-{name}", losses)
+        config = InjectConfig(corpus="wiki", name=name, qa_share=0.5)
+        run_stage(wh, "inject", config.model_dump(), f"fp-{name}", losses)
     record(wh, "finetune", FinetuneConfig(model="base+nkb"), {"qa_loss": [1, 0.5]})
 
     def body(run):
