@@ -18,6 +18,7 @@ PANELS = [
     ("Fine-tuning", "finetune", {"_loss": ""}),
 ]
 SMOOTHING = 25  # steps in the moving average: one step's loss is noise
+LINE_STYLES = ("-", "--", ":")
 
 
 def training_curves(wh: Warehouse, models: set[str] | None = None) -> dict[str, dict[str, tuple[list, list]]]:
@@ -72,8 +73,13 @@ def report_figure(wh: Warehouse):
     for ax in axes[drawn:]:
         ax.set_visible(False)
     for ax, (title, curves) in zip(axes, panels.items()):
-        for label, (steps, values), colour in zip(curves, curves.values(), distinct_colours(len(curves))):
-            ax.plot(steps, values, color=colour, label=label, linewidth=1.2)
+        # a model's curves share its colour, an objective its line style: `base+nkb: questions` then `: SSM`
+        parts = [label.partition(": ")[::2] for label in curves]
+        models, objectives = (list(dict.fromkeys(p[i] for p in parts)) for i in (0, 1))
+        colours = dict(zip(models, distinct_colours(len(models))))
+        for label, (model, objective), (steps, values) in zip(curves, parts, curves.values()):
+            ax.plot(steps, values, color=colours[model], label=label, linewidth=1.2,
+                    linestyle=LINE_STYLES[objectives.index(objective) % len(LINE_STYLES)])
         ax.set(xlabel="step", ylabel=f"training loss (moving average of {SMOOTHING} steps)", title=title,
                yscale="log")
         ax.legend(fontsize=7)

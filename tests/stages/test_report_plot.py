@@ -111,6 +111,9 @@ def test_the_curves_are_those_of_the_reports_models_not_of_trials_beside_them(tm
                                        "probe_seen_em": [None], "heldout_loss": [None], "model_run": ["r"]})
         return {}
     run_stage(wh, "report", ReportConfig().model_dump(), "fp-report", body)
-    panels = {ax.get_title(): [t.get_text() for t in ax.get_legend().get_texts()] for ax in report_figure(wh).axes
-              if ax.get_visible() and ax.get_legend() and ax.get_title() in ("Injection", "Fine-tuning")}
+    axes = {ax.get_title(): ax for ax in report_figure(wh).axes if ax.get_visible() and ax.get_legend()}
+    panels = {title: [t.get_text() for t in axes[title].get_legend().get_texts()] for title in ("Injection",
+                                                                                                 "Fine-tuning")}
     assert panels == {"Injection": ["base+nkb: questions", "base+nkb: SSM"], "Fine-tuning": ["base+nkb.qa"]}
+    questions, ssm = axes["Injection"].get_lines()  # one model: one colour, an objective each its line style
+    assert questions.get_color() == ssm.get_color() and questions.get_linestyle() != ssm.get_linestyle()
