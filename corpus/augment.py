@@ -58,9 +58,12 @@ def permuted(text: str, rng: random.Random) -> str | None:
     return " ".join(parts[placed.get(i, i)] for i in range(len(parts)))
 
 
+_DISAMBIGUATION = re.compile(r"\s*\(([^)]*)\)\s*$")  # `Mercury (planet)`
+
+
 def subject_name(title: str) -> str:
     """An article's subject as its text names it: its title without a disambiguation (`Mercury (planet)`)."""
-    return re.sub(r"\s*\([^)]*\)\s*$", "", title).strip()
+    return _DISAMBIGUATION.sub("", title).strip()
 
 
 # Lower-case words a person's name may hold; any other (`of`, `in`, `the`) makes a title something else's.
@@ -77,7 +80,8 @@ def is_person_subject(title: str, people: Iterable[str]) -> bool:
     Kavner`). Only then do he/she and a short name stand for the subject: in real Wikipedia, `He` in the article on
     `Meet the Press` is its host, and `Bates` in `List of Bates Motel characters` is not the list."""
     name = subject_name(title)
-    words, told = name.split(), set(re.findall(r"\w+", title[len(name):]))  # `(submarine)`: not a person
+    words, disambiguation = name.split(), _DISAMBIGUATION.search(title)
+    told = set(re.findall(r"\w+", disambiguation.group(1))) if disambiguation else set()  # `(submarine)`
     if not words or told & _THINGS or any(ch.isdigit() for ch in name) or not all(
             w[0].isupper() or w in _NAME_PARTICLES for w in words):
         return False

@@ -21,11 +21,11 @@ SMOOTHING = 25  # steps in the moving average: one step's loss is noise
 LINE_STYLES = ("-", "--", ":")
 
 
-def training_curves(wh: Warehouse, models: set[str] | None = None) -> dict[str, dict[str, tuple[list, list]]]:
-    """{panel: {curve label: (steps, smoothed losses)}} of the newest successful run of each model: of `models` and
+def training_curves(wh: Warehouse, models: set[str] | None = None) -> dict[str, dict[tuple[str, str], tuple]]:
+    """{panel: {(model, objective or ""): (steps, smoothed losses)}} of the newest successful run of each model: of `models` and
     their fine-tuned versions (`MODEL.qa`) where given, else of every model the warehouse trained."""
     from stages.registry import model_of
-    out: dict[str, dict[str, tuple[list, list]]] = {}
+    out: dict[str, dict[tuple[str, str], tuple]] = {}
     for title, stage, metrics in PANELS:
         newest: dict[str, object] = {}
         for run in list_runs(wh, stage=stage):  # newest first
@@ -40,10 +40,9 @@ def training_curves(wh: Warehouse, models: set[str] | None = None) -> dict[str, 
                 if row["step"] is not None and any(row["metric"].endswith(m) for m in metrics):
                     by_metric.setdefault(row["metric"], []).append((row["step"], row["value"]))
             for metric, points in sorted(by_metric.items()):
-                what = metrics.get(metric, "")
-                label = f"{model}: {what}" if what and len(by_metric) > 1 else model
+                what = metrics.get(metric, "") if len(by_metric) > 1 else ""
                 points.sort()
-                curves[label] = ([p[0] for p in points], smooth([p[1] for p in points], SMOOTHING))
+                curves[model, what] = ([p[0] for p in points], smooth([p[1] for p in points], SMOOTHING))
     return {title: curves for title, curves in out.items() if curves}
 
 
@@ -74,12 +73,11 @@ def report_figure(wh: Warehouse):
         ax.set_visible(False)
     for ax, (title, curves) in zip(axes, panels.items()):
         # a model's curves share its colour, an objective its line style: `base+nkb: questions` then `: SSM`
-        parts = [label.partition(": ")[::2] for label in curves]
-        models, objectives = (list(dict.fromkeys(p[i] for p in parts)) for i in (0, 1))
+        models, objectives = (list(dict.fromkeys(key[i] for key in curves)) for i in (0, 1))
         colours = dict(zip(models, distinct_colours(len(models))))
-        for label, (model, objective), (steps, values) in zip(curves, parts, curves.values()):
-            ax.plot(steps, values, color=colours[model], label=label, linewidth=1.2,
-                    linestyle=LINE_STYLES[objectives.index(objective) % len(LINE_STYLES)])
+        for (model, objective), (steps, values) in curves.items():
+            ax.plot(steps, values, color=colours[model], label=f"{model}: {objective}" if objective else model,
+                    linewidth=1.2, linestyle=LINE_STYLES[objectives.index(objective) % len(LINE_STYLES)])
         ax.set(xlabel="step", ylabel=f"training loss (moving average of {SMOOTHING} steps)", title=title,
                yscale="log")
         ax.legend(fontsize=7)
