@@ -67,6 +67,11 @@ def cmd_demo(args) -> int:
     return run_experiment(experiment.with_compared_rows() if args.routes else experiment, args, export=True)
 
 
+# The demo's export check asks this many questions: each is asked twice in fp32 (~0.5 s a question on 2 cores), and
+# `tests/stages/test_real_model.py` checks every question of a real model's evaluation.
+EXPORT_CHECKED = 25
+
+
 def export_and_check(wh: Warehouse, name: str, folder) -> None:
     """Export the demo's injected model for stock transformers (once per model version) and show that stock
     transformers alone answers as the warehouse's model does."""
@@ -76,7 +81,7 @@ def export_and_check(wh: Warehouse, name: str, folder) -> None:
         print(f"\nExported {name} for stock transformers earlier: {target}")
         return
     export_model(wh, name, target)
-    check = check_export(wh, name, target)
+    check = check_export(wh, name, target, questions=EXPORT_CHECKED)
     print(f"\nExported {name} for stock transformers, slots merged into its feed-forward layers: {target}\n"
           f"  {check['loaded_with']} alone gives the warehouse model's greedy answers to {check['same']} of "
           f"{check['questions']} questions of {check['evaluation']} (fp32)")

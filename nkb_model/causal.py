@@ -33,7 +33,8 @@ def start_ids(tokenizer) -> list[int]:
     return next((marked[:k] for k in range(len(marked) - len(plain) + 1) if marked[k:k + len(plain)] == plain), [])
 
 
-def _joined(prompt: str, target: str) -> str:
+def pair_text(prompt: str, target: str) -> str:
+    """The text a pair is read as: the prompt, then the target as running text (`encode_pairs` tokenizes it)."""
     return prompt + target if not prompt or prompt[-1].isspace() else f"{prompt} {target}"
 
 
@@ -47,7 +48,7 @@ def encode_pairs(tokenizer, prompts: list[str], targets: list[str], max_prompt_l
     plain = dict(add_special_tokens=False)
     start = start_ids(tokenizer)
     prompt_ids = tokenizer([p.rstrip() for p in prompts], **plain)["input_ids"] if prompts else []
-    whole = tokenizer([_joined(p.rstrip(), t.strip()) for p, t in zip(prompts, targets)], **plain)["input_ids"] \
+    whole = tokenizer([pair_text(p.rstrip(), t.strip()) for p, t in zip(prompts, targets)], **plain)["input_ids"] \
         if prompts else []
     pairs = []
     for p, w, target in zip(prompt_ids, whole, targets):

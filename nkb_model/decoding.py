@@ -43,17 +43,22 @@ def seq2seq_generate(model, tokenizer, texts: list[str], device: Device, batch_s
 @torch.no_grad()
 def causal_generate(model, tokenizer, prompts: list[str], device: Device, batch_size: int = 64,
                     max_input_len: int | None = None, max_new_tokens: int = 24, num_beams: int = 1) -> list[str]:
-    """What a decoder-only model writes after each prompt, up to EOS (or a line break), without the prompt."""
+    """What a decoder-only model writes after each prompt, up to EOS (or a line break), without the prompt. Batches
+    are of prompts of like length (a batch reads every row at its longest prompt's length: on the demo's RAG prompts,
+    in the order asked, that was most of the time), the outputs in the prompts' order."""
     from nkb_model.causal import encode_prompts, line_end_ids, pad_left
     ids = encode_prompts(tokenizer, prompts, max_input_len)
     stops = list(line_end_ids(tokenizer))
-    outputs = []
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    outputs = [""] * len(ids)
     for lo in range(0, len(ids), batch_size):
-        enc = {k: v.to(device.device) for k, v in pad_left(ids[lo:lo + batch_size], tokenizer.pad_token_id).items()}
+        rows = order[lo:lo + batch_size]
+        enc = {k: v.to(device.device) for k, v in pad_left([ids[i] for i in rows], tokenizer.pad_token_id).items()}
         with device.autocast():
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, num_beams=num_beams,
                                  eos_token_id=stops, pad_token_id=tokenizer.pad_token_id)
-        outputs += first_lines(tokenizer, out[:, enc["input_ids"].shape[1]:])
+        for i, text in zip(rows, first_lines(tokenizer, out[:, enc["input_ids"].shape[1]:])):
+            outputs[i] = text
     return outputs
 
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nkb_model.causal import start_ids
+from nkb_model.causal import pair_text, start_ids
 from nkb_model.mounting import architecture_of, block_names, block_stack, get_ffn
 from nkb_model.train import Device
 
@@ -140,6 +140,17 @@ class CachedBatches:
     def __call__(self, step: int) -> dict[str, torch.Tensor]:
         segments = self.segments_of(step // self.pairs.per_epoch)
         return self.cache.batch(self.model, self.pairs(step), [segments[r] for r in self.pairs.rows(step)])
+
+
+def fixed_pairs_cached(pairs, model: nn.Module, tokenizer, k: int, device: Device) -> CachedBatches:
+    """`pairs` (pair batches whose examples are the same every epoch: the train split's questions) read off a cache
+    of each pair's whole sequence, as the segments' steps are: without it a question's step ran every block, half as
+    fast again as a span's."""
+    inputs, targets = pairs.examples_for_epoch(0)
+    cache = SegmentCache(model, tokenizer, [pair_text(i.rstrip(), t.strip()) for i, t in zip(inputs, targets)], k,
+                         device)
+    every = list(range(len(inputs)))
+    return CachedBatches(pairs, lambda epoch: every, cache, model)
 
 
 class SegmentCache:

@@ -64,10 +64,11 @@ def _write_adapter(model, info: dict, name: str, folder: Path) -> None:
     (folder / INFO).write_text(json.dumps({**info, "base_folder": "."}, indent=1))  # the base is here
 
 
-def check_export(wh: Warehouse, name: str, folder: Path) -> dict:
+def check_export(wh: Warehouse, name: str, folder: Path, questions: int | None = None) -> dict:
     """Ask the exported `folder`, loaded by stock transformers alone, and model `name` in the warehouse the
-    questions of the latest QA evaluation of `name` (its inputs, batches and decoding; in fp32, where a merged
-    feed-forward layer rounds as the unmerged one does), and compare the answers: {evaluation: that run,
+    questions of the latest QA evaluation of `name` (the first `questions` of them; None: all) (its inputs, batches
+    and decoding; in fp32, where a merged feed-forward layer rounds as the unmerged one does), and compare the
+    answers: {evaluation: that run,
     loaded_with: the Auto class, questions, same: how many agree, differ: [(question_id, warehouse's, stock's)]}."""
     from transformers import AutoConfig, AutoTokenizer
 
@@ -85,6 +86,7 @@ def check_export(wh: Warehouse, name: str, folder: Path) -> dict:
     config = EvaluateConfig(**{k: v for k, v in asked.config.items() if k in EvaluateConfig.model_fields})
     device = choose_device(config.device, "fp32")
     examples = read_questions(wh, config.datasets, config.split)
+    examples = examples.slice(0, questions) if questions is not None else examples
     auto = family(AutoConfig.from_pretrained(folder)).auto_class()
     stock = auto.from_pretrained(folder).to(device.device), AutoTokenizer.from_pretrained(folder)
     answers = [model_outputs(wh, examples, model, tokenizer, source.info, config, None, device)

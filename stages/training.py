@@ -461,7 +461,11 @@ def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: 
         general = Named(general_batches(wh, tokenizer, base.directory, config, kind), "general_loss")
         batches = Interleaved(batches, general, config.general_share)
     if config.qa_share:
-        qa = Named(qa_batches(wh, tokenizer, config, kind), "qa_loss")
+        qa = qa_batches(wh, tokenizer, config, kind)
+        if trained is not model:  # the slots train on cached states: the questions' too
+            from nkb_model.prefix_cache import fixed_pairs_cached
+            qa = fixed_pairs_cached(qa, model, tokenizer, trained.k, device)
+        qa = Named(qa, "qa_loss")
         batches = (Interleaved(batches, qa, config.qa_share) if config.qa_order == "mixed"
                    else Sequenced(qa, batches, round(config.qa_share * config.steps)))
     return trained, ssm, batches

@@ -118,6 +118,16 @@ def test_a_tiny_decoder_only_model_learns_answers_and_stops_after_them(tokenizer
     assert fills == ANSWERS and all(hits)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_batches_of_like_length_answer_each_prompt_as_if_asked_alone_in_its_own_order(tokenizer, arch):
+    model = new_causal(tokenizer, arch, "tiny").eval()
+    prompts = [QUESTIONS[0] + " " + TEXTS[1], QUESTIONS[1], TEXTS[2] + " " + TEXTS[3], QUESTIONS[2] + " city",
+               TEXTS[4]]  # lengths out of order: the batches are formed by length, the answers kept in this order
+    alone = [generate(model, tokenizer, [p], CPU, batch_size=1, max_new_tokens=6)[0] for p in prompts]
+    assert len(set(alone)) > 1  # else a wrong order could not show
+    assert generate(model, tokenizer, prompts, CPU, batch_size=2, max_new_tokens=6) == alone
+
+
 def test_cloze_prompts_become_prefixes_and_fills_take_the_answers_length():
     assert cloze_prefix("Ada Lovelace was born in <extra_id_0> in 1815.") == "Ada Lovelace was born in"
     assert probe_fill("New York City in 1815", "New York") == "New York"

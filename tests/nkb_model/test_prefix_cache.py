@@ -11,7 +11,8 @@ from corpus.ssm import ssm_examples
 from nkb_model.families import DECODER_ONLY
 from nkb_model.causal import encode_pairs, pad_causal
 from nkb_model.nkb import NKBConfig, mark_only_nkb_trainable, mount_nkb, nkb_parameters
-from nkb_model.prefix_cache import CachedBatches, CachedTail, SegmentCache, first_trainable_block, supports_cache
+from nkb_model.prefix_cache import (CachedBatches, CachedTail, SegmentCache, first_trainable_block,
+                                   fixed_pairs_cached, supports_cache)
 from nkb_model.train import TrainConfig, choose_device, train
 from tests.nkb_model.test_causal import TEXTS, byte_level_bpe
 
@@ -80,6 +81,24 @@ def test_a_row_that_is_no_prefix_of_its_segment_is_computed_afresh():
     uncached = model(**batch).loss
     torch.testing.assert_close(CachedTail(model, 3)(**cache.batch(model, batch, segments)).loss, uncached,
                                rtol=1e-4, atol=1e-4)
+
+
+def test_the_questions_steps_are_read_off_a_cache_of_each_question_and_answer_with_the_uncached_loss():
+    from nkb_model.fewshot import fewshot_prompt
+    tokenizer = byte_level_bpe()
+    model = injected("llama", len(tokenizer), ["decoder.-2", "decoder.-1"])
+    k = first_trainable_block(model)
+    questions = [fewshot_prompt([], f"where was person {i} born") for i in range(6)]
+    answers = [f"city {i % 7}" for i in range(6)]
+    pairs = DECODER_ONLY.pair_batches(lambda epoch: (questions, answers), tokenizer, 2, target_eos=False)
+    cached = fixed_pairs_cached(pairs, model, tokenizer, k, CPU)
+    for step in range(2 * pairs.per_epoch):  # two epochs, each in its own order
+        batch = pairs(step)
+        lengths = batch["attention_mask"].sum(1).tolist()
+        assert all(cached.cache.rows(r, batch["input_ids"][i, :n].tolist()) is not None  # none computed afresh
+                   for i, (r, n) in enumerate(zip(pairs.rows(step), lengths)))
+        torch.testing.assert_close(CachedTail(model, k)(**cached(step)).loss, model(**batch).loss,
+                                   rtol=1e-4, atol=1e-4)
 
 
 def test_families_whose_first_block_does_not_read_the_embeddings_as_they_are_are_not_served():

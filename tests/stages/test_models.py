@@ -569,6 +569,7 @@ def test_an_exported_model_answers_with_stock_transformers_as_its_predictions_sa
     check = check_export(world, name, folder)
     assert (check["evaluation"], check["loaded_with"]) == (run.run_id, "AutoModelForSeq2SeqLM")
     assert check["same"] == check["questions"] == len(predictions) and check["differ"] == []
+    assert check_export(world, name, folder, questions=3)["questions"] == 3  # the demo asks its first questions
     card = (folder / "README.md").read_text()
     assert "AutoModelForSeq2SeqLM.from_pretrained" in card and "| nq | validation | exact match, % |" in card
     published = (find_model(world, name) / "README.md").read_text()  # evaluate put its scores in the card
