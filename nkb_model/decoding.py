@@ -44,8 +44,8 @@ def seq2seq_generate(model, tokenizer, texts: list[str], device: Device, batch_s
 def causal_generate(model, tokenizer, prompts: list[str], device: Device, batch_size: int = 64,
                     max_input_len: int | None = None, max_new_tokens: int = 24, num_beams: int = 1) -> list[str]:
     """What a decoder-only model writes after each prompt, up to EOS (or a line break), without the prompt. Batches
-    are of prompts of like length (a batch reads every row at its longest prompt's length: on the demo's RAG prompts,
-    in the order asked, that was most of the time), the outputs in the prompts' order."""
+    hold prompts of like length (a batch reads every row at its longest prompt's length: batched in the order asked,
+    the demo's RAG evaluation took 1.5x as long); the outputs come in the prompts' order."""
     from nkb_model.causal import encode_prompts, line_end_ids, pad_left
     ids = encode_prompts(tokenizer, prompts, max_input_len)
     stops = list(line_end_ids(tokenizer))

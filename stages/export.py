@@ -66,10 +66,9 @@ def _write_adapter(model, info: dict, name: str, folder: Path) -> None:
 
 def check_export(wh: Warehouse, name: str, folder: Path, questions: int | None = None) -> dict:
     """Ask the exported `folder`, loaded by stock transformers alone, and model `name` in the warehouse the
-    questions of the latest QA evaluation of `name` (the first `questions` of them; None: all) (its inputs, batches
-    and decoding; in fp32, where a merged feed-forward layer rounds as the unmerged one does), and compare the
-    answers: {evaluation: that run,
-    loaded_with: the Auto class, questions, same: how many agree, differ: [(question_id, warehouse's, stock's)]}."""
+    questions of the latest QA evaluation of `name`, or its first `questions` (its inputs, batches and decoding; in
+    fp32, where a merged feed-forward layer rounds as the unmerged one does), and compare the answers: {evaluation:
+    that run, loaded_with: the Auto class, questions, same: how many agree, differ: [(question_id, warehouse's, stock's)]}."""
     from transformers import AutoConfig, AutoTokenizer
 
     from nkb_model.families import family
