@@ -451,7 +451,8 @@ class BaseModelConfig(TrainingConfig):
 class InjectConfig(TrainingConfig):
     """Inject the salient-span-masked knowledge corpus into NKB slots mounted on a base model."""
     later_settings = TrainingConfig.later_settings | {"start", "span_target", "cued_spans", "lora_rank", "qa_share",
-                                                      "qa_order", "sparse_slots", "augmented"}
+                                                      "qa_order", "sparse_slots", "augmented",
+                                                      "own_text_weight", "own_text_rows"}
     volatile = TrainingConfig.volatile | {"cache"}
 
     base_model: str = Field("base", description="Model name from the base-model stage, or a Hugging Face T5 directory.")
@@ -507,6 +508,13 @@ class InjectConfig(TrainingConfig):
     qa_order: Literal["mixed", "before"] = Field("mixed", description=(
         "mixed: the QA steps spread evenly among the others; before: all of them first, then the knowledge "
         "(pre-instruction-tuning, Jiang et al. 2024)."))
+    own_text_weight: float = Field(0.0, ge=0, description=(
+        "A decoder-only base: add to each step's loss this many times how far the trained blocks' FFNs write from "
+        "what the base's wrote, on text the base wrote itself (sampled once before training; relative to the base's "
+        "own writes; `nkb_model.own_text`): slots that fire only on the knowledge leave the base's other answers "
+        "alone. 0: no such term."))
+    own_text_rows: int = Field(128, ge=1, description=(
+        "own_text_weight: how many texts of 48 tokens the base writes for it (~0.3 s each on 2 CPU cores)."))
     augmented: list[AugmentMethod] = Field(default_factory=list, description=(
         "Other wordings of the segments trained on beside them: those of these methods in `augmented_segments` "
         "(the augment stage's; permute, full_name, paraphrase), with their own salient spans (salient-spans "

@@ -268,6 +268,9 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         raise ValueError(f"sparse_slots updates some of the NKB's slots; variant {config.variant} has no frozen base "
                          "with slots beside it (nkb does)")
     base = source_model(wh, config.base_model)
+    if config.own_text_weight and family_of(base.info.get("arch", DEFAULT_ARCH)).has_encoder:
+        raise ValueError(f"own_text_weight={config.own_text_weight} needs a decoder-only base (one that writes text "
+                         f"from its start token); {config.base_model} has an encoder")
     name = config.model_name()
     knowledge = reads.spans(wh, config.corpus)
     knowledge_digest = fingerprint("knowledge", {}, knowledge.lineage)
@@ -292,10 +295,11 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
     started = time.perf_counter()
     segments, spans = knowledge_segments(wh, config)
     model, tokenizer, _ = base.load()
+    own = base_own_text(model, tokenizer, config, device)  # before anything is mounted: the base's own writes
     made = TRAINING[config.variant](model, config, previous.directory / "nkb" if previous else None)
     device.hold(model)  # only what trains is saved (or, nkb-a, everything trains): a frozen base may be held in bf16
     trained, ssm, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device,
-                                              made.frozen_base)
+                                              made.frozen_base, own)
     losses = train(trained, batches, config.train_config(config.steps), device, work_dir(target),
                    f"inject {config.model_name()}", progress,
                    after_step=after_injection_step(wh, model, trained, tokenizer, config, base, device))
@@ -434,11 +438,11 @@ TRAINING = {"nkb": mount_slots, "nkb-a": mount_slots, "lora": mount_lora, "ft": 
 
 
 def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: InjectConfig, base: SourceModel,
-                      device, frozen_base: bool = True):
+                      device, frozen_base: bool = True, own=None):
     """(what trains, the SSM batches, every step's batches): salient span masking over the segments, drawn anew each
     epoch; on a decoder-only base whose blocks below the trained ones are frozen, on cached states (those blocks
     once per segment); interleaved with general text at `general_share`, and with the train split's questions at
-    `qa_share` (or those first)."""
+    `qa_share` (or those first); each step held to the base's `own` text's FFN writes at `own_text_weight`."""
     from corpus.ssm import ssm_examples
     from nkb_model.base_model import Interleaved, Named, Sequenced
     kind = family(model)
@@ -468,7 +472,35 @@ def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: 
         qa = Named(qa, "qa_loss")
         batches = (Interleaved(batches, qa, config.qa_share) if config.qa_order == "mixed"
                    else Sequenced(qa, batches, round(config.qa_share * config.steps)))
+    if own is not None:
+        trained, batches = held_to_own_text(model, trained, batches, own, config)
     return trained, ssm, batches
+
+
+def held_to_own_text(model, trained, batches, own, config: InjectConfig):
+    """(what trains, every step's batches) with the trained blocks' drift on the base's `own` text in each step's
+    loss, at `own_text_weight`."""
+    from nkb_model.mounting import resolve_layers
+    from nkb_model.own_text import HeldToOwnText, WithOwnText
+    layers = resolve_layers(model, config.layers)
+    return (HeldToOwnText(trained, model, layers, own.scale, config.own_text_weight),
+            WithOwnText(batches, own, config.seed))
+
+
+OWN_TEXT_TOKENS = 48  # a few sentences each: the start token's continuations drift off topic within ~100
+
+
+def base_own_text(model, tokenizer, config: InjectConfig, device):
+    """Text the base writes and its FFNs' traffic on it at the trained blocks (`own_text_weight`), or None."""
+    if not config.own_text_weight:
+        return None
+    from nkb_model.mounting import resolve_layers
+    from nkb_model.own_text import ffn_traffic, sample_own_text
+    model.to(device.device)
+    with progress(desc="the base's own text", unit=" text", total=config.own_text_rows) as bar:
+        ids = sample_own_text(model, tokenizer, config.own_text_rows, OWN_TEXT_TOKENS, config.seed, device,
+                              progress=bar.update)
+    return ffn_traffic(model, ids, resolve_layers(model, config.layers), device)
 
 
 def qa_batches(wh: Warehouse, tokenizer, config: InjectConfig, kind: Family):

@@ -172,6 +172,25 @@ def test_sparse_slot_updates_change_at_most_the_chosen_slots_of_each_step(world)
         training.inject(world, config.model_copy(update={"variant": "lora"}))
 
 
+def test_own_text_weight_adds_the_drift_to_a_decoder_only_base_s_loss_and_names_why_a_t5_has_none(world, tmp_path):
+    """own_text_weight: the base writes its own text before the slots are mounted, and each step's recorded loss is
+    the SSM loss plus the drift of the slots' blocks there (slots start with values: above the plain loss at once)."""
+    from nkb_model.base_model import new_causal
+    training.pretrain_base_model(world, TINY)
+    tokenizer = AutoTokenizer.from_pretrained(training.latest_pretraining_data(world, "general"))
+    new_causal(tokenizer, "llama", "tiny").save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    training.pretrain_base_model(world, BaseModelConfig(name="own", source=str(tmp_path / "llama"),
+                                                        pretrain_corpus="general"))
+    plain = INJECT.model_copy(update={"base_model": "own", "name": "own+nkb"})
+    held = plain.model_copy(update={"own_text_weight": 5.0, "own_text_rows": 4})
+    curves = [[r["value"] for r in run_metrics(world, training.inject(world, c).run.run_id, "ssm_loss")]
+              for c in (plain, held)]
+    assert len(curves[1]) == INJECT.steps and curves[1][0] > curves[0][0]
+    with pytest.raises(ValueError, match="own_text_weight=5.0 needs a decoder-only base"):
+        training.inject(world, INJECT.model_copy(update={"name": "t5+own", "own_text_weight": 5.0}))
+
+
 def test_nkb_a_trains_everything(world):
     training.pretrain_base_model(world, TINY)
     result = training.inject(world, INJECT.model_copy(update={"variant": "nkb-a"}))

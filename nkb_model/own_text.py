@@ -1,0 +1,138 @@
+"""The trained blocks held to what the base's own FFNs write on the base's own text: a lever against forgetting.
+
+Slots trained on the sample world answer `The capital of France is` with the sample world's names: they fire on text
+that is not the knowledge and write into the base's computation there. The held-out loss does not see it when the
+general text is the knowledge's own kind (the sample world's is). `own_text_weight` adds to each step's loss how far
+each trained block's FFN writes from what the base's FFN wrote there, over text the base wrote itself (sampled from
+its start token once, before anything trains: no corpus is needed, and no probe's prompt is among it):
+
+    drift = Σ_blocks mean ‖FFN'(x) − FFN(x)‖² / mean ‖FFN(x)‖²        x: the base's own input to that FFN
+
+Each FFN is given the input the base gave it, so the term runs no block, only the trained blocks' FFNs (the slots'
+output alone, for the NKB, where FFN' = FFN + slots). Every route has an FFN to hold: the NKB's slots, LoRA's
+adapters on the FFN maps, and the fine-tuned maps themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from nkb_model.base_model import Mix
+from nkb_model.causal import start_ids
+from nkb_model.mounting import get_ffn
+from nkb_model.train import Device
+
+INPUTS, WRITES = "own_text_inputs", "own_text_writes"  # the batch keys the rows travel under
+
+
+@dataclass(frozen=True)
+class OwnText:
+    """Text the base wrote, as its FFNs at the trained blocks saw it: inputs and writes (rows, blocks, tokens, d_model),
+    and each block's mean squared write (the drift's scale)."""
+    inputs: torch.Tensor
+    writes: torch.Tensor
+    scale: torch.Tensor    # (blocks,)
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+
+@torch.no_grad()
+def sample_own_text(model: nn.Module, tokenizer, rows: int, length: int, seed: int, device: Device,
+                    batch_size: int = 64, progress: Callable[[int], None] | None = None) -> torch.Tensor:
+    """`rows` texts of `length` tokens the model writes from its start token (EOS where it adds none), sampled at
+    temperature 1 with nucleus 0.95: the kind of text it was trained on, in its own words. (rows, length) ids."""
+    start = start_ids(tokenizer) or [tokenizer.eos_token_id]
+    torch.manual_seed(seed)
+    model.eval()
+    out = []
+    for lo in range(0, rows, batch_size):
+        ids = torch.tensor([start] * min(batch_size, rows - lo), device=device.device)
+        with device.autocast():
+            made = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, top_p=0.95,
+                                  temperature=1.0, max_new_tokens=length, min_new_tokens=length,
+                                  pad_token_id=tokenizer.eos_token_id)
+        out.append(made[:, len(start):].cpu())
+        if progress:
+            progress(len(ids))
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def ffn_traffic(model: nn.Module, ids: torch.Tensor, layers: list[str], device: Device,
+                batch_size: int = 32) -> OwnText:
+    """What the FFNs of `layers` read and write while the model reads `ids` (the untrained base's: call it before
+    anything is mounted or trains)."""
+    ffns = [get_ffn(model, name) for name in layers]
+    seen: dict[int, list] = {i: [] for i in range(len(ffns))}
+
+    def keep(i):
+        return lambda module, args, out: seen[i].append((args[0].float().cpu(), out.float().cpu()))
+
+    handles = [ffn.register_forward_hook(keep(i)) for i, ffn in enumerate(ffns)]
+    try:
+        for lo in range(0, len(ids), batch_size):
+            part = ids[lo:lo + batch_size].to(device.device)
+            with device.autocast():
+                model(input_ids=part, attention_mask=torch.ones_like(part), use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    inputs = torch.stack([torch.cat([x for x, _ in seen[i]]) for i in seen], dim=1)
+    writes = torch.stack([torch.cat([y for _, y in seen[i]]) for i in seen], dim=1)
+    return OwnText(inputs, writes, writes.pow(2).sum(-1).mean(dim=(0, 2)))
+
+
+def drift(ffns: list[nn.Module], inputs: torch.Tensor, writes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Σ_blocks mean ‖ffn(x) − the base's write‖² / the base's mean ‖write‖² over a batch's own-text rows."""
+    total = inputs.new_zeros(())
+    for b, ffn in enumerate(ffns):
+        moved = ffn(inputs[:, b]).float() - writes[:, b]
+        total = total + moved.pow(2).sum(-1).mean() / scale[b]
+    return total
+
+
+class HeldToOwnText(nn.Module):
+    """What the training loop calls: the wrapped model's loss on the batch, plus `weight` times the drift of the
+    FFNs of `layers` over the batch's own-text rows (`WithOwnText` puts them in)."""
+
+    def __init__(self, inner: nn.Module, model: nn.Module, layers: list[str], scale: torch.Tensor, weight: float):
+        super().__init__()
+        self.inner, self.weight = inner, weight
+        self.ffns = [get_ffn(model, name) for name in layers]
+        self.register_buffer("scale", scale.clone(), persistent=False)
+
+    def forward(self, **batch):
+        inputs, writes = batch.pop(INPUTS, None), batch.pop(WRITES, None)
+        out = self.inner(**batch)
+        if inputs is None:  # a batch from elsewhere (sparse_slots' measure of general text)
+            return out
+        return SimpleNamespace(loss=out.loss + self.weight * drift(self.ffns, inputs, writes,
+                                                                       self.scale.to(inputs.device)))
+
+
+class WithOwnText(Mix):
+    """`batch(step)`: the wrapped source's batch with one own-text row beside each of its rows, drawn by the step
+    (a pure function of it, as every batch source is); recorded under the source's own metric (`metric_at`)."""
+
+    def __init__(self, batches, own: OwnText, seed: int = 0):
+        self.first, self.second, self.own, self.seed = batches, None, own, seed
+
+    def source(self, step: int) -> tuple[int, int]:
+        return 0, step
+
+    def __call__(self, step: int) -> dict[str, torch.Tensor]:
+        batch = self.first(step)
+        n = next(iter(batch.values())).shape[0]
+        pick = torch.as_tensor(np.random.default_rng([self.seed, step]).choice(len(self.own), n,
+                                                                               replace=n > len(self.own)))
+        return {**batch, INPUTS: self.own.inputs[pick], WRITES: self.own.writes[pick]}
+
+    def __getattr__(self, name):  # per_epoch, batch_size, ...: the source's own
+        return getattr(self.first, name)

@@ -1,0 +1,100 @@
+"""The trained blocks held to the base's own FFN writes on the base's own text (`own_text_weight`): the drift is what
+the trained FFNs add there, it is nothing before training, each step's rows are the step's alone, and the term keeps
+trained slots quieter on that text than training without it."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from nkb_model.adapters import mount_lora, train_ffn_maps
+from nkb_model.base_model import Named, metric_at
+from nkb_model.causal import encode_pairs, pad_causal
+from nkb_model.mounting import get_ffn
+from nkb_model.nkb import NKBConfig, mark_only_nkb_trainable, mount_nkb, nkb_parameters
+from nkb_model.own_text import HeldToOwnText, WithOwnText, drift, ffn_traffic, sample_own_text
+from nkb_model.train import TrainConfig, choose_device, train
+from tests.nkb_model.test_causal import TEXTS, byte_level_bpe
+
+CPU = choose_device("cpu")
+LAYERS = ["decoder.1", "decoder.3"]
+
+
+def tiny_llama(vocab: int):
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                                        num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=128)).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return byte_level_bpe()
+
+
+@pytest.fixture(scope="module")
+def own(tokenizer):
+    model = tiny_llama(len(tokenizer))
+    ids = sample_own_text(model, tokenizer, rows=6, length=10, seed=0, device=CPU, batch_size=4)
+    return ids, ffn_traffic(model, ids, LAYERS, CPU, batch_size=4)
+
+
+def test_the_base_writes_rows_of_the_asked_length_and_the_same_ones_again_for_a_seed(tokenizer, own):
+    ids, traffic = own
+    model = tiny_llama(len(tokenizer))
+    assert ids.shape == (6, 10)
+    assert torch.equal(ids, sample_own_text(model, tokenizer, rows=6, length=10, seed=0, device=CPU, batch_size=4))
+    assert not torch.equal(ids, sample_own_text(model, tokenizer, rows=6, length=10, seed=1, device=CPU, batch_size=4))
+    assert traffic.inputs.shape == traffic.writes.shape == (6, 2, 10, 32) and len(traffic) == 6
+    assert torch.all(traffic.scale > 0)
+
+
+@pytest.mark.parametrize("route", ["nkb", "lora", "ft"])
+def test_the_drift_is_nothing_before_training_and_what_the_trained_ffns_add_after(tokenizer, own, route):
+    _, traffic = own
+    model = tiny_llama(len(tokenizer))
+    if route == "nkb":
+        mount_nkb(model, NKBConfig(layers=LAYERS, slots=8, zero_values=True))
+    elif route == "lora":
+        mount_lora(model, LAYERS, rank=2)  # PEFT starts B at zero: the base's own function
+    else:
+        train_ffn_maps(model, LAYERS)
+    ffns = [get_ffn(model, name) for name in LAYERS]
+    assert drift(ffns, traffic.inputs, traffic.writes, traffic.scale).item() == pytest.approx(0, abs=1e-10)
+    params = [p for p in model.parameters() if p.requires_grad]
+    with torch.no_grad():
+        params[-1].add_(0.1)  # the last trained weight moves: the top block's FFN writes something else
+    moved = drift(ffns, traffic.inputs, traffic.writes, traffic.scale).item()
+    top = ffns[-1](traffic.inputs[:, 1]) - traffic.writes[:, 1]
+    assert moved == pytest.approx((top.pow(2).sum(-1).mean() / traffic.scale[1]).item(), rel=1e-4)
+
+
+def test_each_step_has_its_own_rows_beside_its_batch_and_keeps_its_source_metric(own):
+    _, traffic = own
+    rows = Named(lambda step: {"input_ids": torch.full((4, 3), step), "labels": torch.zeros(4, 3)}, "ssm_loss")
+    mixed = WithOwnText(rows, traffic, seed=0)
+    first, again, other = mixed(5), mixed(5), mixed(6)
+    assert first["own_text_inputs"].shape == (4, 2, 10, 32) and torch.equal(first["input_ids"], rows(5)["input_ids"])
+    assert torch.equal(first["own_text_writes"], again["own_text_writes"])
+    assert not torch.equal(first["own_text_writes"], other["own_text_writes"])
+    assert metric_at(mixed, 5) == "ssm_loss"
+
+
+def slot_drift_after_training(tokenizer, traffic, weight: float) -> float:
+    model = tiny_llama(len(tokenizer))
+    mount_nkb(model, NKBConfig(layers=LAYERS, slots=16, zero_values=True))
+    mark_only_nkb_trainable(model)
+    pairs = encode_pairs(tokenizer, [t.rsplit(" company", 1)[0] for t in TEXTS[:16]],
+                         [t.rsplit(" company", 1)[1] for t in TEXTS[:16]], eos=False)
+    batch = pad_causal(pairs, tokenizer.pad_token_id)
+    steps = WithOwnText(lambda step: batch, traffic, seed=0)
+    trained = HeldToOwnText(model, model, LAYERS, traffic.scale, weight)
+    torch.manual_seed(0)
+    train(trained, steps, TrainConfig(steps=40, batch_size=16, lr=3e-2), CPU)
+    with torch.no_grad():
+        return drift(trained.ffns, traffic.inputs, traffic.writes, traffic.scale).item()
+
+
+def test_the_term_keeps_trained_slots_quieter_on_the_base_own_text(tokenizer, own):
+    _, traffic = own
+    free, held = (slot_drift_after_training(tokenizer, traffic, w) for w in (0.0, 10.0))
+    assert free > 0 and held < free / 4
