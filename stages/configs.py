@@ -514,7 +514,7 @@ class InjectConfig(TrainingConfig):
         "own writes; `nkb_model.own_text`): slots that fire only on the knowledge leave the base's other answers "
         "alone. 0: no such term."))
     own_text_rows: int = Field(128, ge=1, description=(
-        "own_text_weight: how many texts of 48 tokens the base writes for it (~0.3 s each on 2 CPU cores)."))
+        "own_text_weight: how many texts of 48 tokens the base writes for it (~0.5 s each on 2 CPU cores)."))
     augmented: list[AugmentMethod] = Field(default_factory=list, description=(
         "Other wordings of the segments trained on beside them: those of these methods in `augmented_segments` "
         "(the augment stage's; permute, full_name, paraphrase), with their own salient spans (salient-spans "

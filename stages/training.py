@@ -487,7 +487,7 @@ def held_to_own_text(model, trained, batches, own, config: InjectConfig):
             WithOwnText(batches, own, config.seed))
 
 
-OWN_TEXT_TOKENS = 48  # a few sentences each: the start token's continuations drift off topic within ~100
+OWN_TEXT_TOKENS = 48  # a few sentences each: one such text beside each batch row keeps the term's FFNs' work small
 
 
 def base_own_text(model, tokenizer, config: InjectConfig, device):
