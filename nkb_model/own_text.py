@@ -33,8 +33,9 @@ INPUTS, WRITES = "own_text_inputs", "own_text_writes"  # the batch keys the rows
 
 @dataclass(frozen=True)
 class OwnText:
-    """Text the base wrote, as its FFNs at the trained blocks saw it: inputs and writes (rows, blocks, tokens, d_model),
-    and each block's mean squared write (the drift's scale)."""
+    """Text the base wrote, as the FFNs of the trained blocks `layers` saw it: inputs and writes (rows, blocks, tokens,
+    d_model), and each block's mean squared write (the drift's scale)."""
+    layers: list[str]
     inputs: torch.Tensor
     writes: torch.Tensor
     scale: torch.Tensor    # (blocks,)
@@ -86,7 +87,7 @@ def ffn_traffic(model: nn.Module, ids: torch.Tensor, layers: list[str], device: 
             handle.remove()
     inputs = torch.stack([torch.cat([x for x, _ in seen[i]]) for i in seen], dim=1)
     writes = torch.stack([torch.cat([y for _, y in seen[i]]) for i in seen], dim=1)
-    return OwnText(inputs, writes, writes.pow(2).sum(-1).mean(dim=(0, 2)))
+    return OwnText(list(layers), inputs, writes, writes.pow(2).sum(-1).mean(dim=(0, 2)))
 
 
 def drift(ffns: list[nn.Module], inputs: torch.Tensor, writes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -100,13 +101,13 @@ def drift(ffns: list[nn.Module], inputs: torch.Tensor, writes: torch.Tensor, sca
 
 class HeldToOwnText(nn.Module):
     """What the training loop calls: the wrapped model's loss on the batch, plus `weight` times the drift of the
-    FFNs of `layers` over the batch's own-text rows (`WithOwnText` puts them in)."""
+    FFNs of `own`'s blocks over the batch's own-text rows (`WithOwnText` puts them in)."""
 
-    def __init__(self, inner: nn.Module, model: nn.Module, layers: list[str], scale: torch.Tensor, weight: float):
+    def __init__(self, inner: nn.Module, model: nn.Module, own: OwnText, weight: float):
         super().__init__()
         self.inner, self.weight = inner, weight
-        self.ffns = [get_ffn(model, name) for name in layers]
-        self.register_buffer("scale", scale.clone(), persistent=False)
+        self.ffns = [get_ffn(model, name) for name in own.layers]
+        self.register_buffer("scale", own.scale.clone(), persistent=False)
 
     def forward(self, **batch):
         inputs, writes = batch.pop(INPUTS, None), batch.pop(WRITES, None)

@@ -480,11 +480,8 @@ def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: 
 def held_to_own_text(model, trained, batches, own, config: InjectConfig):
     """(what trains, every step's batches) with the trained blocks' drift on the base's `own` text in each step's
     loss, at `own_text_weight`."""
-    from nkb_model.mounting import resolve_layers
     from nkb_model.own_text import HeldToOwnText, WithOwnText
-    layers = resolve_layers(model, config.layers)
-    return (HeldToOwnText(trained, model, layers, own.scale, config.own_text_weight),
-            WithOwnText(batches, own, config.seed))
+    return HeldToOwnText(trained, model, own, config.own_text_weight), WithOwnText(batches, own, config.seed)
 
 
 OWN_TEXT_TOKENS = 48  # a few sentences each: one such text beside each batch row keeps the term's FFNs' work small

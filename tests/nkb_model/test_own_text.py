@@ -87,7 +87,7 @@ def slot_drift_after_training(tokenizer, traffic, weight: float) -> float:
                          [t.rsplit(" company", 1)[1] for t in TEXTS[:16]], eos=False)
     batch = pad_causal(pairs, tokenizer.pad_token_id)
     steps = WithOwnText(lambda step: batch, traffic, seed=0)
-    trained = HeldToOwnText(model, model, LAYERS, traffic.scale, weight)
+    trained = HeldToOwnText(model, model, traffic, weight)
     torch.manual_seed(0)
     train(trained, steps, TrainConfig(steps=40, batch_size=16, lr=3e-2), CPU)
     with torch.no_grad():
