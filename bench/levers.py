@@ -7,7 +7,8 @@ of `docs/journal.md` (qa_share, qa_order, augmented, sparse_slots, seeds) are me
 
 The route's inject and evaluate settings come from the experiment's own plan (its data, blocks, steps, asking),
 `--set` changes them as `nkb pipeline --set` would; the model is written to the experiment's warehouse under
-`--name`, so the experiment's own rows stay as they are. Prints JSON (EM with its 95 % interval, the probe in
+`--name`, so the experiment's own rows stay as they are. Prints JSON (EM with its 95 % interval, asked as the
+experiment asks the row first, and `em_0shot` beside it where the experiment also asks with no examples; the probe in
 unseen and seen wordings, the held-out loss against the base's, the base's known capitals kept, training seconds)
 and records it as `metrics` rows in `bench/results/levers`.
 """
@@ -52,17 +53,20 @@ def main(argv=None) -> int:
     if not args.measure_only:
         trained = training.inject(wh, inject.model_copy(update={"name": args.name}))
         seconds = None if trained.skipped else round(time.perf_counter() - started, 1)
-    answered = evaluation.evaluate(wh, asked.model_copy(update={"model": args.name}))
-    hits = wh.read("predictions", ["exact_match"], pc.field("run_id") == answered.run.run_id,
-                   [f"{answered.run.config['model_name']}.{asked.split}"]).column("exact_match").to_pylist()
+    result = {"row": args.row, "name": args.name, "sets": args.set}
+    for i, way in enumerate(asked):  # each way the experiment asks the row: K-shot, then 0-shot where it asks so
+        answered = evaluation.evaluate(wh, way.model_copy(update={"model": args.name}))
+        hits = wh.read("predictions", ["exact_match"], pc.field("run_id") == answered.run.run_id,
+                       [f"{answered.run.config['model_name']}.{way.split}"]).column("exact_match").to_pylist()
+        key = "em" if i == 0 else f"em_{way.shots}shot"
+        result |= {"questions": len(hits), key: 100.0 * sum(hits) / len(hits),
+                   f"{key}_interval": bootstrap_interval([[bool(h) for h in hits]])}
+    result["train_seconds"] = seconds
 
     device = choose_device(inject.device, inject.precision)
-    result = {"row": args.row, "name": args.name, "sets": args.set, "questions": len(hits),
-              "em": 100.0 * sum(hits) / len(hits), "em_interval": bootstrap_interval([[bool(h) for h in hits]]),
-              "train_seconds": seconds}
 
     def body(run):
-        result.update(measured(run, wh, args.name, experiment.probes, asked.split, device))
+        result.update(measured(run, wh, args.name, experiment.probes, asked[0].split, device))
         for key, value in result.items():
             if isinstance(value, (int, float)):
                 run.metric(f"bench.levers.{key}", value)
@@ -72,15 +76,15 @@ def main(argv=None) -> int:
 
 
 def route(wh, experiment_file: str, row: str, sets: list[str]):
-    """(the experiment, the inject config that trains `row`, the evaluate config that asks it) from the experiment's
-    own plan with `sets` applied; ValueError naming what is wrong."""
+    """(the experiment, the inject config that trains `row`, the evaluate configs that ask it, one per way) from the
+    experiment's own plan with `sets` applied; ValueError naming what is wrong."""
     from stages.experiment import Experiment
     from stages.inputs import world_dir
     experiment = Experiment.load(experiment_file, [f"rows=base,{row}", *sets]).with_world(world_dir(wh))
     plan = experiment.plan()
     inject = next((c for stage, c in plan if stage == "inject" and c.model_name() == row), None)
-    asked = next((c for stage, c in plan if stage == "evaluate" and c.model == row), None)
-    if inject is None or asked is None:
+    asked = [c for stage, c in plan if stage == "evaluate" and c.model == row]
+    if inject is None or not asked:
         raise ValueError(f"--row {row}: the experiment trains and asks no such row")
     return experiment, inject, asked
 

@@ -710,13 +710,17 @@ _ReportRows = create_model("_ReportRows", __base__=ModelStageConfig, __module__=
 
 class ReportConfig(_ReportRows):
     """The paper's Table 3: EM per dataset for each model row, with the knowledge probe and the no-forgetting check."""
-    later_settings = _ReportRows.later_settings | {r.field for r in REPORT_ROWS if r.later} | {"retained"}
+    later_settings = _ReportRows.later_settings | {r.field for r in REPORT_ROWS if r.later} | {"retained",
+                                                                                                 "zero_shot"}
 
     asked: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1, description=(
         "How each row's model was asked: 0 fine-tuned on the questions (its answers under `MODEL.qa`), K asked "
         "K-shot (`MODEL.Kshot`). Two or more: each row is reported once per way, as `LABEL (5-shot)` and "
         "`LABEL (fine-tuned)`, with the same probe and held-out loss (Kformer and concat are fine-tuned models: "
         "one row)."))
+    zero_shot: bool = Field(False, description=(
+        "Also report each row asked in the few-shot prompt with no examples and no fine-tuning (its answers under "
+        "`MODEL`, or `MODEL.Ndocs` for a row with documents), as `LABEL (0-shot)` beside its other ways."))
     split: Name = Field("validation", description="Split whose EM is reported.")
     generation_tasks: list[str] = Field(default_factory=lambda: ["summaries", "translation"],
                                         description="General-generation tasks whose scores of base, base+NKB and "

@@ -67,7 +67,7 @@ OVERRIDABLE: dict[str, type[StageConfig]] = experiment_settings()
 # Fields the plan sets itself (which corpus, which model, which row): an override of them would break the rows.
 PLANNED = {"corpus", "source", "name", "model", "base_model", "variant", "task", "knowledge", "pretrain_corpus",
            "general_corpus", "generation_tasks", "probes", "facts", "edits", "shots", "asked", "documents",
-           "retained"} | {r.field for r in REPORT_ROWS}
+           "retained", "zero_shot"} | {r.field for r in REPORT_ROWS}
 
 
 class ExperimentError(ValueError):
@@ -216,6 +216,11 @@ class Experiment(StageConfig):
     also_finetune: bool = Field(False, description=(
         "With shots: K, also fine-tune each QA row on the train split (finetune's settings) and report it beside its "
         "K-shot row, as `LABEL (K-shot)` and `LABEL (fine-tuned)`: the two ways the field asks a causal LM."))
+    zero_shot: bool = Field(False, description=(
+        "With shots: K, also ask each row in the same prompt with no examples and no fine-tuning "
+        "(lm-evaluation-harness's zero-shot) and report it beside its K-shot row as `LABEL (0-shot)`: a route "
+        "trained on the train split's questions first (`stages.inject.qa_order: before`) learned that prompt's "
+        "form, which examples in front of the question then disturb."))
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -233,6 +238,9 @@ class Experiment(StageConfig):
         if self.also_finetune and not self.shots:
             raise ValueError("also_finetune adds fine-tuned rows beside the few-shot ones: it needs shots > 0 "
                              "(with shots: 0 every row is fine-tuned already)")
+        if self.zero_shot and not (self.shots and (self.pretrain is None or self.family.prompted)):
+            raise ValueError("zero_shot adds rows asked with no examples beside the few-shot ones: it needs shots > 0 "
+                             "and a model asked in a prompt (not a T5 built here)")
         if self.edits and self.shots and not self.also_finetune:
             raise ValueError("edits are applied to base+NKB's fine-tuned QA model, which an experiment with shots "
                              "does not train (unless also_finetune)")
@@ -432,11 +440,14 @@ class Experiment(StageConfig):
             steps.append(("evaluate", self._stage("evaluate", model=row.model)))
         report = {r.field: r.model if r in rows else None for r in REPORT_ROWS if r.field != "base"}
         # A brought base knows real-world facts (a base built here none): what each route leaves of them is measured
-        steps.append(("report", self._stage("report", **report, asked=self.asked, generation_tasks=tasks,
-                                            probes=self.probes, retained=bool(self.base_model))))
-        if MAIN_ROW in rows:  # what the slots hold, and editing them (sections 5 and 6), asked as the rows were
-            shots = self.asked[0]
-            model = {"model": MAIN_ROW.model, "shots": shots} if shots else {"model": evaluated_name(MAIN_ROW.model, 0)}
+        steps.append(("report", self._stage("report", **report, asked=self.asked, zero_shot=self.zero_shot,
+                                            generation_tasks=tasks, probes=self.probes,
+                                            retained=bool(self.base_model))))
+        if MAIN_ROW in rows:  # what the slots hold, and editing them (sections 5 and 6), asked as the rows were:
+            shots = self.asked[0]  # with no examples where they are asked so (the slots' best, at a quarter the cost)
+            model = ({"model": MAIN_ROW.model, "shots": 0} if self.zero_shot else
+                     {"model": MAIN_ROW.model, "shots": shots} if shots else
+                     {"model": evaluated_name(MAIN_ROW.model, 0)})
             steps.append(("analyze", self._stage("analyze", facts=self.facts, **model)))
             steps.append(("surgery", self._stage("surgery", **model)))
             if self.edits:
@@ -447,7 +458,7 @@ class Experiment(StageConfig):
 
     def _asking_steps(self, rows: list[ReportRow]) -> list[tuple[str, StageConfig]]:
         """Each row's model asked every way the experiment asks: K-shot (with its documents, if the row puts them
-        in the prompt), or fine-tuned on the train split and asked as it was fine-tuned."""
+        in the prompt), fine-tuned on the train split and asked as it was fine-tuned, or with no examples."""
         steps: list[tuple[str, StageConfig]] = []
         for row in (r for r in rows if not r.finetuned):
             for shots in self.asked:
@@ -458,6 +469,9 @@ class Experiment(StageConfig):
                 else:
                     steps.append(("evaluate", self._stage("evaluate", model=row.model, shots=shots,
                                                           documents=row.documents)))
+            zero_shot = ("evaluate", self._stage("evaluate", model=row.model, documents=row.documents))
+            if self.zero_shot and zero_shot not in steps:  # a row with documents asks 0-shot already as `0`
+                steps.append(zero_shot)
         return steps
 
     def _base_steps(self, rows: list[ReportRow], knowledge: str, general: Optional[str]) -> list[tuple[str, StageConfig]]:

@@ -64,16 +64,16 @@ def answers_name(model: str, shots: int, documents: int = 0) -> str:
     return str(ModelName.parse(model).asked(shots, documents)) if shots or documents else model
 
 
-def way_of_asking(shots: int, documents: int = 0) -> str:
+def way_of_asking(shots: int, documents: int = 0, prompted: bool = False) -> str:
     """How a report row's model was asked, as its label says it: `5-shot`, or `fine-tuned` (0: the row's model
-    fine-tuned on the questions, then asked them alone); a row asked with retrieved documents is never fine-tuned
-    (`0-shot` then)."""
-    return f"{shots}-shot" if shots or documents else "fine-tuned"
+    fine-tuned on the questions, then asked them alone); a row asked with retrieved documents, or `prompted` (in
+    the few-shot prompt with no examples), is never fine-tuned (`0-shot` then)."""
+    return f"{shots}-shot" if shots or documents or prompted else "fine-tuned"
 
 
-def evaluated_name(model: str, shots: int, documents: int = 0) -> str:
+def evaluated_name(model: str, shots: int, documents: int = 0, prompted: bool = False) -> str:
     """The name a report row's answers are filed under when its model `model` (before fine-tuning) is asked
     `shots`-shot, or fine-tuned on the questions and asked them (0); a row asked with `documents` retrieved
-    documents in its prompts is asked as it is, never fine-tuned."""
+    documents in its prompts, or `prompted` with no examples, is asked as it is, never fine-tuned."""
     name = ModelName.parse(model)
-    return str(name.asked(shots, documents) if shots or documents else name.tuned(FINE_TUNED))
+    return str(name.asked(shots, documents) if shots or documents or prompted else name.tuned(FINE_TUNED))

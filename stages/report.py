@@ -169,6 +169,7 @@ def reported_rows(wh: Warehouse, config: ReportConfig) -> list[Reported]:
     fine-tuned: they have no probe or held-out loss of their own (their model before fine-tuning is the base)."""
     from stages.models import find_model  # here: `nkb report` only reads tables
     available = []
+    ways = [(shots, False) for shots in config.asked] + ([(0, True)] if config.zero_shot else [])  # (K, prompted)
     for row in REPORT_ROWS:
         name = getattr(config, row.field)
         if not name:
@@ -177,9 +178,14 @@ def reported_rows(wh: Warehouse, config: ReportConfig) -> list[Reported]:
             directory = find_model(wh, name)
         except ValueError:
             continue
-        available += [Reported(row.label, row.label, name, directory, name)] if row.finetuned else [
-            Reported(f"{row.label} ({way_of_asking(shots, row.documents)})" if len(config.asked) > 1 else row.label,
-                     row.label, name, directory, evaluated_name(name, shots, row.documents)) for shots in config.asked]
+        if row.finetuned:
+            available.append(Reported(row.label, row.label, name, directory, name))
+            continue
+        # a row with documents is never fine-tuned: its `fine-tuned` way and its zero-shot one are the same asking
+        asked = dict.fromkeys((way_of_asking(shots, row.documents, prompted),
+                               evaluated_name(name, shots, row.documents, prompted)) for shots, prompted in ways)
+        available += [Reported(f"{row.label} ({way})" if len(ways) > 1 else row.label, row.label, name, directory,
+                               evaluated) for way, evaluated in asked]
     if not available:
         raise ValueError("no model of the report exists yet; run base-model, inject, finetune and evaluate first")
     return available

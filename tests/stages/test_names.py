@@ -37,3 +37,6 @@ def test_the_names_of_a_rows_answers_are_built_one_way():
     # asked with retrieved documents in the prompt: never fine-tuned, filed under the count of documents
     assert evaluated_name("base", 5, 3) == "base.3docs.5shot" and evaluated_name("base", 0, 3) == "base.3docs"
     assert way_of_asking(0, 3) == "0-shot" and ModelName.parse("base.3docs.5shot").documents == 3
+    # asked in the prompt with no examples: never fine-tuned, filed under the model's own name
+    assert evaluated_name("base+nkb", 0, prompted=True) == "base+nkb" and way_of_asking(0, prompted=True) == "0-shot"
+    assert evaluated_name("base", 0, 3, prompted=True) == "base.3docs"
