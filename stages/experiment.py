@@ -444,9 +444,8 @@ class Experiment(StageConfig):
                                             generation_tasks=tasks, probes=self.probes,
                                             retained=bool(self.base_model))))
         if MAIN_ROW in rows:  # what the slots hold, and editing them (sections 5 and 6), asked as the rows were:
-            shots = self.asked[0]  # with no examples where they are asked so (the slots' best, at a quarter the cost)
-            model = ({"model": MAIN_ROW.model, "shots": 0} if self.zero_shot else
-                     {"model": MAIN_ROW.model, "shots": shots} if shots else
+            shots = 0 if self.zero_shot else self.asked[0]  # with no examples where asked so: the slots' best
+            model = ({"model": MAIN_ROW.model, "shots": shots} if shots or self.zero_shot else
                      {"model": evaluated_name(MAIN_ROW.model, 0)})
             steps.append(("analyze", self._stage("analyze", facts=self.facts, **model)))
             steps.append(("surgery", self._stage("surgery", **model)))

@@ -75,5 +75,6 @@ def evaluated_name(model: str, shots: int, documents: int = 0, prompted: bool = 
     """The name a report row's answers are filed under when its model `model` (before fine-tuning) is asked
     `shots`-shot, or fine-tuned on the questions and asked them (0); a row asked with `documents` retrieved
     documents in its prompts, or `prompted` with no examples, is asked as it is, never fine-tuned."""
-    name = ModelName.parse(model)
-    return str(name.asked(shots, documents) if shots or documents or prompted else name.tuned(FINE_TUNED))
+    if shots or documents or prompted:
+        return answers_name(model, shots, documents)
+    return str(ModelName.parse(model).tuned(FINE_TUNED))
