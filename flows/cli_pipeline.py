@@ -149,8 +149,8 @@ def add_commands(sub) -> None:
     experiment_help = ("set an experiment key (repeatable): stages.STAGE.KEY=value for a stage's setting (listed "
                        "by `nkb run STAGE --help`), pretrain.KEY, large.KEY, sample_world.KEY, or a top-level key "
                        "such as rows=base,base+nkb; values are YAML")
-    models_help = ("also build or bring in the base, inject, fine-tune, evaluate and report (the demo: about "
-                   "12 minutes on 2 CPU cores); --no-models stops after the data stages")
+    models_help = ("also build or bring in the base, inject, fine-tune, evaluate and report (the demo: 15 to "
+                   "30 minutes on 2 CPU cores); --no-models stops after the data stages")
     pipe = sub.add_parser("pipeline", help="run an experiment file end to end",
                           description="Run an experiment: the stages its YAML file plans (ingest its corpora and QA "
                                       "files, index, retrieve, salient spans, base model, NKB injection, fine-tuning, "
