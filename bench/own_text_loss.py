@@ -1,0 +1,71 @@
+"""Each model's loss on text the base writes itself: a forgetting measure that does not share the knowledge's kind.
+
+The report's held-out loss reads the experiment's general text; in the sample world that text is the world's own
+(its background people), so a route that learns the world lowers it while it forgets what the base knew of the real
+one (the capitals show it). Here every model reads `--rows` texts of `--tokens` tokens that the untrained base
+samples from its start token (temperature 1, nucleus 0.95, as `nkb_model.own_text` samples them, at a seed of its
+own: not the texts `own_text_weight` trains on, which use the inject seed):
+
+    python -m bench.own_text_loss --home .nkb base+nkb seed1 [--rows 128] [--seed 1234]
+
+Prints JSON (each model's mean next-token loss and its change against the base's) and records it as `metrics` rows
+in `bench/results/own_text_loss`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--home", required=True, help="the warehouse that holds the base and the models")
+    parser.add_argument("models", nargs="+", help="model names in the warehouse (or model folders) to measure")
+    parser.add_argument("--rows", type=int, default=128, help="how many texts the base writes")
+    parser.add_argument("--tokens", type=int, default=64, help="how long each text is, in tokens")
+    parser.add_argument("--seed", type=int, default=1234, help="the sampling seed (not the inject seed's texts)")
+    parser.add_argument("--precision", default="bf16", choices=["auto", "bf16", "fp32"],
+                        help="as the stages' precision setting")
+    parser.add_argument("--results", default="bench/results/own_text_loss", help="benchmark warehouse for the figures")
+    args = parser.parse_args(argv)
+
+    import numpy as np
+
+    from nkb_model.causal import start_ids
+    from nkb_model.checkpoint import load_model
+    from nkb_model.checks import heldout_loss
+    from nkb_model.own_text import sample_own_text
+    from nkb_model.train import choose_device
+    from stages.models import find_model
+    from warehouse import Warehouse, WarehouseError, run_stage
+
+    try:
+        wh = Warehouse(args.home, create=False)
+        folders = {name: find_model(wh, name) for name in ["base", *args.models]}
+    except (ValueError, WarehouseError) as exc:
+        parser.error(str(exc))
+    device = choose_device("auto", args.precision)
+    base, tokenizer, _ = load_model(folders["base"])
+    base.to(device.device)
+    written = sample_own_text(base, tokenizer, args.rows, args.tokens, args.seed, device).numpy()
+    start = start_ids(tokenizer)  # the context the texts were written after
+    rows = np.concatenate([np.tile(start, (len(written), 1)).astype(written.dtype), written], axis=1)
+    losses = {"base": heldout_loss(base, tokenizer, rows, device)}
+    for name in args.models:
+        model, _, _ = load_model(folders[name])
+        losses[name] = heldout_loss(model.to(device.device), tokenizer, rows, device)
+    result = {name: {"loss": round(loss, 4), "change_pct": round(100 * (loss / losses["base"] - 1), 2)}
+              for name, loss in losses.items()}
+
+    def body(run):
+        for name, row in result.items():
+            run.metric(f"bench.own_text_loss.{name}", row["loss"])
+    run_stage(Warehouse(args.results), "bench-own-text-loss", vars(args), "bench", body, force=True)
+    print(json.dumps({"rows": args.rows, "tokens": args.tokens, "seed": args.seed, "models": result}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
