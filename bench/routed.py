@@ -1,0 +1,157 @@
+"""Routing by retrieval (`corpus.routing`): each model of a warehouse asked only where a text matches the knowledge,
+the base elsewhere, beside the same model asked everywhere: EM, the probe, the base's capitals kept, the held-out loss.
+
+    python -m bench.routed --home .nkb base+nkb own01 [--fraction 0.5] [--probes PATH]
+
+A text goes to the slots when its best BM25 match in the experiment's knowledge index (the one its retrieve stage
+searched) scores at least `--fraction` of the lowest train question's best score. Unmounted slots leave exactly the
+base (the report checks it on every injected model), so a routed model's answer to a text routed away is the
+base's answer: each routed figure combines the model's and the base's answers text by text, from the warehouse's
+`predictions` for the validation questions and from asking both models for the probes, the capitals and the
+held-out rows. Prints JSON (each model's figures both ways, and the share of each kind of text routed to the
+slots) and records it as `metrics` rows in `bench/results/routed`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    from corpus.routing import ROUTE_FRACTION
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--home", required=True, help="the warehouse the experiment built (its index, questions)")
+    parser.add_argument("models", nargs="+", help="injected models in the warehouse, each evaluated already")
+    parser.add_argument("--fraction", type=float, default=ROUTE_FRACTION,
+                        help="the threshold's share of the lowest train question's best BM25 score")
+    parser.add_argument("--probes", help="the experiment's probe file; default the sample world's in the warehouse")
+    parser.add_argument("--split", default="validation", help="the split whose questions and probes are scored")
+    parser.add_argument("--precision", default="bf16", choices=["auto", "bf16", "fp32"],
+                        help="as the stages' precision setting")
+    parser.add_argument("--results", default="bench/results/routed", help="benchmark warehouse for the figures")
+    args = parser.parse_args(argv)
+
+    import numpy as np
+
+    from corpus.bm25 import Searcher
+    from corpus.routing import best_scores, routed, routing_threshold
+    from nkb_model.checkpoint import load_model
+    from nkb_model.checks import heldout_loss, probe
+    from nkb_model.metrics import bootstrap_interval
+    from nkb_model.train import choose_device
+    from stages.data import latest_index
+    from stages.models import base_dir_of, find_model
+    from stages.report import ask_facts, facts_known_by
+    from warehouse import Warehouse, WarehouseError, list_runs, query, run_stage
+
+    try:
+        wh = Warehouse(args.home, create=False)
+        folders = {name: find_model(wh, name) for name in args.models}
+        retrieved = next((r for r in list_runs(wh, stage="retrieve") if r.status == "success"), None)
+        if retrieved is None:
+            raise ValueError(f"{args.home}: no retrieve run; routing searches the index the questions were retrieved "
+                             "from")
+        index_dir, meta = latest_index(wh, retrieved.config["corpus"])
+    except (ValueError, WarehouseError) as exc:
+        parser.error(str(exc))
+    probes_path = Path(args.probes or wh.files_dir / "sample-world" / "probes.jsonl")
+    if args.probes and not probes_path.exists():
+        parser.error(f"{probes_path}: no such probe file")
+    probes = ([json.loads(line) for line in probes_path.read_text().splitlines() if line.strip()]
+              if probes_path.exists() else [])  # real passages come without probes
+    probes = [p for p in probes if p.get("split", args.split) == args.split]
+    searcher = Searcher(index_dir, k1=meta["k1"], b=meta["b"])
+    questions = query(wh, "SELECT question_id, split, question FROM questions").to_pylist()
+    threshold = routing_threshold(best_scores(searcher, [q["question"] for q in questions if q["split"] == "train"]),
+                                  args.fraction)
+    asked = [q for q in questions if q["split"] == args.split]
+    to_slots = dict(zip((q["question_id"] for q in asked),
+                        best_scores(searcher, [q["question"] for q in asked]) >= threshold))
+
+    device = choose_device("auto", args.precision)
+    base_dir = base_dir_of(next(iter(folders.values())))
+    base, tokenizer, _ = load_model(base_dir)
+    base.to(device.device)
+    facts = facts_known_by(base, tokenizer, device)
+    held = np.load(base_dir / "held_out.npy")
+    from nkb_model.causal import cloze_prefix
+    routes = {
+        "facts": best_scores(searcher, [cloze_prefix(f["prompt"]) for f in facts]) >= threshold,
+        "probes": best_scores(searcher, [cloze_prefix(p["prompt"]) for p in probes]) >= threshold,
+        "held_out": best_scores(searcher, tokenizer.batch_decode(held, skip_special_tokens=True)) >= threshold}
+    routes["questions"] = np.array(list(to_slots.values()))
+
+    def asked_both(model) -> dict:
+        fills = {w: probe(model, tokenizer, [p["prompt"] for p in probes if p["wording"] == w],
+                          [p["answer"] for p in probes if p["wording"] == w], device)[1] if probes else []
+                 for w in ("unseen", "seen")}
+        return {"facts": ask_facts(model, tokenizer, facts, device)[1], "probes": fills}
+
+    def rate(hits) -> float:
+        return round(100.0 * sum(hits) / len(hits), 1) if len(hits) else None
+
+    def split_loss(model, mask) -> tuple[float, int]:
+        rows = held[mask]
+        return (heldout_loss(model, tokenizer, rows, device), len(rows)) if len(rows) else (0.0, 0)
+
+    base_asked = asked_both(base)
+    base_loss = heldout_loss(base, tokenizer, held, device)
+    base_off = split_loss(base, ~routes["held_out"])
+    wording = np.array([p["wording"] for p in probes])
+    result = {"threshold": round(threshold, 3), "fraction": args.fraction,
+              "to_slots": {k: f"{int(v.sum())} of {len(v)}" for k, v in routes.items()},
+              "base": {"heldout_loss": round(base_loss, 4), "facts_known": len(facts)}, "models": {}}
+    for name, folder in folders.items():
+        model, _, _ = load_model(folder)
+        model.to(device.device)
+        mine = asked_both(model)
+        row = {}
+        for suffix, way in (("", "0-shot"), (".5shot", "5-shot")):
+            answers = {"slots": {}, "base": {}}
+            for who, model_name in (("slots", name), ("base", "base")):
+                part = f"{model_name}{suffix}.{args.split}"
+                if part in {Path(p).stem for p in wh.partition_files("predictions")}:
+                    got = wh.read("predictions", ["question_id", "exact_match"], partitions=[part]).to_pydict()
+                    answers[who] = dict(zip(got["question_id"], got["exact_match"]))
+            if not answers["slots"] or not answers["base"]:
+                continue
+            ids = list(to_slots)
+            for label, hits in (("everywhere", [answers["slots"][q] for q in ids]),
+                                ("routed", routed([to_slots[q] for q in ids], [answers["slots"][q] for q in ids],
+                                                  [answers["base"][q] for q in ids]))):
+                low, high = bootstrap_interval([hits])
+                row.setdefault(label, {})[f"em_{way}"] = f"{rate(hits)} ({low:.1f}-{high:.1f})"
+        on_loss = split_loss(model, routes["held_out"])
+        for label in ("everywhere", "routed"):
+            facts_hits = (mine["facts"] if label == "everywhere"
+                          else routed(routes["facts"], mine["facts"], base_asked["facts"]))
+            probe_ems = {}
+            for w in ("unseen", "seen"):
+                mask = routes["probes"][wording == w]
+                probe_ems[w] = rate(mine["probes"][w] if label == "everywhere"
+                                    else routed(mask, mine["probes"][w], base_asked["probes"][w]))
+            loss = (heldout_loss(model, tokenizer, held, device) if label == "everywhere"
+                    else (on_loss[0] * on_loss[1] + base_off[0] * base_off[1]) / len(held))
+            row.setdefault(label, {}).update({
+                "probe_unseen": probe_ems["unseen"], "probe_seen": probe_ems["seen"],
+                "facts_kept": f"{sum(facts_hits)} of {len(facts)}",
+                "heldout_change_pct": round(100 * (loss / base_loss - 1), 2)})
+        result["models"][name] = row
+
+    def body(run):
+        run.metric("bench.routed.threshold", threshold)
+        for name, row in result["models"].items():
+            for label, figures in row.items():
+                for key, value in figures.items():
+                    if value is not None:  # "30.0 (21.0-39.0)" and "47 of 47" are recorded as their first number
+                        run.metric(f"bench.routed.{name}.{label}.{key}", float(str(value).split()[0]))
+    run_stage(Warehouse(args.results), "bench-routed", vars(args), "bench", body, force=True)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

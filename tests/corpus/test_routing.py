@@ -1,0 +1,44 @@
+"""Routing by retrieval: the threshold's rule and the combination as pure logic, and the routing decision on a real
+Lucene index of a small invented world (one question naming its subject, one sharing only a common word)."""
+
+import pytest
+
+from corpus import bm25
+from corpus.routing import best_scores, routed, routing_threshold
+
+WORLD = [("d1", "Varnholm is a country whose capital is Lurlaispaend."),
+         ("d2", "Hourdraes Bouhel was born in Lurlaispaend and studied at the Academy of Dereithdreil."),
+         ("d3", "Tokim Treithei is a painter from Tirrum, a city of Varnholm."),
+         ("d4", "The Academy of Dereithdreil is a university in Dereithdreil.")]
+
+
+def test_threshold_is_the_fraction_of_the_lowest_train_score():
+    assert routing_threshold([7.4, 7.1, 8.9]) == pytest.approx(7.1)
+    assert routing_threshold([7.4, 7.1, 8.9], fraction=0.5) == pytest.approx(3.55)
+
+
+@pytest.mark.parametrize("scores, fraction, message", [([], 0.5, "train split"), ([1.0], 0.0, "fraction"),
+                                                        ([1.0], 1.5, "fraction")])
+def test_threshold_refuses_what_cannot_set_it(scores, fraction, message):
+    with pytest.raises(ValueError, match=message):
+        routing_threshold(scores, fraction)
+
+
+def test_routed_takes_the_slots_only_where_routed_to_them():
+    assert routed([True, False, True], ["s1", "s2", "s3"], ["b1", "b2", "b3"]) == ["s1", "b2", "s3"]
+    with pytest.raises(ValueError, match="one decision per item"):
+        routed([True], ["s1", "s2"], ["b1", "b2"])
+
+
+@pytest.mark.slow  # starts Lucene's JVM and builds an index
+def test_a_question_about_the_world_is_routed_and_one_about_another_is_not(tmp_path):
+    bm25.write_json_collection(WORLD, tmp_path / "collection")
+    bm25.build_index(tmp_path / "collection", tmp_path / "index", threads=1)
+    with bm25.Searcher(tmp_path / "index") as searcher:
+        train = best_scores(searcher, ["where was Hourdraes Bouhel born?", "what city is Tokim Treithei from?"])
+        asked = best_scores(searcher, ["Hourdraes Bouhel studied at the academy of", "The capital of France is",
+                                       "", "zzz"])
+    assert (train > 0).all()
+    assert list(asked[2:]) == [0.0, 0.0]  # an empty text and one matching nothing score nothing
+    to_slots = asked >= routing_threshold(train)
+    assert list(to_slots) == [True, False, False, False]
