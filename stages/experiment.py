@@ -67,7 +67,7 @@ OVERRIDABLE: dict[str, type[StageConfig]] = experiment_settings()
 # Fields the plan sets itself (which corpus, which model, which row): an override of them would break the rows.
 PLANNED = {"corpus", "source", "name", "model", "base_model", "variant", "task", "knowledge", "pretrain_corpus",
            "general_corpus", "generation_tasks", "probes", "facts", "edits", "shots", "asked", "documents",
-           "retained", "zero_shot"} | {r.field for r in REPORT_ROWS}
+           "retained", "zero_shot", "routed"} | {r.field for r in REPORT_ROWS}
 
 
 class ExperimentError(ValueError):
@@ -221,6 +221,17 @@ class Experiment(StageConfig):
         "(lm-evaluation-harness's zero-shot) and report it beside its K-shot row as `LABEL (0-shot)`: a route "
         "trained on the train split's questions first (`stages.inject.qa_order: before`) learned that prompt's "
         "form, which examples in front of the question then disturb."))
+    routed: bool = Field(False, description=(
+        "Also report base+NKB routed: the slots asked only where a question, probe, fact or held-out text matches "
+        "the knowledge (its best BM25 score in the knowledge's index at least the lowest train question's), the "
+        "base elsewhere. It keeps what the base knew of everything the knowledge does not mention; a knowledge that "
+        "mentions nearly everything (Wikipedia) routes nearly everything to the slots."))
+
+    @model_validator(mode="after")
+    def _routed_needs_the_main_row(self):
+        if self.routed and self.rows and MAIN_ROW.key not in self.rows:
+            raise ValueError(f"routed reports {MAIN_ROW.key} routed: add it to rows")
+        return self
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -442,7 +453,7 @@ class Experiment(StageConfig):
         # A brought base knows real-world facts (a base built here none): what each route leaves of them is measured
         steps.append(("report", self._stage("report", **report, asked=self.asked, zero_shot=self.zero_shot,
                                             generation_tasks=tasks, probes=self.probes,
-                                            retained=bool(self.base_model))))
+                                            retained=bool(self.base_model), routed=self.routed)))
         if MAIN_ROW in rows:  # what the slots hold, and editing them (sections 5 and 6), asked as the rows were:
             shots = 0 if self.zero_shot else self.asked[0]  # with no examples where asked so: the slots' best
             model = ({"model": MAIN_ROW.model, "shots": shots} if shots or self.zero_shot else

@@ -6,9 +6,11 @@ loss are measured here, on the model before fine-tuning.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -16,8 +18,10 @@ import pyarrow as pa
 from corpus.files import iter_jsonl
 from corpus.world_facts import source_version
 from stages import reads
-from stages.configs import REPORT_ROWS, ReportConfig
+from stages.configs import MAIN_ROW, REPORT_ROWS, ReportConfig
 from stages.names import evaluated_name, way_of_asking
+from stages.report_routing import (mixed_loss, open_router, routed_answers, routed_checks, routed_label,
+                                   routing_summary, rows_loss)
 from warehouse import StagedRun, StageResult, Warehouse, get_run, list_runs, query, run_metrics
 
 GENERATION_METRICS = ("rougeL", "bleu")
@@ -51,18 +55,29 @@ def _generation_scores(wh: Warehouse, available, config: ReportConfig) -> dict[s
     return out
 
 
-def _probe(run: StagedRun, name: str, model, tokenizer, probes: list[dict], split: str, device) -> list[float | None]:
-    """EM of the probe in unseen and in seen (article) wording. Every fill goes to `predictions`, so that a
-    low probe can be read fact by fact: question_id `<model>/<fact_id>/<probe>`, dataset `probe-<wording>`."""
+PROBE_WORDINGS = ("unseen", "seen")
+
+
+def probes_worded(probes: list[dict], wording: str) -> list[dict]:
+    return [p for p in probes if p.get("wording", "unseen") == wording]
+
+
+def _probe(run: StagedRun, name: str, model, tokenizer, probes: list[dict], split: str,
+           device) -> tuple[list[float | None], dict[str, list[bool]]]:
+    """EM of the probe in unseen and in seen (article) wording, and each probe's hit by wording. Every fill goes to
+    `predictions`, so that a low probe can be read fact by fact: question_id `<model>/<fact_id>/<probe>`, dataset
+    `probe-<wording>`."""
     from nkb_model.checks import probe
     ems, out = [], {"question_id": [], "dataset": [], "split": [], "prediction": [], "exact_match": []}
-    for wording in ("unseen", "seen"):
-        mine = [p for p in probes if p.get("wording", "unseen") == wording]
+    by_wording = {}
+    for wording in PROBE_WORDINGS:
+        mine = probes_worded(probes, wording)
         if not mine:
             ems.append(None)
             continue
         fills, hits = probe(model, tokenizer, [p["prompt"] for p in mine], [p["answer"] for p in mine], device)
         ems.append(100.0 * sum(hits) / len(hits))
+        by_wording[wording] = hits
         out["question_id"] += [f"{name}/{p['fact_id']}/{p['probe']}" for p in mine]
         out["dataset"] += [f"probe-{wording}"] * len(mine)
         out["split"] += [split] * len(mine)
@@ -70,7 +85,7 @@ def _probe(run: StagedRun, name: str, model, tokenizer, probes: list[dict], spli
         out["exact_match"] += hits
     if out["question_id"]:
         run.write("predictions", f"{name}.probe.{split}", out)
-    return ems
+    return ems, by_wording
 
 
 HELD_OUT_EMPTY = ("not measured: the base holds no held-out rows (its general corpus packed into too few sequences "
@@ -101,24 +116,31 @@ def facts_known_by(model, tokenizer, device) -> list[dict]:
     return [f for f, hit in zip(facts, hits) if hit]
 
 
-def _retained(run: StagedRun, name: str, model, tokenizer, facts: list[dict], split: str, device) -> float | None:
-    """The share of the base's known facts the model still completes right (%); its fills go to `predictions`
+def _retained(run: StagedRun, name: str, model, tokenizer, facts: list[dict], split: str, device) -> list[bool]:
+    """Whether the model still completes each of the base's known facts right; its fills go to `predictions`
     (dataset `retained`, question_id `<model>/<fact_id>`)."""
     if not facts:
-        return None
+        return []
     fills, hits = ask_facts(model, tokenizer, facts, device)
     run.write("predictions", f"{name}.retained.{split}", {
         "question_id": [f"{name}/{f['fact_id']}" for f in facts], "dataset": ["retained"] * len(facts),
         "split": [split] * len(facts), "prediction": fills, "exact_match": hits})
-    return 100.0 * sum(hits) / len(hits)
+    return hits
+
+
+def share(hits: list[bool]) -> float | None:
+    """The share of hits in %, None for none asked."""
+    return 100.0 * sum(hits) / len(hits) if len(hits) else None
 
 
 def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict], split: str, device,
-                 facts: list[dict] = ()) -> dict:
+                 facts: list[dict] = (), route: Callable[[list[str]], np.ndarray] | None = None) -> dict:
     """A row's measurements on its own model (before fine-tuning; a row that exists only fine-tuned has none): the
     knowledge probe in unseen and seen wordings, the held-out loss and, for an injected model, the held-out loss with
     its slots unmounted (it must equal the base's), the share of the base's known `facts` it retained; with the
-    model's parameter counts, training time and the run that built it."""
+    model's parameter counts, training time and the run that built it. With `route` (which held-out texts go to the
+    slots), an injected model's held-out loss routed too (`stages.report_routing`); the probes' and facts' hits
+    are kept for it."""
     from nkb_model.checkpoint import load_model, read_info
     from nkb_model.checks import heldout_loss
     from nkb_model.nkb import unmount_nkb
@@ -126,10 +148,11 @@ def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict],
     info = read_info(directory)
     model, tokenizer, _ = load_model(directory)
     model.to(device.device)
-    probe_em = probe_seen_em = loss = retained = None
+    probe_em = probe_seen_em = loss = routed_loss = None
+    probe_hits, fact_hits = {}, []
     if own_model:
-        probe_em, probe_seen_em = _probe(run, info["name"], model, tokenizer, probes, split, device)
-        retained = _retained(run, info["name"], model, tokenizer, list(facts), split, device)
+        (probe_em, probe_seen_em), probe_hits = _probe(run, info["name"], model, tokenizer, probes, split, device)
+        fact_hits = _retained(run, info["name"], model, tokenizer, list(facts), split, device)
         held_path = base_dir_of(directory) / "held_out.npy"
         held = np.load(held_path) if held_path.exists() else None
         if held is not None and not len(held):  # pretraining data made before a tiny corpus kept one row
@@ -138,10 +161,15 @@ def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict],
         loss = heldout_loss(model, tokenizer, held, device) if held is not None else None
     unmounted = None
     if info["kind"] in ("nkb", "nkb-a") and loss is not None:
+        to_slots = route(tokenizer.batch_decode(held, skip_special_tokens=True)) if route else None
+        mounted = rows_loss(model, tokenizer, held, to_slots, loss, device) if route else None
         unmount_nkb(model)
         unmounted = heldout_loss(model, tokenizer, held, device)
+        if route:
+            routed_loss = mixed_loss(to_slots, mounted, rows_loss(model, tokenizer, held, ~to_slots, unmounted, device))
     return {"probe_em": probe_em, "probe_seen_em": probe_seen_em, "heldout_loss": loss,
-            "heldout_loss_nkb_unmounted": unmounted, "retained_em": retained,
+            "heldout_loss_nkb_unmounted": unmounted, "retained_em": share(fact_hits), "probe_hits": probe_hits,
+            "fact_hits": fact_hits, "heldout_loss_routed": routed_loss,
             "params_total": info.get("params") or sum(p.numel() for p in model.parameters()),
             "params_injected": info.get("params_injected", 0), "model_run": info.get("built_by"),
             "train_seconds": training_seconds(run.wh, info)}
@@ -162,6 +190,7 @@ class Reported:
     model: str
     directory: Path
     evaluated: str
+    way: tuple[int, bool] = (0, False)  # (K examples, asked in the prompt with none): how `evaluated` was asked
 
 
 def reported_rows(wh: Warehouse, config: ReportConfig) -> list[Reported]:
@@ -182,10 +211,10 @@ def reported_rows(wh: Warehouse, config: ReportConfig) -> list[Reported]:
             available.append(Reported(row.label, row.label, name, directory, name))
             continue
         # a row with documents is never fine-tuned: its `fine-tuned` way and its zero-shot one are the same asking
-        asked = dict.fromkeys((way_of_asking(shots, row.documents, prompted),
-                               evaluated_name(name, shots, row.documents, prompted)) for shots, prompted in ways)
+        asked = {(way_of_asking(shots, row.documents, prompted),
+                  evaluated_name(name, shots, row.documents, prompted)): (shots, prompted) for shots, prompted in ways}
         available += [Reported(f"{row.label} ({way})" if len(ways) > 1 else row.label, row.label, name, directory,
-                               evaluated) for way, evaluated in asked]
+                               evaluated, how) for (way, evaluated), how in asked.items()]
     if not available:
         raise ValueError("no model of the report exists yet; run base-model, inject, finetune and evaluate first")
     return available
@@ -227,11 +256,16 @@ def _report(run: StagedRun, wh: Warehouse, config: ReportConfig, available: list
     if config.retained:
         facts = known_facts(next(r.directory for r in available if r.label == "base"), device)
         run.output("retained_facts", f"the base completes {len(facts)} facts right ({source_version()})")
-    for row in available:
-        if row.model not in checked:
-            checked[row.model] = model_checks(run, row.directory, row.evaluated != row.model, probes, config.split,
-                                              device, facts)
-        summary.append(_report_row(run, wh, config, row, checked[row.model], out, answers))
+    main_rows = [r for r in available if r.label == MAIN_ROW.label]
+    with open_router(wh) if config.routed and main_rows else contextlib.nullcontext() as router:
+        for row in available:
+            if row.model not in checked:
+                checked[row.model] = model_checks(run, row.directory, row.evaluated != row.model, probes,
+                                                  config.split, device, facts, router if row in main_rows else None)
+            summary.append(_report_row(run, wh, config, row, checked[row.model], out, answers))
+        if router:
+            summary += _routed_rows(run, wh, config, router, available, main_rows, checked, probes, facts, out,
+                                    answers)
     run.write("report", "latest", out)
     run.write("report_answers", "latest", answers)
     run.write("report_generation", "latest", generation)
@@ -242,12 +276,33 @@ def _report(run: StagedRun, wh: Warehouse, config: ReportConfig, available: list
             "refreshed": sorted({r["model"] for r in refreshed})}
 
 
+def _routed_rows(run: StagedRun, wh: Warehouse, config: ReportConfig, router, available: list[Reported],
+                 main_rows: list[Reported], checked: dict, probes: list[dict], facts: list[dict], out: dict,
+                 answers: dict) -> list[dict]:
+    """base+NKB routed, once per way base+NKB is asked (`stages.report_routing`), after the other rows."""
+    questions = query(wh, f"SELECT question FROM questions WHERE split = '{config.split}'").column(
+        "question").to_pylist()
+    run.output("routing", routing_summary(router, questions, probes, facts))
+    summary = []
+    for row in main_rows:
+        base = next(r for r in available if r.label == "base" and r.way == row.way)
+        checks = routed_checks(router, checked[row.model], checked[base.model],
+                               {w: probes_worded(probes, w) for w in PROBE_WORDINGS}, facts)
+        scored = routed_answers(wh, router, row.evaluated, base.evaluated, config.split) \
+            if latest_scores(wh, row.evaluated, config.split) and latest_scores(wh, base.evaluated, config.split) \
+            else ({}, None)
+        shown = replace(row, shown=routed_label(row.shown))
+        summary.append(_report_row(run, wh, config, shown, checks, out, answers, scored))
+    return summary
+
+
 def _report_row(run: StagedRun, wh: Warehouse, config: ReportConfig, row: Reported, checks: dict, out: dict,
-                answers: dict) -> dict:
+                answers: dict, scored: tuple[dict, dict | None] | None = None) -> dict:
     """One row's lines of `report` (one per dataset and their average) and its answers, added to `out` and
     `answers`; its checks recorded as metrics. A row whose fine-tuned model has not been evaluated still shows its
-    probe and held-out loss."""
-    ems = latest_scores(wh, row.evaluated, config.split)
+    probe and held-out loss. `scored`: the row's EM per dataset and answers where they come from no evaluation of
+    its own (a routed row)."""
+    ems = scored[0] if scored else latest_scores(wh, row.evaluated, config.split)
     em_rows = sorted(ems.items()) + [("average", float(np.mean(list(ems.values()))) if ems else None)]
     for dataset, em in em_rows:
         for key, value in zip(out, (row.shown, dataset, config.split, em, checks["params_total"],
@@ -255,8 +310,8 @@ def _report_row(run: StagedRun, wh: Warehouse, config: ReportConfig, row: Report
                                     checks["heldout_loss"], checks["model_run"])):
             out[key].append(value)
     if ems:
-        mine = wh.read("predictions", ["dataset", "question_id", "exact_match"],
-                       partitions=[f"{row.evaluated}.{config.split}"]).to_pydict()
+        mine = scored[1] if scored else wh.read("predictions", ["dataset", "question_id", "exact_match"],
+                                                partitions=[f"{row.evaluated}.{config.split}"]).to_pydict()
         answers["model"] += [row.shown] * len(mine["question_id"])
         for key in ("dataset", "question_id", "exact_match"):
             answers[key] += mine[key]

@@ -64,8 +64,9 @@ def report_figure(wh: Warehouse):
     rows = report_rows(wh)
     panels = training_curves(wh, reported_models(wh, rows))
     tradeoff = forgetting_points(wh, rows)
+    facts = any(point[-1] is not None for point in tradeoff)
     columns = 2
-    drawn = len(panels) + 1 + bool(tradeoff)
+    drawn = len(panels) + 1 + bool(tradeoff) + facts
     grid_rows = (drawn + columns - 1) // columns
     fig, axes = plt.subplots(grid_rows, columns, figsize=(13, 4.6 * grid_rows), squeeze=False)
     axes = list(axes.flat)
@@ -84,6 +85,8 @@ def report_figure(wh: Warehouse):
     knowledge_bars(axes[len(panels)], wh, rows)
     if tradeoff:
         forgetting_scatter(axes[len(panels) + 1], tradeoff)
+    if facts:
+        forgetting_scatter(axes[len(panels) + 2], tradeoff, by_facts=True)
     fig.tight_layout()
     return fig
 
@@ -114,18 +117,22 @@ def forgetting_points(wh: Warehouse, rows: list[dict]) -> list[tuple[str, float,
             for model, r in average.items() if r["em"] is not None and r["heldout_loss"] is not None]
 
 
-def forgetting_scatter(ax, points) -> None:
-    """EM against forgetting, a point per route: up is more knowledge out as answers, right is more general text
-    forgotten (held-out loss above the base's); the legend says each one's share of the base's known facts kept
-    (a legend, not labels: routes that forget alike sit on one another)."""
+def forgetting_scatter(ax, points, by_facts: bool = False) -> None:
+    """EM against forgetting, a point per route: up is more knowledge out as answers; right is more general text
+    forgotten (held-out loss above the base's), or with `by_facts` more of the base's known facts kept. The legend
+    says both measures (a legend, not labels: routes that forget alike sit on one another)."""
     for (model, em, (low, high), loss, retained), colour in zip(points, distinct_colours(len(points))):
+        if by_facts and retained is None:
+            continue
         kept = "" if retained is None else f", {retained:.0f}% facts kept"
-        ax.errorbar([loss], [em], yerr=[[em - low], [high - em]], fmt="o", color=colour, capsize=3,
-                    label=f"{model}: loss {loss:+.1f}%{kept}")
-    ax.axvline(0, color="grey", linewidth=0.6)
+        ax.errorbar([retained if by_facts else loss], [em], yerr=[[em - low], [high - em]], fmt="o", color=colour,
+                    capsize=3, label=f"{model}: loss {loss:+.1f}%{kept}")
+    ax.axvline(100 if by_facts else 0, color="grey", linewidth=0.6)
     ax.legend(fontsize=7)
-    ax.set(xlabel="held-out loss against the base's (%): what general text it forgot",
-           ylabel="EM (%), 95 % interval", title="Knowledge gained against what was forgotten")
+    ax.set(xlabel="of the real-world facts the base knew, still right (%)" if by_facts
+           else "held-out loss against the base's (%): what general text it forgot", ylabel="EM (%), 95 % interval",
+           title="Knowledge gained against the base's facts kept" if by_facts
+           else "Knowledge gained against what was forgotten")
 
 
 def knowledge_bars(ax, wh: Warehouse, rows: list[dict]) -> None:

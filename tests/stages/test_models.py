@@ -853,3 +853,44 @@ def test_injection_trains_on_the_augmented_wordings_it_names_beside_the_segments
     permuted = [i for i in ids if "~" in i]
     assert permuted and all(i.endswith("~permute") for i in permuted)
     assert set(spans.column("segment_id").to_pylist()) <= set(ids)
+
+
+def test_the_routed_row_answers_with_the_slots_where_a_text_matches_the_knowledge_and_as_the_base_elsewhere(
+        world, tmp_path, capsys):
+    """routed: base+NKB reported a second time, each question's answer, probe hit and held-out row its slots' where
+    the question matches the knowledge's index and the base's elsewhere; the other rows as they were."""
+    from corpus.routing import routed
+    from nkb_model.base_model import new_causal
+    from stages.report_routing import open_router
+    tokenizer = AutoTokenizer.from_pretrained(training.latest_pretraining_data(world, "general"))
+    new_causal(tokenizer, "llama", "tiny").save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    training.pretrain_base_model(world, BaseModelConfig(name="llama", source=str(tmp_path / "llama"),
+                                                        pretrain_corpus="general"))
+    training.inject(world, INJECT.model_copy(update={"base_model": "llama", "name": "llama+nkb"}))
+    for model in ("llama", "llama+nkb"):
+        evaluation.evaluate(world, EvaluateConfig(model=model, shots=2, max_new_tokens=6))
+    none = dict.fromkeys(("transformer", "nkb_a", "large", "kformer", "concat"))
+    probes = str(WorldFiles.at(world_dir(world)).probes)
+    run = report.report(world, ReportConfig(base="llama", nkb="llama+nkb", asked=[2], probes=probes, routed=True,
+                                            **none)).run
+    table = {r["model"]: r for r in report.report_table(world, report.report_rows(world)).to_pylist()}
+    assert list(table) == ["base", "base+NKB", "base+NKB routed"]
+    assert run.outputs["routing"].startswith("threshold ") and " questions" in run.outputs["routing"]
+    questions = {r["question_id"]: r["question"] for r in read_questions(world, None, "validation").to_pylist()}
+    answers = world.read("report_answers").to_pylist()
+
+    def right(model):
+        return {r["question_id"]: r["exact_match"] for r in answers if r["model"] == model}
+    ids = list(right("base+NKB"))
+    with open_router(world) as router:
+        to_slots = list(router([questions[q] for q in ids]))
+    assert [right("base+NKB routed")[q] for q in ids] == routed(to_slots, [right("base+NKB")[q] for q in ids],
+                                                                 [right("base")[q] for q in ids])
+    assert table["base+NKB routed"]["params trained"] == table["base+NKB"]["params trained"]
+    assert table["base+NKB routed"]["loss, NKB unmounted"] == table["base"]["held-out loss"]
+    low, high = sorted((table["base"]["held-out loss"], table["base+NKB"]["held-out loss"]))
+    assert low - 1e-4 <= table["base+NKB routed"]["held-out loss"] <= high + 1e-4  # each row one model's loss
+    without = report.report(world, ReportConfig(base="llama", nkb="llama+nkb", asked=[2], probes=probes, **none))
+    assert "routing" not in without.run.outputs
+    assert [r["model"] for r in report.report_rows(world) if r["dataset"] == "average"] == ["base", "base+NKB"]

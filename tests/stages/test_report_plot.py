@@ -90,6 +90,10 @@ def test_each_route_is_a_point_of_em_against_the_general_text_it_forgot_labelled
     assert points == [(0.0, 0.0), (1.0, 30.0), (25.0, 20.0)]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "base: loss +0.0%, 100% facts kept", "base+NKB: loss +1.0%, 98% facts kept", "base+FT: loss +25.0%, 50% facts kept"]
+    # and against the facts kept, where routes that forget general text alike can differ
+    (ax,) = [ax for ax in report_figure(wh).axes if ax.get_title() == "Knowledge gained against the base's facts kept"]
+    assert [tuple(np.round(line.get_xydata()[0], 3)) for line in ax.lines if line.get_marker() == "o"] == [
+        (100.0, 0.0), (98.0, 30.0), (50.0, 20.0)]
 
 
 @pytest.mark.slow

@@ -1,0 +1,113 @@
+"""The report's routed rows (`routed`): base+NKB asked of its slots only where a text matches the knowledge, of the
+base elsewhere (`corpus.routing`), once per way the row is asked.
+
+Unmounted slots leave exactly the base (the report checks it on every injected model), so the routed row's answer to
+a text routed away is the base's own: the row combines base+NKB's and the base's answers, probe hits and fact hits
+text by text, and its held-out loss is the slots' loss on the rows routed to them with the unmounted model's on the
+others (weighted by rows, which are of one length). The texts routed are each question, each probe's prompt and each
+fact's prompt without the blank, and each held-out row as the tokenizer reads it back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from corpus.routing import best_scores, routed, routing_threshold
+from stages.configs import MAIN_ROW
+from warehouse import Warehouse, list_runs, query
+
+BLANK = "<extra_id_0>"
+
+
+@dataclass(frozen=True)
+class Router:
+    """Which texts go to the slots: those whose best BM25 score in `index_id` reaches `threshold`."""
+    searcher: object
+    threshold: float
+    index_id: str
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        return best_scores(self.searcher, texts) >= self.threshold
+
+    def prompts(self, items: list[dict]) -> np.ndarray:
+        """The decisions for cloze items (probes, facts): their prompts with the blank left out."""
+        return self([i["prompt"].replace(BLANK, " ") for i in items])
+
+
+@contextlib.contextmanager
+def open_router(wh: Warehouse) -> Iterator[Router]:
+    """The router over the index the newest retrieve run searched, its threshold from the train questions."""
+    from corpus.bm25 import Searcher
+    from stages.data import latest_index
+    retrieved = next((r for r in list_runs(wh, stage="retrieve") if r.status == "success"), None)
+    if retrieved is None:
+        raise ValueError("routed: the report routes by the index the questions were retrieved from; run retrieve "
+                         "first")
+    directory, meta = latest_index(wh, retrieved.config["corpus"])
+    with Searcher(directory, k1=meta["k1"], b=meta["b"]) as searcher:
+        train = query(wh, "SELECT question FROM questions WHERE split = 'train'").column("question").to_pylist()
+        yield Router(searcher, routing_threshold(best_scores(searcher, train)), meta["index_id"])
+
+
+def rows_loss(model, tokenizer, held: np.ndarray, rows: np.ndarray, whole: float, device) -> float | None:
+    """The held-out loss of `model` on the rows marked: `whole` (its loss on every row) when all are, None when
+    none is."""
+    from nkb_model.checks import heldout_loss
+    if rows.all():
+        return whole
+    return heldout_loss(model, tokenizer, held[rows], device) if rows.any() else None
+
+
+def mixed_loss(to_slots: np.ndarray, slots: float | None, base: float | None) -> float:
+    """The routed held-out loss: the slots' loss on the rows routed to them and the base's on the others, by rows."""
+    on = int(to_slots.sum())
+    return ((slots or 0.0) * on + (base or 0.0) * (len(to_slots) - on)) / len(to_slots)
+
+
+def routed_label(shown: str) -> str:
+    """`base+NKB (0-shot)` → `base+NKB routed (0-shot)`."""
+    return shown.replace(MAIN_ROW.label, f"{MAIN_ROW.label} routed", 1)
+
+
+def routed_answers(wh: Warehouse, router: Router, slots: str, base: str, split: str) -> tuple[dict, dict]:
+    """({dataset: EM}, {dataset, question_id, exact_match} lists) of the routed row asked as `slots` (base+NKB's
+    evaluated name) and `base` (the base's, asked the same way) were."""
+    def hits(name):
+        got = wh.read("predictions", ["dataset", "question_id", "exact_match"],
+                      partitions=[f"{name}.{split}"]).to_pydict()
+        return {(d, q): h for d, q, h in zip(got["dataset"], got["question_id"], got["exact_match"])}
+    mine, theirs = hits(slots), hits(base)
+    texts = {(r["dataset"], r["question_id"]): r["question"] for r in query(
+        wh, f"SELECT dataset, question_id, question FROM questions WHERE split = '{split}'").to_pylist()}
+    keys = [k for k in mine if k in theirs]
+    combined = routed(list(router([texts[k] for k in keys])), [mine[k] for k in keys], [theirs[k] for k in keys])
+    ems = {d: 100.0 * float(np.mean([h for k, h in zip(keys, combined) if k[0] == d]))
+           for d in sorted({k[0] for k in keys})}
+    return ems, {"dataset": [k[0] for k in keys], "question_id": [k[1] for k in keys], "exact_match": combined}
+
+
+def routed_checks(router: Router, slots: dict, base: dict, probes: dict[str, list[dict]], facts: list[dict]) -> dict:
+    """The routed row's checks from base+NKB's (`slots`) and the base's: probe (`probes`: by wording, unseen then
+    seen) and fact hits combined item by item, the held-out loss routed; parameters, training time and run are
+    base+NKB's."""
+    def rate(items, mine, theirs):
+        return 100.0 * float(np.mean(routed(router.prompts(items), mine, theirs)))
+    out = dict(slots, heldout_loss=slots["heldout_loss_routed"])
+    for key, (wording, items) in zip(("probe_em", "probe_seen_em"), probes.items()):
+        if wording in slots["probe_hits"] and wording in base["probe_hits"]:
+            out[key] = rate(items, slots["probe_hits"][wording], base["probe_hits"][wording])
+    if slots["fact_hits"] and base["fact_hits"]:
+        out["retained_em"] = rate(facts, slots["fact_hits"], base["fact_hits"])
+    return out
+
+
+def routing_summary(router: Router, questions: list[str], probes: list[dict], facts: list[dict]) -> str:
+    """How many of each kind of text the router sends to the slots."""
+    counts = [(what, router(texts) if what == "questions" else router.prompts(texts))
+              for what, texts in (("questions", questions), ("probes", probes), ("facts", facts)) if texts]
+    return (f"threshold {router.threshold:.3f} (the lowest train question's best BM25 score, index "
+            f"{router.index_id}): to the slots " + ", ".join(f"{int(d.sum())} of {len(d)} {what}" for what, d in counts))

@@ -1,0 +1,46 @@
+"""The routed row's checks as pure logic: which model's hit and which held-out loss each item takes."""
+
+import numpy as np
+import pytest
+
+from stages.report_routing import mixed_loss, routed_checks, routed_label
+
+
+class Router:
+    """Routes the prompts that name the knowledge's world (here: hold the word `Varnholm`)."""
+
+    def prompts(self, items):
+        return np.array(["Varnholm" in i["prompt"] for i in items])
+
+
+PROBES = [{"prompt": "Varnholm's capital is <extra_id_0>.", "wording": "unseen"},
+          {"prompt": "France's capital is <extra_id_0>.", "wording": "unseen"},
+          {"prompt": "Tirrum lies in Varnholm, <extra_id_0>.", "wording": "seen"}]
+FACTS = [{"prompt": "The capital of France is <extra_id_0>."}, {"prompt": "The capital of Peru is <extra_id_0>."}]
+
+
+def checks(probe_hits, fact_hits):
+    return {"probe_em": None, "probe_seen_em": None, "probe_hits": probe_hits, "fact_hits": fact_hits,
+            "heldout_loss": 4.0, "heldout_loss_routed": 3.5, "retained_em": None, "params_injected": 7}
+
+
+def test_each_item_takes_the_slots_hit_where_routed_to_them_and_the_base_s_elsewhere():
+    slots = checks({"unseen": [True, False], "seen": [False]}, [False, False])
+    base = checks({"unseen": [False, True], "seen": [True]}, [True, True])
+    by_wording = {w: [p for p in PROBES if p["wording"] == w] for w in ("unseen", "seen")}
+    out = routed_checks(Router(), slots, base, by_wording, FACTS)
+    assert out["probe_em"] == 100.0  # the world's probe from the slots (right), France's from the base (right)
+    assert out["probe_seen_em"] == 0.0  # routed to the slots, which miss it
+    assert out["retained_em"] == 100.0  # no fact names the world: every one the base's
+    assert out["heldout_loss"] == 3.5 and out["params_injected"] == 7
+
+
+def test_the_routed_held_out_loss_weighs_each_side_by_its_rows():
+    assert mixed_loss(np.array([True, True, False, False]), 2.0, 4.0) == pytest.approx(3.0)
+    assert mixed_loss(np.array([True, True, True]), 2.0, None) == pytest.approx(2.0)
+    assert mixed_loss(np.array([False]), None, 4.0) == pytest.approx(4.0)
+
+
+def test_the_routed_label_keeps_the_way_of_asking():
+    assert routed_label("base+NKB (0-shot)") == "base+NKB routed (0-shot)"
+    assert routed_label("base+NKB") == "base+NKB routed"
