@@ -1,10 +1,11 @@
 """Routing by retrieval (`corpus.routing`): each model of a warehouse asked only where a text matches the knowledge,
 the base elsewhere, beside the same model asked everywhere: EM, the probe, the base's capitals kept, the held-out loss.
 
-    python -m bench.routed --home .nkb base+nkb own01 [--fraction 0.5] [--probes PATH]
+    python -m bench.routed --home .nkb base+nkb own01 [--fraction 1.0] [--probes PATH]
 
 A text goes to the slots when its best BM25 match in the experiment's knowledge index (the one its retrieve stage
-searched) scores at least `--fraction` of the lowest train question's best score. Unmounted slots leave exactly the
+searched) scores at least `--fraction` of the lowest train question's best score, as in the report's `routed` rows
+(`stages.report_routing`), which route the demo's own model; this measures any injected model a warehouse holds. Unmounted slots leave exactly the
 base (the report checks it on every injected model), so a routed model's answer to a text routed away is the
 base's answer: each routed figure combines the model's and the base's answers text by text, from the warehouse's
 `predictions` for the validation questions and from asking both models for the probes, the capitals and the
@@ -36,25 +37,19 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from corpus.bm25 import Searcher
-    from corpus.routing import best_scores, routed, routing_threshold
+    from corpus.routing import routed
     from nkb_model.checkpoint import load_model
     from nkb_model.checks import heldout_loss, probe
     from nkb_model.metrics import bootstrap_interval
     from nkb_model.train import choose_device
-    from stages.data import latest_index
     from stages.models import base_dir_of, find_model
     from stages.report import ask_facts, facts_known_by
-    from warehouse import Warehouse, WarehouseError, list_runs, query, run_stage
+    from stages.report_routing import mixed_loss, open_router, rows_loss
+    from warehouse import Warehouse, WarehouseError, query, run_stage
 
     try:
         wh = Warehouse(args.home, create=False)
         folders = {name: find_model(wh, name) for name in args.models}
-        retrieved = next((r for r in list_runs(wh, stage="retrieve") if r.status == "success"), None)
-        if retrieved is None:
-            raise ValueError(f"{args.home}: no retrieve run; routing searches the index the questions were retrieved "
-                             "from")
-        index_dir, meta = latest_index(wh, retrieved.config["corpus"])
     except (ValueError, WarehouseError) as exc:
         parser.error(str(exc))
     probes_path = Path(args.probes or wh.files_dir / "sample-world" / "probes.jsonl")
@@ -63,13 +58,7 @@ def main(argv=None) -> int:
     probes = ([json.loads(line) for line in probes_path.read_text().splitlines() if line.strip()]
               if probes_path.exists() else [])  # real passages come without probes
     probes = [p for p in probes if p.get("split", args.split) == args.split]
-    searcher = Searcher(index_dir, k1=meta["k1"], b=meta["b"])
-    questions = query(wh, "SELECT question_id, split, question FROM questions").to_pylist()
-    threshold = routing_threshold(best_scores(searcher, [q["question"] for q in questions if q["split"] == "train"]),
-                                  args.fraction)
-    asked = [q for q in questions if q["split"] == args.split]
-    to_slots = dict(zip((q["question_id"] for q in asked),
-                        best_scores(searcher, [q["question"] for q in asked]) >= threshold))
+    asked = query(wh, f"SELECT question_id, question FROM questions WHERE split = '{args.split}'").to_pylist()
 
     device = choose_device("auto", args.precision)
     base_dir = base_dir_of(next(iter(folders.values())))
@@ -77,12 +66,15 @@ def main(argv=None) -> int:
     base.to(device.device)
     facts = facts_known_by(base, tokenizer, device)
     held = np.load(base_dir / "held_out.npy")
-    from nkb_model.causal import cloze_prefix
-    routes = {
-        "facts": best_scores(searcher, [cloze_prefix(f["prompt"]) for f in facts]) >= threshold,
-        "probes": best_scores(searcher, [cloze_prefix(p["prompt"]) for p in probes]) >= threshold,
-        "held_out": best_scores(searcher, tokenizer.batch_decode(held, skip_special_tokens=True)) >= threshold}
-    routes["questions"] = np.array(list(to_slots.values()))
+    try:
+        with open_router(wh, args.fraction) as router:  # the report's routing (`routed`), at --fraction
+            threshold = router.threshold
+            routes = {"questions": router([q["question"] for q in asked]), "probes": router.prompts(probes),
+                      "facts": router.prompts(facts),
+                      "held_out": router(tokenizer.batch_decode(held, skip_special_tokens=True))}
+    except ValueError as exc:
+        parser.error(f"{args.home}: {exc}")
+    to_slots = dict(zip((q["question_id"] for q in asked), routes["questions"]))
 
     def asked_both(model) -> dict:
         fills = {w: probe(model, tokenizer, [p["prompt"] for p in probes if p["wording"] == w],
@@ -93,13 +85,9 @@ def main(argv=None) -> int:
     def rate(hits) -> float:
         return round(100.0 * sum(hits) / len(hits), 1) if len(hits) else None
 
-    def split_loss(model, mask) -> tuple[float, int]:
-        rows = held[mask]
-        return (heldout_loss(model, tokenizer, rows, device), len(rows)) if len(rows) else (0.0, 0)
-
     base_asked = asked_both(base)
     base_loss = heldout_loss(base, tokenizer, held, device)
-    base_off = split_loss(base, ~routes["held_out"])
+    base_off = rows_loss(base, tokenizer, held, ~routes["held_out"], base_loss, device)
     wording = np.array([p["wording"] for p in probes])
     result = {"threshold": round(threshold, 3), "fraction": args.fraction,
               "to_slots": {k: f"{int(v.sum())} of {len(v)}" for k, v in routes.items()},
@@ -124,7 +112,9 @@ def main(argv=None) -> int:
                                                   [answers["base"][q] for q in ids]))):
                 low, high = bootstrap_interval([hits])
                 row.setdefault(label, {})[f"em_{way}"] = f"{rate(hits)} ({low:.1f}-{high:.1f})"
-        on_loss = split_loss(model, routes["held_out"])
+        loss = heldout_loss(model, tokenizer, held, device)
+        losses = {"everywhere": loss, "routed": mixed_loss(routes["held_out"], rows_loss(
+            model, tokenizer, held, routes["held_out"], loss, device), base_off)}
         for label in ("everywhere", "routed"):
             facts_hits = (mine["facts"] if label == "everywhere"
                           else routed(routes["facts"], mine["facts"], base_asked["facts"]))
@@ -133,12 +123,10 @@ def main(argv=None) -> int:
                 mask = routes["probes"][wording == w]
                 probe_ems[w] = rate(mine["probes"][w] if label == "everywhere"
                                     else routed(mask, mine["probes"][w], base_asked["probes"][w]))
-            loss = (heldout_loss(model, tokenizer, held, device) if label == "everywhere"
-                    else (on_loss[0] * on_loss[1] + base_off[0] * base_off[1]) / len(held))
             row.setdefault(label, {}).update({
                 "probe_unseen": probe_ems["unseen"], "probe_seen": probe_ems["seen"],
                 "facts_kept": f"{sum(facts_hits)} of {len(facts)}",
-                "heldout_change_pct": round(100 * (loss / base_loss - 1), 2)})
+                "heldout_change_pct": round(100 * (losses[label] / base_loss - 1), 2)})
         result["models"][name] = row
 
     def body(run):

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
-from corpus.routing import best_scores, routed, routing_threshold
+from corpus.routing import ROUTE_FRACTION, best_scores, routed, routing_threshold
 from stages.configs import MAIN_ROW
 from warehouse import Warehouse, list_runs, query
 
@@ -39,8 +39,9 @@ class Router:
 
 
 @contextlib.contextmanager
-def open_router(wh: Warehouse) -> Iterator[Router]:
-    """The router over the index the newest retrieve run searched, its threshold from the train questions."""
+def open_router(wh: Warehouse, fraction: float = ROUTE_FRACTION) -> Iterator[Router]:
+    """The router over the index the newest retrieve run searched, its threshold `fraction` of the lowest train
+    question's best score."""
     from corpus.bm25 import Searcher
     from stages.data import latest_index
     retrieved = next((r for r in list_runs(wh, stage="retrieve") if r.status == "success"), None)
@@ -50,7 +51,7 @@ def open_router(wh: Warehouse) -> Iterator[Router]:
     directory, meta = latest_index(wh, retrieved.config["corpus"])
     with Searcher(directory, k1=meta["k1"], b=meta["b"]) as searcher:
         train = query(wh, "SELECT question FROM questions WHERE split = 'train'").column("question").to_pylist()
-        yield Router(searcher, routing_threshold(best_scores(searcher, train)), meta["index_id"])
+        yield Router(searcher, routing_threshold(best_scores(searcher, train), fraction), meta["index_id"])
 
 
 def rows_loss(model, tokenizer, held: np.ndarray, rows: np.ndarray, whole: float, device) -> float | None:
