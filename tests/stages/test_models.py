@@ -102,6 +102,16 @@ def test_base_model_needs_pretraining_data_and_its_spans(tmp_path):
 INJECT = InjectConfig(corpus="sampleworld", steps=8, batch_size=8, warmup_steps=2, lr=1e-2)
 
 
+def _bring_tiny_llama(world, tmp_path, name: str) -> None:
+    """A random tiny Llama on the world's tokenizer, brought in as base `name` (as a user's own folder would be)."""
+    from nkb_model.base_model import new_causal
+    tokenizer = AutoTokenizer.from_pretrained(training.latest_pretraining_data(world, "general"))
+    new_causal(tokenizer, "llama", "tiny").save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    training.pretrain_base_model(world, BaseModelConfig(name=name, source=str(tmp_path / "llama"),
+                                                        pretrain_corpus="general"))
+
+
 def _base_tensors(model):
     return {n.replace(".base_layer", ""): p.detach().clone() for n, p in model.named_parameters() if ".nkb_" not in n}
 
@@ -175,13 +185,8 @@ def test_sparse_slot_updates_change_at_most_the_chosen_slots_of_each_step(world)
 def test_own_text_weight_adds_the_drift_to_a_decoder_only_base_s_loss_and_names_why_a_t5_has_none(world, tmp_path):
     """own_text_weight: the base writes its own text before the slots are mounted, and each step's recorded loss is
     the SSM loss plus the drift of the slots' blocks there (slots start with values: above the plain loss at once)."""
-    from nkb_model.base_model import new_causal
     training.pretrain_base_model(world, TINY)
-    tokenizer = AutoTokenizer.from_pretrained(training.latest_pretraining_data(world, "general"))
-    new_causal(tokenizer, "llama", "tiny").save_pretrained(tmp_path / "llama")
-    tokenizer.save_pretrained(tmp_path / "llama")
-    training.pretrain_base_model(world, BaseModelConfig(name="own", source=str(tmp_path / "llama"),
-                                                        pretrain_corpus="general"))
+    _bring_tiny_llama(world, tmp_path, "own")
     plain = INJECT.model_copy(update={"base_model": "own", "name": "own+nkb"})
     held = plain.model_copy(update={"own_text_weight": 5.0, "own_text_rows": 4})
     curves = [[r["value"] for r in run_metrics(world, training.inject(world, c).run.run_id, "ssm_loss")]
@@ -445,14 +450,9 @@ def test_analysis_and_surgery_ask_a_model_few_shot_as_its_rows_were_asked(world,
     """shots: a decoder-only model injected and not fine-tuned is read at the first answer step of the few-shot
     prompts that evaluate asks it (not at a fine-tuned model's question format), by analyze and by surgery."""
     from nkb_model import analysis, slot_edits
-    from nkb_model.base_model import new_causal
     from stages.configs import AnalyzeConfig, Asking, SurgeryConfig
     from stages.inputs import fewshot_prompts
-    tokenizer = AutoTokenizer.from_pretrained(training.latest_pretraining_data(world, "general"))
-    new_causal(tokenizer, "llama", "tiny").save_pretrained(tmp_path / "llama")
-    tokenizer.save_pretrained(tmp_path / "llama")
-    training.pretrain_base_model(world, BaseModelConfig(name="asked", source=str(tmp_path / "llama"),
-                                                        pretrain_corpus="general"))
+    _bring_tiny_llama(world, tmp_path, "asked")
     training.inject(world, INJECT.model_copy(update={"base_model": "asked", "name": "asked+nkb"}))
     model, tok, _ = load_model(find_model(world, "asked+nkb"))
     questions = read_questions(world, None, "validation")
@@ -638,12 +638,7 @@ def test_a_brought_decoder_only_model_is_injected_fine_tuned_and_exported_with_t
 def test_a_decoder_only_model_is_asked_few_shot_without_fine_tuning_and_reported(world, tmp_path, capsys):
     """shots: K solved train questions before each validation question, the answer line scored; the results go
     under `MODEL.Kshot`, which the report reads as that row's EM (with the probe on the model itself)."""
-    from nkb_model.base_model import new_causal
-    tokenizer = AutoTokenizer.from_pretrained(training.latest_pretraining_data(world, "general"))
-    new_causal(tokenizer, "llama", "tiny").save_pretrained(tmp_path / "llama")
-    tokenizer.save_pretrained(tmp_path / "llama")
-    training.pretrain_base_model(world, BaseModelConfig(name="llama", source=str(tmp_path / "llama"),
-                                                        pretrain_corpus="general"))
+    _bring_tiny_llama(world, tmp_path, "llama")
     result = evaluation.evaluate(world, EvaluateConfig(model="llama", shots=2, max_new_tokens=6))
     assert result.run.config["model_name"] == "llama.2shot"
     rows = world.read("predictions", partitions=["llama.2shot.validation"]).to_pylist()
@@ -721,13 +716,8 @@ def test_lora_and_trained_ffn_maps_train_the_slot_blocks_on_the_same_batches_and
     from transformers import LlamaForCausalLM
 
     from nkb_model.adapters import ffn_map_names
-    from nkb_model.base_model import new_causal
     from stages.export import export_model
-    tokenizer = AutoTokenizer.from_pretrained(training.latest_pretraining_data(world, "general"))
-    new_causal(tokenizer, "llama", "tiny").save_pretrained(tmp_path / "llama")
-    tokenizer.save_pretrained(tmp_path / "llama")
-    training.pretrain_base_model(world, BaseModelConfig(name="llama", source=str(tmp_path / "llama"),
-                                                        pretrain_corpus="general"))
+    _bring_tiny_llama(world, tmp_path, "llama")
     base = load_model(find_model(world, "llama"))[0]
     routes = {name: training.inject(world, INJECT.model_copy(update={"base_model": "llama", "name": name, **update}))
               for name, update in (("llama+nkb", {}), ("llama+lora", {"variant": "lora"}),
@@ -860,13 +850,8 @@ def test_the_routed_row_answers_with_the_slots_where_a_text_matches_the_knowledg
     """routed: base+NKB reported a second time, each question's answer, probe hit and held-out row its slots' where
     the question matches the knowledge's index and the base's elsewhere; the other rows as they were."""
     from corpus.routing import routed
-    from nkb_model.base_model import new_causal
     from stages.report_routing import open_router
-    tokenizer = AutoTokenizer.from_pretrained(training.latest_pretraining_data(world, "general"))
-    new_causal(tokenizer, "llama", "tiny").save_pretrained(tmp_path / "llama")
-    tokenizer.save_pretrained(tmp_path / "llama")
-    training.pretrain_base_model(world, BaseModelConfig(name="llama", source=str(tmp_path / "llama"),
-                                                        pretrain_corpus="general"))
+    _bring_tiny_llama(world, tmp_path, "llama")
     training.inject(world, INJECT.model_copy(update={"base_model": "llama", "name": "llama+nkb"}))
     for model in ("llama", "llama+nkb"):
         evaluation.evaluate(world, EvaluateConfig(model=model, shots=2, max_new_tokens=6))
