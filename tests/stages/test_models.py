@@ -876,6 +876,10 @@ def test_the_routed_row_answers_with_the_slots_where_a_text_matches_the_knowledg
     assert table["base+NKB routed"]["loss, NKB unmounted"] == table["base"]["held-out loss"]
     low, high = sorted((table["base"]["held-out loss"], table["base+NKB"]["held-out loss"]))
     assert low - 1e-4 <= table["base+NKB routed"]["held-out loss"] <= high + 1e-4  # each row one model's loss
+    # a fine-tuned way is not routed: base+NKB fine-tuned without its slots is not the base fine-tuned
+    report.report(world, ReportConfig(base="llama", nkb="llama+nkb", asked=[2, 0], probes=probes, routed=True, **none))
+    assert [m for m in dict.fromkeys(r["model"] for r in report.report_rows(world)) if "routed" in m] == [
+        "base+NKB routed (2-shot)"]
     without = report.report(world, ReportConfig(base="llama", nkb="llama+nkb", asked=[2], probes=probes, **none))
     assert "routing" not in without.run.outputs
     assert [r["model"] for r in report.report_rows(world) if r["dataset"] == "average"] == ["base", "base+NKB"]
