@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     from nkb_model.metrics import bootstrap_interval
     from nkb_model.train import choose_device
     from stages.models import base_dir_of, find_model
-    from stages.report import ask_facts, facts_known_by
+    from stages.report import PROBE_WORDINGS, ask_facts, facts_known_by, probes_worded
     from stages.report_routing import mixed_loss, open_router, rows_loss
     from warehouse import Warehouse, WarehouseError, query, run_stage
 
@@ -77,9 +77,9 @@ def main(argv=None) -> int:
     to_slots = dict(zip((q["question_id"] for q in asked), routes["questions"]))
 
     def asked_both(model) -> dict:
-        fills = {w: probe(model, tokenizer, [p["prompt"] for p in probes if p["wording"] == w],
-                          [p["answer"] for p in probes if p["wording"] == w], device)[1] if probes else []
-                 for w in ("unseen", "seen")}
+        fills = {w: probe(model, tokenizer, [p["prompt"] for p in probes_worded(probes, w)],
+                          [p["answer"] for p in probes_worded(probes, w)], device)[1] if probes else []
+                 for w in PROBE_WORDINGS}
         return {"facts": ask_facts(model, tokenizer, facts, device)[1], "probes": fills}
 
     def rate(hits) -> float:
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     base_asked = asked_both(base)
     base_loss = heldout_loss(base, tokenizer, held, device)
     base_off = rows_loss(base, tokenizer, held, ~routes["held_out"], base_loss, device)
-    wording = np.array([p["wording"] for p in probes])
+    wording = np.array([p.get("wording", "unseen") for p in probes])  # as `probes_worded` reads it
     result = {"threshold": round(threshold, 3), "fraction": args.fraction,
               "to_slots": {k: f"{int(v.sum())} of {len(v)}" for k, v in routes.items()},
               "base": {"heldout_loss": round(base_loss, 4), "facts_known": len(facts)}, "models": {}}
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
             facts_hits = (mine["facts"] if label == "everywhere"
                           else routed(routes["facts"], mine["facts"], base_asked["facts"]))
             probe_ems = {}
-            for w in ("unseen", "seen"):
+            for w in PROBE_WORDINGS:
                 mask = routes["probes"][wording == w]
                 probe_ems[w] = rate(mine["probes"][w] if label == "everywhere"
                                     else routed(mask, mine["probes"][w], base_asked["probes"][w]))
