@@ -14,21 +14,16 @@ in `bench/results/own_text_loss`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--home", required=True, help="the warehouse that holds the base and the models")
-    parser.add_argument("models", nargs="+", help="model names in the warehouse (or model folders) to measure")
+    from bench import model_bench_parser, warehouse_models
+    parser = model_bench_parser(__doc__, "bench/results/own_text_loss")
     parser.add_argument("--rows", type=int, default=128, help="how many texts the base writes")
     parser.add_argument("--tokens", type=int, default=64, help="how long each text is, in tokens")
     parser.add_argument("--seed", type=int, default=1234, help="the sampling seed (not the inject seed's texts)")
-    parser.add_argument("--precision", default="bf16", choices=["auto", "bf16", "fp32"],
-                        help="as the stages' precision setting")
-    parser.add_argument("--results", default="bench/results/own_text_loss", help="benchmark warehouse for the figures")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -38,14 +33,9 @@ def main(argv=None) -> int:
     from nkb_model.checks import heldout_loss
     from nkb_model.own_text import sample_own_text
     from nkb_model.train import choose_device
-    from stages.models import find_model
-    from warehouse import Warehouse, WarehouseError, run_stage
+    from warehouse import Warehouse, run_stage
 
-    try:
-        wh = Warehouse(args.home, create=False)
-        folders = {name: find_model(wh, name) for name in ["base", *args.models]}
-    except (ValueError, WarehouseError) as exc:
-        parser.error(str(exc))
+    _, folders = warehouse_models(parser, args.home, ["base", *args.models])
     device = choose_device("auto", args.precision)
     base, tokenizer, _ = load_model(folders["base"])
     base.to(device.device)

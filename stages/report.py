@@ -20,8 +20,8 @@ from corpus.world_facts import source_version
 from stages import reads
 from stages.configs import MAIN_ROW, REPORT_ROWS, ReportConfig
 from stages.names import evaluated_name, way_of_asking
-from stages.report_routing import (mixed_loss, open_router, routed_answers, routed_checks, routed_label,
-                                   routing_summary, rows_loss)
+from stages.report_routing import (mixed_loss, open_router, route_texts, routed_answers, routed_checks, routed_label,
+                                   rows_loss)
 from warehouse import StagedRun, StageResult, Warehouse, get_run, list_runs, query, run_metrics
 
 GENERATION_METRICS = ("rougeL", "bleu")
@@ -282,15 +282,13 @@ def _routed_rows(run: StagedRun, wh: Warehouse, config: ReportConfig, router, av
                  main_rows: list[Reported], checked: dict, probes: list[dict], facts: list[dict], out: dict,
                  answers: dict) -> list[dict]:
     """base+NKB routed, once per way base+NKB is asked (`stages.report_routing`), after the other rows."""
-    questions = query(wh, f"SELECT question FROM questions WHERE split = '{config.split}'").column(
-        "question").to_pylist()
-    run.output("routing", routing_summary(router, questions, probes, facts))
+    routes = route_texts(wh, router, config.split, {w: probes_worded(probes, w) for w in PROBE_WORDINGS}, facts)
+    run.output("routing", routes.summary(router))
     summary = []
     for row in main_rows:
         base = next(r for r in available if r.label == "base" and r.way == row.way)
-        checks = routed_checks(router, checked[row.model], checked[base.model],
-                               {w: probes_worded(probes, w) for w in PROBE_WORDINGS}, facts)
-        scored = routed_answers(wh, router, row.evaluated, base.evaluated, config.split) \
+        checks = routed_checks(routes, checked[row.model], checked[base.model])
+        scored = routed_answers(wh, routes, row.evaluated, base.evaluated, config.split) \
             if latest_scores(wh, row.evaluated, config.split) and latest_scores(wh, base.evaluated, config.split) \
             else ({}, None)
         shown = replace(row, shown=routed_label(row.shown))

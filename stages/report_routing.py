@@ -75,7 +75,33 @@ def routed_label(shown: str) -> str:
     return shown.replace(MAIN_ROW.label, f"{MAIN_ROW.label} routed", 1)
 
 
-def routed_answers(wh: Warehouse, router: Router, slots: str, base: str, split: str) -> tuple[dict, dict]:
+@dataclass(frozen=True)
+class Routes:
+    """Where each of the report's texts goes (True: the slots), decided once for every routed row."""
+    questions: dict[tuple[str, str], bool]   # (dataset, question_id)
+    probes: dict[str, np.ndarray]            # by wording, in the order of the report's probes of that wording
+    facts: np.ndarray
+
+    def summary(self, router: Router) -> str:
+        """How many of each kind of text the router sends to the slots."""
+        counts = [("questions", np.array(list(self.questions.values()))),
+                  ("probes", np.concatenate([np.zeros(0, bool), *self.probes.values()])), ("facts", self.facts)]
+        return (f"threshold {router.threshold:.3f} (the lowest train question's best BM25 score, index "
+                f"{router.index_id}): to the slots "
+                + ", ".join(f"{int(d.sum())} of {len(d)} {what}" for what, d in counts if len(d)))
+
+
+def route_texts(wh: Warehouse, router: Router, split: str, probes: dict[str, list[dict]],
+                facts: list[dict]) -> Routes:
+    """The router's decision for each of the split's questions, each probe (`probes`: by wording) and each fact."""
+    questions = query(wh, f"SELECT dataset, question_id, question FROM questions WHERE split = '{split}'").to_pylist()
+    to_slots = router([q["question"] for q in questions])
+    return Routes({(q["dataset"], q["question_id"]): bool(r) for q, r in zip(questions, to_slots)},
+                  {wording: router.prompts(items) for wording, items in probes.items()},
+                  router.prompts(facts) if facts else np.zeros(0, bool))
+
+
+def routed_answers(wh: Warehouse, routes: Routes, slots: str, base: str, split: str) -> tuple[dict, dict]:
     """({dataset: EM}, {dataset, question_id, exact_match} lists) of the routed row asked as `slots` (base+NKB's
     evaluated name) and `base` (the base's, asked the same way) were."""
     def hits(name):
@@ -83,33 +109,22 @@ def routed_answers(wh: Warehouse, router: Router, slots: str, base: str, split: 
                       partitions=[f"{name}.{split}"]).to_pydict()
         return {(d, q): h for d, q, h in zip(got["dataset"], got["question_id"], got["exact_match"])}
     mine, theirs = hits(slots), hits(base)
-    texts = {(r["dataset"], r["question_id"]): r["question"] for r in query(
-        wh, f"SELECT dataset, question_id, question FROM questions WHERE split = '{split}'").to_pylist()}
     keys = [k for k in mine if k in theirs]
-    combined = routed(list(router([texts[k] for k in keys])), [mine[k] for k in keys], [theirs[k] for k in keys])
+    combined = routed([routes.questions[k] for k in keys], [mine[k] for k in keys], [theirs[k] for k in keys])
     ems = {d: 100.0 * float(np.mean([h for k, h in zip(keys, combined) if k[0] == d]))
            for d in sorted({k[0] for k in keys})}
     return ems, {"dataset": [k[0] for k in keys], "question_id": [k[1] for k in keys], "exact_match": combined}
 
 
-def routed_checks(router: Router, slots: dict, base: dict, probes: dict[str, list[dict]], facts: list[dict]) -> dict:
-    """The routed row's checks from base+NKB's (`slots`) and the base's: probe (`probes`: by wording, unseen then
-    seen) and fact hits combined item by item, the held-out loss routed; parameters, training time and run are
-    base+NKB's."""
-    def rate(items, mine, theirs):
-        return 100.0 * float(np.mean(routed(router.prompts(items), mine, theirs)))
+def routed_checks(routes: Routes, slots: dict, base: dict) -> dict:
+    """The routed row's checks from base+NKB's (`slots`) and the base's: probe (unseen, then seen wording) and fact
+    hits combined item by item, the held-out loss routed; parameters, training time and run are base+NKB's."""
+    def rate(to_slots, mine, theirs):
+        return 100.0 * float(np.mean(routed(to_slots, mine, theirs)))
     out = dict(slots, heldout_loss=slots["heldout_loss_routed"])
-    for key, (wording, items) in zip(("probe_em", "probe_seen_em"), probes.items()):
+    for key, (wording, to_slots) in zip(("probe_em", "probe_seen_em"), routes.probes.items()):
         if wording in slots["probe_hits"] and wording in base["probe_hits"]:
-            out[key] = rate(items, slots["probe_hits"][wording], base["probe_hits"][wording])
+            out[key] = rate(to_slots, slots["probe_hits"][wording], base["probe_hits"][wording])
     if slots["fact_hits"] and base["fact_hits"]:
-        out["retained_em"] = rate(facts, slots["fact_hits"], base["fact_hits"])
+        out["retained_em"] = rate(routes.facts, slots["fact_hits"], base["fact_hits"])
     return out
-
-
-def routing_summary(router: Router, questions: list[str], probes: list[dict], facts: list[dict]) -> str:
-    """How many of each kind of text the router sends to the slots."""
-    counts = [(what, router(texts) if what == "questions" else router.prompts(texts))
-              for what, texts in (("questions", questions), ("probes", probes), ("facts", facts)) if texts]
-    return (f"threshold {router.threshold:.3f} (the lowest train question's best BM25 score, index "
-            f"{router.index_id}): to the slots " + ", ".join(f"{int(d.sum())} of {len(d)} {what}" for what, d in counts))

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from stages.report_routing import mixed_loss, routed_checks, routed_label
+from stages.report_routing import Routes, mixed_loss, routed_checks, routed_label
 
 
 class Router:
@@ -27,8 +27,9 @@ def checks(probe_hits, fact_hits):
 def test_each_item_takes_the_slots_hit_where_routed_to_them_and_the_base_s_elsewhere():
     slots = checks({"unseen": [True, False], "seen": [False]}, [False, False])
     base = checks({"unseen": [False, True], "seen": [True]}, [True, True])
-    by_wording = {w: [p for p in PROBES if p["wording"] == w] for w in ("unseen", "seen")}
-    out = routed_checks(Router(), slots, base, by_wording, FACTS)
+    routes = Routes({}, {w: Router().prompts([p for p in PROBES if p["wording"] == w]) for w in ("unseen", "seen")},
+                    Router().prompts(FACTS))
+    out = routed_checks(routes, slots, base)
     assert out["probe_em"] == 100.0  # the world's probe from the slots (right), France's from the base (right)
     assert out["probe_seen_em"] == 0.0  # routed to the slots, which miss it
     assert out["retained_em"] == 100.0  # no fact names the world: every one the base's
