@@ -77,7 +77,7 @@ def _kind(field) -> tuple[str, list | None]:
     if typing.get_origin(annotation) is typing.Literal:
         return "|".join(map(str, args)), list(args)
     if is_list(annotation):
-        return "a,b,...", None
+        return ("true|a,b,..." if bool in args else "a,b,..."), None  # every item, or those listed
     return getattr(annotation, "__name__", str(annotation)), None
 
 

@@ -699,6 +699,12 @@ REPORT_ROWS = (
 MAIN_ROW = next(r for r in REPORT_ROWS if r.main)
 Row = Literal[tuple(r.key for r in REPORT_ROWS)]
 GenerationRow = Literal[tuple(r.key for r in REPORT_ROWS if r.generation)]
+ZeroShot = bool | list[Row]  # every row asked with no examples too, or the rows listed
+
+
+def asks_zero_shot(zero_shot: ZeroShot, row: str) -> bool:
+    """Whether a `zero_shot` setting asks the row `row` (its key) with no examples too."""
+    return zero_shot is True or row in (zero_shot or [])
 
 
 # A setting per row naming the model it reads (None leaves the row out; the base is always there).
@@ -718,9 +724,10 @@ class ReportConfig(_ReportRows):
         "K-shot (`MODEL.Kshot`). Two or more: each row is reported once per way, as `LABEL (5-shot)` and "
         "`LABEL (fine-tuned)`, with the same probe and held-out loss (Kformer and concat are fine-tuned models: "
         "one row)."))
-    zero_shot: bool = Field(False, description=(
-        "Also report each row asked in the few-shot prompt with no examples and no fine-tuning (its answers under "
-        "`MODEL`, or `MODEL.Ndocs` for a row with documents), as `LABEL (0-shot)` beside its other ways."))
+    zero_shot: ZeroShot = Field(False, description=(
+        "Also report each row (true) or the rows listed asked in the few-shot prompt with no examples and no "
+        "fine-tuning (its answers under `MODEL`, or `MODEL.Ndocs` for a row with documents), as `LABEL (0-shot)` "
+        "beside its other ways."))
     split: Name = Field("validation", description="Split whose EM is reported.")
     generation_tasks: list[str] = Field(default_factory=lambda: ["summaries", "translation"],
                                         description="General-generation tasks whose scores of base, base+NKB and "

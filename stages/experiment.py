@@ -32,7 +32,7 @@ from nkb_model.families import family_of
 from stages.configs import (MAIN_ROW, REPORT_ROWS, ROUTES, RUN_SETTINGS, BaseModelConfig, DaskAddress, DeviceChoice,
                             GenerationDataConfig, GenerationRow, IngestConfig, JoinCorporaConfig, Name,
                             PrecisionChoice, PretrainingDataConfig, QuestionsConfig, ReportRow, Row,
-                            SampleWorldConfig, StageConfig, set_value)
+                            SampleWorldConfig, StageConfig, ZeroShot, asks_zero_shot, set_value)
 from stages.names import ModelName, evaluated_name
 from stages.registry import experiment_settings
 from stages.sources import resolve_source
@@ -216,11 +216,11 @@ class Experiment(StageConfig):
     also_finetune: bool = Field(False, description=(
         "With shots: K, also fine-tune each QA row on the train split (finetune's settings) and report it beside its "
         "K-shot row, as `LABEL (K-shot)` and `LABEL (fine-tuned)`: the two ways the field asks a causal LM."))
-    zero_shot: bool = Field(False, description=(
-        "With shots: K, also ask each row in the same prompt with no examples and no fine-tuning "
-        "(lm-evaluation-harness's zero-shot) and report it beside its K-shot row as `LABEL (0-shot)`: a route "
-        "trained on the train split's questions first (`stages.inject.qa_order: before`) learned that prompt's "
-        "form, which examples in front of the question then disturb."))
+    zero_shot: ZeroShot = Field(False, description=(
+        "With shots: K, also ask each row (true) or the rows listed in the same prompt with no examples and no "
+        "fine-tuning (lm-evaluation-harness's zero-shot) and report it beside its K-shot row as `LABEL (0-shot)`: a "
+        "route trained on the train split's questions first (`stages.inject.qa_order: before`) learned that "
+        "prompt's form, which examples in front of the question then disturb."))
     routed: bool = Field(False, description=(
         "Also report base+NKB routed: the slots asked only where a question, probe, fact or held-out text matches "
         "the knowledge (its best BM25 score in the knowledge's index at least the lowest train question's), the "
@@ -276,6 +276,13 @@ class Experiment(StageConfig):
             known = key in BaseModelConfig.model_fields or key in PretrainingDataConfig.model_fields
             if not known or key in PLANNED:
                 raise ValueError(f"pretrain/large: no setting {key!r} of base-model or pretraining-data")
+        return self
+
+    @model_validator(mode="after")
+    def _zero_shot_rows_exist(self):
+        unknown = sorted(set(self.zero_shot) - {r.key for r in self._rows()}) if isinstance(self.zero_shot, list) else []
+        if unknown:
+            raise ValueError(f"zero_shot names rows the experiment does not have: {unknown} (add them to rows)")
         return self
 
     @property
@@ -458,8 +465,9 @@ class Experiment(StageConfig):
                                             generation_tasks=tasks, probes=self.probes,
                                             retained=bool(self.base_model), routed=self.routed)))
         if MAIN_ROW in rows:  # what the slots hold, and editing them (sections 5 and 6), asked as the rows were:
-            shots = 0 if self.zero_shot else self.asked[0]  # with no examples where asked so: the slots' best
-            model = ({"model": MAIN_ROW.model, "shots": shots} if shots or self.zero_shot else
+            zero_shot = asks_zero_shot(self.zero_shot, MAIN_ROW.key)
+            shots = 0 if zero_shot else self.asked[0]  # with no examples where asked so: the slots' best
+            model = ({"model": MAIN_ROW.model, "shots": shots} if shots or zero_shot else
                      {"model": evaluated_name(MAIN_ROW.model, 0)})
             steps.append(("analyze", self._stage("analyze", facts=self.facts, **model)))
             steps.append(("surgery", self._stage("surgery", **model)))
@@ -483,7 +491,8 @@ class Experiment(StageConfig):
                     steps.append(("evaluate", self._stage("evaluate", model=row.model, shots=shots,
                                                           documents=row.documents)))
             zero_shot = ("evaluate", self._stage("evaluate", model=row.model, documents=row.documents))
-            if self.zero_shot and zero_shot not in steps:  # a row with documents asks 0-shot already as `0`
+            if asks_zero_shot(self.zero_shot, row.key) and zero_shot not in steps:  # a row with documents asks
+                # 0-shot already as `0`
                 steps.append(zero_shot)
         return steps
 

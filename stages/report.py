@@ -18,7 +18,7 @@ import pyarrow as pa
 from corpus.files import iter_jsonl
 from corpus.world_facts import source_version
 from stages import reads
-from stages.configs import MAIN_ROW, REPORT_ROWS, ReportConfig
+from stages.configs import MAIN_ROW, REPORT_ROWS, ReportConfig, asks_zero_shot
 from stages.names import evaluated_name, way_of_asking
 from stages.report_routing import (mixed_loss, open_router, route_texts, routed_answers, routed_checks, routed_label,
                                    rows_loss)
@@ -198,7 +198,7 @@ def reported_rows(wh: Warehouse, config: ReportConfig) -> list[Reported]:
     fine-tuned: they have no probe or held-out loss of their own (their model before fine-tuning is the base)."""
     from stages.models import find_model  # here: `nkb report` only reads tables
     available = []
-    ways = [(shots, False) for shots in config.asked] + ([(0, True)] if config.zero_shot else [])  # (K, prompted)
+    labelled = len(config.asked) + bool(config.zero_shot) > 1  # a row's label names its way when rows have two
     for row in REPORT_ROWS:
         name = getattr(config, row.field)
         if not name:
@@ -210,10 +210,12 @@ def reported_rows(wh: Warehouse, config: ReportConfig) -> list[Reported]:
         if row.finetuned:
             available.append(Reported(row.label, row.label, name, directory, name))
             continue
+        ways = [(shots, False) for shots in config.asked] + (  # (K, prompted)
+            [(0, True)] if asks_zero_shot(config.zero_shot, row.key) else [])
         # a row with documents is never fine-tuned: its `fine-tuned` way and its zero-shot one are the same asking
         asked = {(way_of_asking(shots, row.documents, prompted),
                   evaluated_name(name, shots, row.documents, prompted)): (shots, prompted) for shots, prompted in ways}
-        available += [Reported(f"{row.label} ({way})" if len(ways) > 1 else row.label, row.label, name, directory,
+        available += [Reported(f"{row.label} ({way})" if labelled else row.label, row.label, name, directory,
                                evaluated, how) for (way, evaluated), how in asked.items()]
     if not available:
         raise ValueError("no model of the report exists yet; run base-model, inject, finetune and evaluate first")

