@@ -10,10 +10,13 @@ from nkb_model.metrics import exact_match
 from nkb_model.train import Device
 
 
-def probe(model, tokenizer, prompts: list[str], answers: list[str], device: Device, batch_size: int = 64,
+def probe(model, tokenizer, prompts: list[str], answers: list[str], device: Device, batch_size: int = 256,
           max_new_tokens: int = 16) -> tuple[list[str], list[bool]]:
     """LAMA-style cloze probe: what the model fills `<extra_id_0>` of each prompt with, and whether that is the answer.
-    A decoder-only model continues the text before the blank; its first words, as many as the answer's, are the fill."""
+    A decoder-only model continues the text before the blank; its first words, as many as the answer's, are the fill.
+    Batches of 256 short prompts: on 2 CPU cores SmolLM2's 900 demo probes took 30 s against 40 s in batches of 64
+    (a decoding step of 64 rows is bound by its latency, not its arithmetic); 8 of the 900 fills moved with the
+    batch's bf16 rounding, the EM not."""
     fills = family(model).probe_fills(model, tokenizer, prompts, answers, device, batch_size, max_new_tokens)
     return fills, [exact_match(f, [a]) for f, a in zip(fills, answers)]
 
