@@ -491,8 +491,8 @@ class Experiment(StageConfig):
                     steps.append(("evaluate", self._stage("evaluate", model=row.model, shots=shots,
                                                           documents=row.documents)))
             zero_shot = ("evaluate", self._stage("evaluate", model=row.model, documents=row.documents))
-            if asks_zero_shot(self.zero_shot, row.key) and zero_shot not in steps:  # a row with documents asks
-                # 0-shot already as `0`
+            # (a row with documents asks 0-shot already as `0`)
+            if asks_zero_shot(self.zero_shot, row.key) and zero_shot not in steps:
                 steps.append(zero_shot)
         return steps
 
