@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, create_model, field_validator, model_validator
 
 from corpus.files import is_pattern
 from nkb_model.architectures import ARCHITECTURES, DEFAULT_ARCH
@@ -699,7 +699,17 @@ REPORT_ROWS = (
 MAIN_ROW = next(r for r in REPORT_ROWS if r.main)
 Row = Literal[tuple(r.key for r in REPORT_ROWS)]
 GenerationRow = Literal[tuple(r.key for r in REPORT_ROWS if r.generation)]
-ZeroShot = bool | list[Row]  # every row asked with no examples too, or the rows listed
+
+
+def _known_rows(value: Any) -> Any:
+    """A list of rows names rows only (said once, not as a failed bool and a failed list)."""
+    unknown = [v for v in value if v not in Row.__args__] if isinstance(value, list) else []
+    if unknown:
+        raise ValueError(f"{', '.join(map(str, unknown))}: not a row ({', '.join(Row.__args__)})")
+    return value
+
+
+ZeroShot = Annotated[bool | list[Row], BeforeValidator(_known_rows)]  # every row too, or the rows listed
 
 
 def asks_zero_shot(zero_shot: ZeroShot, row: str) -> bool:

@@ -173,6 +173,8 @@ def test_zero_shot_reports_each_row_asked_with_no_examples_beside_its_few_shot_r
     assert [(s, c.shots) for s, c in some if s in ("analyze", "surgery")] == [("analyze", 0), ("surgery", 0)]
     with pytest.raises(ExperimentError, match=r"zero_shot names rows the experiment does not have: \['base\+lora'\]"):
         Experiment.parse(MINIMAL | {"shots": 5, "rows": ["base", "base+nkb"], "zero_shot": ["base", "base+lora"]})
+    with pytest.raises(ExperimentError, match=r"zero_shot: nkb: not a row \(transformer, base, rag, base\+nkb,"):
+        Experiment.parse(MINIMAL | {"shots": 5, "zero_shot": ["base", "nkb"]})  # said once, not as a bool and a list
     built = {k: v for k, v in MINIMAL.items() if k != "base_model"} | {"pretrain": {"size": "tiny"}}
     for refused in (MINIMAL, built | {"shots": 5}):  # no few-shot rows to stand beside; a T5 is not prompted
         with pytest.raises(ExperimentError, match="zero_shot adds rows asked with no examples"):
