@@ -234,6 +234,9 @@ class Experiment(StageConfig):
         if self.routed and not self.shots:
             raise ValueError("routed asks either the slots or the base itself, as rows asked in a prompt are asked "
                              "(shots > 0); a fine-tuned row's model without its slots is not the fine-tuned base")
+        if self.routed and asks_zero_shot(self.zero_shot, MAIN_ROW.key) and not asks_zero_shot(self.zero_shot, "base"):
+            raise ValueError(f"routed asks the base where the slots are not asked, the same way: zero_shot lists "
+                             f"{MAIN_ROW.key}, so list base too")
         return self
 
     @model_validator(mode="after")
@@ -280,8 +283,8 @@ class Experiment(StageConfig):
 
     @model_validator(mode="after")
     def _zero_shot_rows_exist(self):
-        unknown = sorted(set(self.zero_shot) - {r.key for r in self._rows()}) if isinstance(self.zero_shot, list) else []
-        if unknown:
+        listed = set(self.zero_shot) if isinstance(self.zero_shot, list) else set()
+        if unknown := sorted(listed - {r.key for r in self._rows()}):
             raise ValueError(f"zero_shot names rows the experiment does not have: {unknown} (add them to rows)")
         return self
 

@@ -260,7 +260,8 @@ def _report(run: StagedRun, wh: Warehouse, config: ReportConfig, available: list
         run.output("retained_facts", f"the base completes {len(facts)} facts right ({source_version()})")
     # routed: base+NKB's rows asked as the model is (few-shot, 0-shot); a fine-tuned row's slots unmounted are not
     # the fine-tuned base
-    main_rows = [r for r in available if r.label == MAIN_ROW.label and r.way != (0, False)]
+    ways = {r.way for r in available if r.label == "base"}  # a routed row reads the base asked its way
+    main_rows = [r for r in available if r.label == MAIN_ROW.label and r.way != (0, False) and r.way in ways]
     with open_router(wh) if config.routed and main_rows else contextlib.nullcontext() as router:
         for row in available:
             if row.model not in checked:

@@ -189,6 +189,8 @@ def test_routed_reports_base_nkb_routed_and_needs_it_among_the_rows_asked_in_a_p
         Experiment.parse(MINIMAL | {"routed": True, "shots": 5, "rows": ["base"]})
     with pytest.raises(ExperimentError, match="routed asks either the slots or the base itself"):
         Experiment.parse(MINIMAL | {"routed": True})  # fine-tuned rows only
+    with pytest.raises(ExperimentError, match="zero_shot lists base\\+nkb, so list base too"):
+        Experiment.parse(MINIMAL | {"routed": True, "shots": 5, "zero_shot": ["base+nkb"]})
 
 
 def test_the_real_model_demo_asks_smollm2_few_shot_after_injecting_three_middle_blocks():

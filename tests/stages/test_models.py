@@ -884,6 +884,12 @@ def test_the_routed_row_answers_with_the_slots_where_a_text_matches_the_knowledg
     report.report(world, ReportConfig(base="llama", nkb="llama+nkb", asked=[2, 0], probes=probes, routed=True, **none))
     assert [m for m in dict.fromkeys(r["model"] for r in report.report_rows(world)) if "routed" in m] == [
         "base+NKB routed (2-shot)"]
+    # nor a way the base is not asked: a routed answer is the slots' or the base's, each asked that way
+    evaluation.evaluate(world, EvaluateConfig(model="llama+nkb", max_new_tokens=6))
+    report.report(world, ReportConfig(base="llama", nkb="llama+nkb", asked=[2], zero_shot=["base+nkb"], probes=probes,
+                                      routed=True, **none))
+    assert [m for m in dict.fromkeys(r["model"] for r in report.report_rows(world)) if "base+NKB" in m] == [
+        "base+NKB (2-shot)", "base+NKB (0-shot)", "base+NKB routed (2-shot)"]
     without = report.report(world, ReportConfig(base="llama", nkb="llama+nkb", asked=[2], probes=probes, **none))
     assert "routing" not in without.run.outputs
     assert [r["model"] for r in report.report_rows(world) if r["dataset"] == "average"] == ["base", "base+NKB"]
