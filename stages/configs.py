@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, create_model, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, create_model, field_validator,
+                      model_validator)
 
 from corpus.files import is_pattern
 from nkb_model.architectures import ARCHITECTURES, DEFAULT_ARCH
