@@ -5,12 +5,12 @@ the base elsewhere, beside the same model asked everywhere: EM, the probe, the b
 
 A text goes to the slots when its best BM25 match in the experiment's knowledge index (the one its retrieve stage
 searched) scores at least `--fraction` of the lowest train question's best score, as in the report's `routed` rows
-(`stages.report_routing`), which route the demo's own model; this measures any injected model a warehouse holds. Unmounted slots leave exactly the
-base (the report checks it on every injected model), so a routed model's answer to a text routed away is the
-base's answer: each routed figure combines the model's and the base's answers text by text, from the warehouse's
-`predictions` for the validation questions and from asking both models for the probes, the capitals and the
-held-out rows. Prints JSON (each model's figures both ways, and the share of each kind of text routed to the
-slots) and records it as `metrics` rows in `bench/results/routed`.
+(`stages.report_routing`), which route the demo's own model; this measures any injected model a warehouse holds.
+Unmounted slots leave exactly the base (the report checks it on every injected model), so a routed model's answer
+to a text routed away is the base's answer: each routed figure combines the model's and the base's answers text by
+text, from the warehouse's `predictions` for the validation questions and from asking both models for the probes,
+the capitals and the held-out rows. Prints JSON (each model's figures both ways, and the share of each kind of text
+routed to the slots) and records it as `metrics` rows in `bench/results/routed`.
 """
 
 from __future__ import annotations
@@ -73,15 +73,12 @@ def main(argv=None) -> int:
     def rate(hits) -> float:
         return round(100.0 * sum(hits) / len(hits), 1) if len(hits) else None
 
-    def evaluated(name: str) -> bool:
-        return name in {Path(p).stem for p in wh.partition_files("predictions")}
+    evaluated = {Path(p).stem for p in wh.partition_files("predictions")}  # the partitions `evaluate` wrote
 
     base_asked = asked_both(base)
     base_loss = heldout_loss(base, tokenizer, held, device)
     base_off = rows_loss(base, tokenizer, held, ~held_routes, base_loss, device)
-    counted = {"questions": np.array(list(routes.questions.values())),
-               "probes": np.concatenate([np.zeros(0, bool), *routes.probes.values()]), "facts": routes.facts,
-               "held_out": held_routes}
+    counted = routes.by_kind() | {"held_out": held_routes}
     result = {"threshold": round(threshold, 3), "fraction": args.fraction,
               "to_slots": {k: f"{int(v.sum())} of {len(v)}" for k, v in counted.items()},
               "base": {"heldout_loss": round(base_loss, 4), "facts_known": len(facts)}, "models": {}}
@@ -92,7 +89,7 @@ def main(argv=None) -> int:
         row = {"everywhere": {}, "routed": {}}
         for suffix, way in (("", "0-shot"), (".5shot", "5-shot")):
             slots, alone = f"{name}{suffix}", f"base{suffix}"
-            if not (evaluated(f"{slots}.{args.split}") and evaluated(f"{alone}.{args.split}")):
+            if not {f"{slots}.{args.split}", f"{alone}.{args.split}"} <= evaluated:
                 continue
             _, answered = routed_answers(wh, routes, slots, alone, args.split)
             everywhere = wh.read("predictions", ["exact_match"], partitions=[f"{slots}.{args.split}"]).column(

@@ -82,13 +82,16 @@ class Routes:
     probes: dict[str, np.ndarray]            # by wording, in the order of the report's probes of that wording
     facts: np.ndarray
 
+    def by_kind(self) -> dict[str, np.ndarray]:
+        """Each kind of text's decisions as one array (the probes of every wording together)."""
+        return {"questions": np.array(list(self.questions.values()), bool),
+                "probes": np.concatenate([np.zeros(0, bool), *self.probes.values()]), "facts": self.facts}
+
     def summary(self, router: Router) -> str:
         """How many of each kind of text the router sends to the slots."""
-        counts = [("questions", np.array(list(self.questions.values()))),
-                  ("probes", np.concatenate([np.zeros(0, bool), *self.probes.values()])), ("facts", self.facts)]
         return (f"threshold {router.threshold:.3f} (the lowest train question's best BM25 score, index "
                 f"{router.index_id}): to the slots "
-                + ", ".join(f"{int(d.sum())} of {len(d)} {what}" for what, d in counts if len(d)))
+                + ", ".join(f"{int(d.sum())} of {len(d)} {what}" for what, d in self.by_kind().items() if len(d)))
 
 
 def route_texts(wh: Warehouse, router: Router, split: str, probes: dict[str, list[dict]],
