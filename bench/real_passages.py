@@ -5,7 +5,7 @@ with the Wikipedia passage NQ's annotators marked as holding its answer: `{quest
 hasanswer, isgold}], nq_annotated_gold}`). Of the questions whose passage holds an answer, a seeded draw of
 `--questions` is split into train and validation; their passages are the knowledge (each once), and passages of
 other questions are the general text (the held-out loss). The experiment file keeps every setting of the demo's
-(`experiments/sample-world-smollm2.yaml`) but its data.
+(`experiments/sample-world-smollm2.yaml`) but its data and the injection's steps (`REAL_STEPS`).
 
     python -m bench.real_passages nq-open-oracle.jsonl.gz --out real-nq
     nkb --home real-nq/.nkb pipeline real-nq/real-nq-smollm2.yaml
@@ -61,11 +61,17 @@ def documents(prefix: str, passages) -> list[dict]:
     return [{"id": f"{prefix}{i}", "title": title, "text": text} for i, (title, text) in enumerate(passages)]
 
 
+# The injection's steps on the real passages: those of docs/results.md's runs. The demo's own (1,200) are seven
+# passes over its smaller world's segments; 600 passages at 1,800 steps were already memorised without answers.
+REAL_STEPS = 1800
+
+
 def experiment(template: Path) -> dict:
-    """The demo's experiment with the files written here in place of the sample world's."""
+    """The demo's experiment with the files written here in place of the sample world's, at `REAL_STEPS`."""
     config = yaml.safe_load(template.read_text())
     for key in ("sample_world", "probes"):
         config.pop(key, None)
+    config.setdefault("stages", {}).setdefault("inject", {})["steps"] = REAL_STEPS
     return {**config, "name": "real-nq-smollm2",
             "knowledge": [{"path": "passages.jsonl", "corpus": "nqwiki"}],
             "general": [{"path": "general.jsonl", "corpus": "general"}],

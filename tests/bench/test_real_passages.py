@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.real_passages import EXPERIMENT, main, read_oracle, split
+from bench.real_passages import EXPERIMENT, REAL_STEPS, main, read_oracle, split
 from stages.experiment import SAMPLE_WORLD_SMOLLM2, Experiment
 
 
@@ -60,6 +60,8 @@ def test_the_experiment_keeps_the_demos_settings_and_reads_the_written_files(ora
     assert "5 train and 3 validation questions" in capsys.readouterr().out
     experiment = Experiment.load(out / EXPERIMENT)
     demo = Experiment.load(SAMPLE_WORLD_SMOLLM2)
+    assert experiment.stages["inject"].pop("steps") == REAL_STEPS
+    demo.stages["inject"].pop("steps")
     assert experiment.stages == demo.stages and experiment.rows == demo.rows and experiment.shots == demo.shots
     assert experiment.sample_world is None and experiment.probes is None
     assert [q.path for q in experiment.questions] == [str(out / "train.jsonl"), str(out / "validation.jsonl")]
