@@ -8,8 +8,9 @@ Three methods, each a pure function of a segment here (the LM that writes paraph
   forms of it (a PERSON entity whose words are some of the title's), in articles about a person
   (`is_person_subject`);
 - `paraphrase`: each sentence reworded by an instruct LM, prompted few-shot (`paraphrase_demonstrations`), kept only
-  if it keeps every salient span of the sentence word for word (`kept_paraphrase`): a small LM often drops or
-  misspells a name, and a fact with another name is a wrong fact.
+  if it keeps every salient span of the sentence word for word and names nothing the sentence does not
+  (`kept_paraphrase`): a small LM often drops or misspells a name, and a fact with another name is a wrong fact; it
+  also finishes a segment cut mid-sentence with a place or a date of its own, or one of the demonstrations'.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ DEMONSTRATIONS = (
 )
 SHOTS = 3
 _PRONOUN = re.compile(r"^(?:(He|She)|(His|Her))\b")
+_WORD = re.compile(r"\w+")
+_SENTENCE_END = re.compile(r"(?:^|[.!?:])[\s\"'“‘(\[]*$")  # what may stand before a sentence's first word
 
 
 def sentence_texts(text: str) -> list[str]:
@@ -127,13 +130,25 @@ def paraphrase_request(sentence: str) -> str:
     return f"Sentence: {sentence}\nParaphrase:"
 
 
+def named_words(text: str) -> set[str]:
+    """The words of `text` that name or count something: capitalised ones that do not start a sentence, and any
+    with a digit; lower-cased."""
+    return {m.group().lower() for m in _WORD.finditer(text)
+            if any(c.isdigit() for c in m.group()) or (m.group()[0].isupper()
+                                                       and not _SENTENCE_END.search(text, 0, m.start()))}
+
+
 def kept_paraphrase(sentence: str, written: str, keep: Iterable[str]) -> str | None:
     """The paraphrase `written` for `sentence`, or None if it must be dropped: empty, the sentence itself, a
-    salient span of `keep` missing word for word, or out of proportion (under half or over twice its words)."""
+    salient span of `keep` missing word for word, a name or number the sentence does not hold (in any case: a
+    paraphrase may start a sentence with its `during`), or out of proportion (under half or over twice its
+    words)."""
     written = " ".join(written.split())
     n, m = len(sentence.split()), len(written.split())
     if not written or written.lower() == " ".join(sentence.split()).lower():
         return None
     if m < n / 2 or m > 2 * n + 4 or any(span not in written for span in keep):
+        return None
+    if not named_words(written) <= {w.lower() for w in _WORD.findall(sentence)}:
         return None
     return written

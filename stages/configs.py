@@ -372,7 +372,8 @@ AugmentMethod = Literal["permute", "full_name", "paraphrase"]  # corpus.augment.
 class AugmentConfig(ModelStageConfig):
     """Write other wordings of a corpus's retrieved segments into `augmented_segments`, each row with its source
     segment and method: sentences permuted, the subject's full name for pronouns and short forms, and paraphrases
-    by an instruct LM (kept only when they keep every salient span word for word)."""
+    by an instruct LM (kept only when they keep every salient span word for word and name nothing the sentence
+    does not)."""
     volatile = ModelStageConfig.volatile | {"batch_size", "shard_size"}
 
     corpus: Optional[Name] = Field(None, description="Corpus whose retrieved segments to augment; default: the "

