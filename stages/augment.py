@@ -77,15 +77,14 @@ def _augment(run: StagedRun, wh: Warehouse, config: AugmentConfig, writer: Parap
         loaded[0].to(device.device).eval().requires_grad_(False)
     shards = run.shards("augmented_segments", config.corpus)
     resumed = shards.done_count()
-    with progress(desc="augment", unit=" seg", total=len(segments),  # advanced by shares of a shard
-                  bar_format="{l_bar}{bar}| {n:.0f}/{total} [{elapsed}<{remaining}]") as bar:
+    with progress(desc="augment", unit=" seg", total=len(segments)) as bar:
         for index, lo in enumerate(range(0, len(segments), config.shard_size)):
             part = segments[lo:lo + config.shard_size]
             if shards.is_done(index):  # written before a crash
                 bar.update(len(part))
                 continue
             shards.write(index, augmented_rows(part, spans, config, writer, loaded, device,
-                                               lambda share: bar.update(share * len(part))))
+                                               whole_steps(bar.update, len(part))))
     table = pa.concat_tables([pq.read_table(staged, columns=list(COLUMNS)) for staged, _ in shards.files()])
     run.write("segments", f"{config.corpus}.{AUGMENTED}", table.select(["segment_id", "doc_id", "text"]))
     run.replace_partitions("salient_spans", f"{config.corpus}.{AUGMENTED}-")  # they described other segments
@@ -95,6 +94,19 @@ def _augment(run: StagedRun, wh: Warehouse, config: AugmentConfig, writer: Parap
         run.metric("augmented_segments", n, dataset=method)
     return {"corpus": config.corpus, "segments": len(segments), "written": counts, "resumed_shards": resumed,
             "seconds": time.perf_counter() - started, "device": device.name}
+
+
+def whole_steps(update: Callable[[int], None], size: int) -> Callable[[float], None]:
+    """`advance(share)` for work of `size` units: `update` gets whole units that sum to `size` once the shares
+    reach 1 (fractions of a batch would sum past the bar's total in floating point)."""
+    done = {"share": 0.0, "units": 0}
+
+    def advance(share: float) -> None:
+        done["share"] += share
+        units = min(size, round(done["share"] * size))
+        update(units - done["units"])
+        done["units"] = units
+    return advance
 
 
 def segments_to_augment(wh: Warehouse, corpus: str) -> tuple[list[dict], dict[str, list[tuple[int, int, str]]]]:

@@ -14,3 +14,13 @@ def test_full_name_rewrites_only_the_segments_of_articles_about_a_person():
                                   lambda share: None)
     assert rows["source_segment_id"] == ["p2#0"]
     assert rows["text"] == ["Claudia Wells is best known for her role as Jennifer Parker."]
+
+
+def test_the_progress_of_a_shard_advances_in_whole_segments_and_ends_at_its_size():
+    shown = []
+    advance = augment.whole_steps(shown.append, 500)
+    for _ in range(7):  # seven batches of a shard: shares whose float sum is not exactly 1
+        advance(1 / 7)
+    assert sum(shown) == 500 and all(isinstance(n, int) and n >= 0 for n in shown)
+    advance(1e-9)  # a share past the end moves nothing
+    assert sum(shown) == 500
