@@ -265,7 +265,7 @@ class ShardSet:
     """Resumable, sharded output of one run.
 
     Finished shards wait in `tables/<table>/.staging/resume-<run_id>/`. If the run dies, a rerun
-    of the same stage with the same inputs fingerprint gets the same run id back (see `run_stage`),
+    of the same stage with the same inputs fingerprint and code version gets the same run id back (see `run_stage`),
     finds those shards done, and only writes the rest; nothing is visible in the table until commit."""
 
     def __init__(self, run: StagedRun, table: str, prefix: str):
@@ -313,7 +313,8 @@ def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerpr
 
     `still_valid(previous_run)` can veto a skip, e.g. when the files a run produced were deleted.
     `resumable`: an interrupted run's finished shards (`StagedRun.shards`) are picked up by the next
-    run of the same stage and inputs, which continues under the interrupted run's id. `writes`: the tables the
+    run of the same stage, inputs and code version, which continues under the interrupted run's id; under other
+    code they are written again (the run's output `not_resumed` says whose were dropped). `writes`: the tables the
     stage declared; writing another fails the run.
     """
     if not force:
@@ -326,14 +327,20 @@ def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerpr
     if not wh.leader:
         return _run_as_follower(wh, run, body)
     _sweep_stale_staging(wh)
+    not_resumed = None
     if resumable:
         marker = _resume_marker(wh, run)
-        if marker.exists():
-            run.run_id = marker.read_text().strip()
+        interrupted, written_by = _marked(marker)
+        if interrupted and written_by == run.code_version:
+            run.run_id = interrupted
         else:
+            if interrupted:  # its shards would enter this run's tables under this code's version
+                not_resumed = f"the shards of {interrupted}, written by code {written_by or 'unknown'}"
             _drop_other_resumes(wh, stage)
-            marker.write_text(run.run_id)
+            marker.write_text(f"{run.run_id}\n{run.code_version}")
     staged = StagedRun(wh, run, writes)
+    if not_resumed:
+        staged.output("not_resumed", not_resumed)
     try:
         value = body(staged)
         staged.commit()
@@ -368,10 +375,18 @@ def _resume_marker(wh: Warehouse, run: RunRecord) -> Path:
     return wh.tables_dir / f".resume-{run.stage}-{run.inputs_fingerprint}"
 
 
+def _marked(marker: Path) -> tuple[str | None, str | None]:
+    """(run id, code version) of the interrupted run a resume marker names; (None, None) without one."""
+    if not marker.exists():
+        return None, None
+    run_id, _, version = marker.read_text().partition("\n")
+    return run_id.strip(), version.strip() or None
+
+
 def _drop_other_resumes(wh: Warehouse, stage: str) -> None:
-    """Shards left by an interrupted run whose inputs have since changed can never be resumed."""
+    """Shards left by an interrupted run whose inputs or code have since changed can never be resumed."""
     for marker in wh.tables_dir.glob(f".resume-{stage}-*"):
-        run_id = marker.read_text().strip()
+        run_id, _ = _marked(marker)
         for d in wh.tables_dir.glob(f"*/.staging/resume-{run_id}"):
             shutil.rmtree(d, ignore_errors=True)
         marker.unlink(missing_ok=True)

@@ -377,3 +377,34 @@ def test_a_lost_warehouse_file_is_named_and_adopt_registers_what_tables_still_ho
     fresh = Warehouse(wh.home, create=False)
     assert not fresh.check_files() and fresh.read("documents").num_rows == 3
     assert not ingest(fresh).skipped  # the run records went with the file: the stage runs once more
+
+
+def sharded_ingest(wh, written: list, crash_after: int | None = None):
+    """An ingest of three shards of one document each (`written` gets each shard it writes), stopped by Ctrl-C
+    after `crash_after` of them."""
+    def body(run):
+        shards = run.shards("documents", "c")
+        for index in range(3):
+            if index == crash_after:
+                raise KeyboardInterrupt("simulated crash")
+            if not shards.is_done(index):
+                shards.write(index, {key: values[index:index + 1] for key, values in DOCS.items()})
+                written.append(index)
+    return run_stage(wh, "ingest", {"corpus": "c"}, "sharded", body, resumable=True)
+
+
+def test_an_interrupted_run_resumes_its_shards_under_the_same_code_and_writes_them_again_under_other_code(
+        tmp_path, monkeypatch):
+    import warehouse.commit as commit
+    for version, resumed in (("abc123", True), ("def456", False)):
+        wh, written = Warehouse(tmp_path / version), []
+        monkeypatch.setattr(commit, "code_version", lambda: "abc123")
+        with pytest.raises(KeyboardInterrupt):
+            sharded_ingest(wh, written, crash_after=1)
+        monkeypatch.setattr(commit, "code_version", lambda: version)  # the code updated between the two
+        result = sharded_ingest(wh, written)
+        assert written == ([0, 1, 2] if resumed else [0, 0, 1, 2])
+        assert result.run.code_version == version
+        assert query(wh, "SELECT doc_id FROM documents ORDER BY 1").column("doc_id").to_pylist() == ["1", "2", "3"]
+        assert ("not_resumed" in result.run.outputs) is not resumed
+        assert not list(wh.tables_dir.glob(".resume-*")) and not list(wh.tables_dir.glob("*/.staging/resume-*"))
