@@ -264,9 +264,9 @@ class FollowerRun(StagedRun):
 class ShardSet:
     """Resumable, sharded output of one run.
 
-    Finished shards wait in `tables/<table>/.staging/resume-<run_id>/`. If the run dies, a rerun
-    of the same stage with the same inputs fingerprint and code version gets the same run id back (see `run_stage`),
-    finds those shards done, and only writes the rest; nothing is visible in the table until commit."""
+    Finished shards wait in `tables/<table>/.staging/resume-<run_id>/`. If the run dies, a rerun of the same
+    stage with the same inputs fingerprint and code version gets the same run id back (see `run_stage`), finds
+    those shards done, and only writes the rest; nothing is visible in the table until commit."""
 
     def __init__(self, run: StagedRun, table: str, prefix: str):
         self.run, self.table, self.prefix = run, table, check_partition(prefix)
