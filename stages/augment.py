@@ -99,13 +99,14 @@ def _augment(run: StagedRun, wh: Warehouse, config: AugmentConfig, writer: Parap
 def whole_steps(update: Callable[[int], None], size: int) -> Callable[[float], None]:
     """`advance(share)` for work of `size` units: `update` gets whole units that sum to `size` once the shares
     reach 1 (fractions of a batch would sum past the bar's total in floating point)."""
-    done = {"share": 0.0, "units": 0}
+    shares, shown = 0.0, 0
 
     def advance(share: float) -> None:
-        done["share"] += share
-        units = min(size, round(done["share"] * size))
-        update(units - done["units"])
-        done["units"] = units
+        nonlocal shares, shown
+        shares += share
+        units = min(size, round(shares * size))
+        update(units - shown)
+        shown = units
     return advance
 
 
