@@ -3,6 +3,7 @@ it writes. Models live under `files/models/<name>-<fingerprint>/` (see `nkb_mode
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -114,3 +115,22 @@ def work_dir(target: Path) -> Path:
     """The training checkpoint folder of the model that will be `target`: named by the inputs fingerprint, so
     an interrupted run resumes from it."""
     return target.parent / f".train-{target.name}"
+
+
+def resumable_dir(run: StagedRun, target: Path) -> Path:
+    """The folder in `work_dir(target)` where this run's code keeps its training checkpoint: one per code version,
+    so that every process of the run resumes only steps its own code took (another code's steps under this run's
+    code version would make the run row's version wrong for the model, and the resumed run no longer bit-identical
+    to an uninterrupted one). The leader drops other code's checkpoints; the run's output `not_resumed` names them."""
+    import shutil
+    directory = work_dir(target) / re.sub(r"[^\w.-]", "_", run.record.code_version)
+    others = sorted(p for p in work_dir(target).glob("*") if p != directory) if run.is_leader else []
+    if others:  # a file here is a checkpoint from before this layout: its code is unknown
+        run.output("not_resumed", "the training checkpoint written by code "
+                   + ", ".join(sorted({p.name if p.is_dir() else "unknown" for p in others})))
+    for other in others:
+        if other.is_dir():
+            shutil.rmtree(other)
+        else:
+            other.unlink()
+    return directory

@@ -23,8 +23,8 @@ from stages import reads
 from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig, PretrainingDataConfig
 from stages.inputs import (AUGMENTED, PRETRAINING, corpora, corpus_texts, gen_examples, gen_inputs, one_corpus,
                            packed_rows, qa_inputs, qa_pair, read_questions, segments_with_spans)
-from stages.models import (SourceModel, base_dir_of, model_at, model_dir, model_present, publish_model, source_model,
-                           work_dir)
+from stages.models import (SourceModel, base_dir_of, model_at, model_dir, model_present, publish_model,
+                           resumable_dir, source_model)
 from stages.progress import progress
 from stages.sources import HUB, resolve_source
 from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, list_runs
@@ -134,7 +134,7 @@ def _pretrain(run: StagedRun, wh: Warehouse, config: BaseModelConfig, data: Path
     if config.ssm_share and config.steps:
         ssm = pretraining_ssm_batches(wh, tokenizer, config, seq_len, kind)
         batches = base_model.Interleaved(batches, base_model.Named(ssm, "pretrain_ssm_loss"), config.ssm_share)
-    losses = train(model, batches, config.train_config(config.steps), device, work_dir(target),
+    losses = train(model, batches, config.train_config(config.steps), device, resumable_dir(run, target),
                    f"pretrain {config.name}", progress) if config.steps else []
     for step, loss in losses:
         run.metric(base_model.metric_at(batches, step - 1), loss, dataset=config.pretrain_corpus, split="train",
@@ -300,7 +300,7 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
     device.hold(model)  # only what trains is saved (or, nkb-a, everything trains): a frozen base may be held in bf16
     trained, ssm, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device,
                                               made.frozen_base, own)
-    losses = train(trained, batches, config.train_config(config.steps), device, work_dir(target),
+    losses = train(trained, batches, config.train_config(config.steps), device, resumable_dir(run, target),
                    f"inject {config.model_name()}", progress,
                    after_step=after_injection_step(wh, model, trained, tokenizer, config, base, device))
     for step, loss in losses:
@@ -585,7 +585,7 @@ def _finetune(run: StagedRun, wh: Warehouse, config: FinetuneConfig, source: Sou
                                 config.seed, config.max_input_len, max_target_len=128 if config.task else 64,
                                 knowledge_ids=knowledge_ids, group_by_length=config.group_by_length)
     steps = config.epochs * batches.per_epoch
-    losses = train(model, batches, config.train_config(steps, batches.batch_size), device, work_dir(target),
+    losses = train(model, batches, config.train_config(steps, batches.batch_size), device, resumable_dir(run, target),
                    f"finetune {name}", progress)
     for step, loss in losses:
         run.metric(f"{config.task}_loss" if config.task else "qa_loss", loss, split=config.split, step=step)
