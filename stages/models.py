@@ -4,6 +4,7 @@ it writes. Models live under `files/models/<name>-<fingerprint>/` (see `nkb_mode
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -122,9 +123,9 @@ def resumable_dir(run: StagedRun, target: Path) -> Path:
     so that every process of the run resumes only steps its own code took (another code's steps under this run's
     code version would make the run row's version wrong for the model, and the resumed run no longer bit-identical
     to an uninterrupted one). The leader drops other code's checkpoints; the run's output `not_resumed` names them."""
-    import shutil
-    directory = work_dir(target) / re.sub(r"[^\w.-]", "_", run.record.code_version)
-    others = sorted(p for p in work_dir(target).glob("*") if p != directory) if run.is_leader else []
+    folder = work_dir(target)
+    directory = folder / re.sub(r"[^\w.-]", "_", run.record.code_version)
+    others = [p for p in folder.glob("*") if p != directory] if run.is_leader else []
     if others:  # a file here is a checkpoint from before this layout: its code is unknown
         run.output("not_resumed", "the training checkpoint written by code "
                    + ", ".join(sorted({p.name if p.is_dir() else "unknown" for p in others})))
