@@ -65,6 +65,13 @@ ARCHITECTURES = {a.name: a for a in (
 )}
 
 
+# How a setting names a block: its stack and index (`decoder.5`, `encoder.-1`: from the top; `decoder.block.3`:
+# T5's own attribute path), or a share of its stack's depth (`decoder.33%`: the block nearest a third of the way
+# up), so that one setting means the same place in a 24-block and a 32-block model. `nkb_model.mounting.resolve_layers`
+# reads it; configs check a setting against it before anything runs.
+LAYER_SPEC = r"(\w+)\.(?:block\.)?(?:(-?\d+)|(\d+(?:\.\d+)?)%)"
+
+
 # The architecture of a base built here unless `pretrain.arch` says otherwise (the paper's), and of a model whose
 # info was written before infos named their architecture.
 DEFAULT_ARCH = "t5"

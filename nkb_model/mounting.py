@@ -12,7 +12,7 @@ a small table here what their maps are called (`FFN_MAPS`):
 - GPT-2: blocks `transformer.h[N]` (`h.N`), FFN `mlp`: `c_fc` → act (GELU) → `c_proj`, both Conv1D with biases.
 - Llama-style (Llama, Mistral, Qwen2, Gemma, ...): blocks `model.layers[N]` (`layers.N`), FFN `mlp`:
   act_fn(`gate_proj`) * `up_proj` → `down_proj`.
-N may be negative. A decoder-only model's blocks also answer to `decoder.N`, so a spec such as the default
+N may be negative, or a share of the depth (`decoder.33%`). A decoder-only model's blocks also answer to `decoder.N`, so a spec such as the default
 `decoder.-1` (the last block) means the same on every family. GPT-2's Conv1D keeps its weight transposed
 (in, out); `rows()` reads any map as `nn.Linear` does (out, in).
 """
@@ -27,7 +27,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from nkb_model.architectures import ARCHITECTURES, Architecture, Layout
+from nkb_model.architectures import ARCHITECTURES, LAYER_SPEC, Architecture, Layout
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -102,21 +102,30 @@ def block_stack(model: nn.Module, side: str) -> nn.ModuleList:
 
 
 def resolve_layers(model: nn.Module, specs: list[str]) -> list[str]:
-    """Canonical names ("decoder.5", "layers.3") for specs such as "decoder.-1", "encoder.0", "decoder.block.3"."""
+    """Canonical names ("decoder.5", "layers.3") for specs such as "decoder.-1", "encoder.0", "decoder.block.3" and
+    "decoder.33%" (the block nearest that share of the stack's depth: on 30 blocks block 10, on 24 block 8)."""
     found = layout(model)
     names = []
     for spec in specs:
-        m = re.fullmatch(r"(\w+)\.(?:block\.)?(-?\d+)", spec.strip())
+        m = re.fullmatch(LAYER_SPEC, spec.strip())
         if not m:
             raise ValueError(f"bad layer spec {spec!r}; use e.g. "
-                             f"{' or '.join(repr(s + '.-1') for s in found.stacks)}")
+                             f"{' or '.join(repr(s + '.-1') for s in found.stacks)}, or a share of the depth "
+                             f"({next(iter(found.stacks))}.50%)")
         side = _canonical_side(model, m.group(1))
         blocks = block_stack(model, side)
-        index = int(m.group(2))
+        index = int(m.group(2)) if m.group(2) is not None else depth_index(float(m.group(3)), len(blocks), spec)
         if not -len(blocks) <= index < len(blocks):
             raise ValueError(f"{spec!r}: the {side} has {len(blocks)} blocks")
         names.append(f"{side}.{index % len(blocks)}")
     return list(dict.fromkeys(names))
+
+
+def depth_index(percent: float, blocks: int, spec: str) -> int:
+    """The block nearest `percent` % of the way up a stack of `blocks` (100 %: the last)."""
+    if percent > 100:
+        raise ValueError(f"{spec!r}: a share of the depth is at most 100%")
+    return min(round(percent / 100 * blocks), blocks - 1)
 
 
 def final_norm(model: nn.Module) -> nn.Module:

@@ -10,6 +10,7 @@ are left out of the inputs fingerprint, so changing them does not rerun a stage.
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -17,11 +18,11 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Optional
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, create_model, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, create_model,
+                      field_validator, model_validator)
 
 from corpus.files import is_pattern
-from nkb_model.architectures import ARCHITECTURES, DEFAULT_ARCH
+from nkb_model.architectures import ARCHITECTURES, DEFAULT_ARCH, LAYER_SPEC
 from stages.names import ModelName as MadeName, evaluated_name
 
 ModelSize = Literal["tiny", "mini", "small", "large"]  # nkb_model.base_model.SIZES
@@ -30,6 +31,15 @@ ModelSize = Literal["tiny", "mini", "small", "large"]  # nkb_model.base_model.SI
 # most 100 characters, so that every path built from them fits the file system's limits.
 Name = Annotated[str, StringConstraints(max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 ModelName = Annotated[str, StringConstraints(max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")]
+# A block (`decoder.-1`, `encoder.0`, `decoder.33%`): its syntax checked here, its range once the model is loaded.
+def _layer_spec(spec: str) -> str:
+    if not re.fullmatch(LAYER_SPEC, spec.strip()):
+        raise ValueError(f"{spec!r} names no block: use decoder.N or encoder.N (N from 0, or negative from the top), "
+                         f"or a share of the depth such as decoder.50%")
+    return spec
+
+
+LayerSpec = Annotated[str, AfterValidator(_layer_spec)]
 
 def validation_problems(exc, skip_missing: bool = False) -> list[str]:
     """A pydantic ValidationError as `field: what is wrong` lines, without pydantic's 'Value error, ' prefix."""
@@ -466,8 +476,9 @@ class InjectConfig(TrainingConfig):
         "parameters as the slots would (PEFT's own default is 8)."))
     name: Optional[ModelName] = Field(None, description="Name of the result; default `BASE_MODEL+VARIANT`.")
     corpus: Optional[Name] = Field(None, description="Corpus whose segments and salient spans to inject; default: the warehouse's only corpus.")
-    layers: list[str] = Field(default_factory=lambda: ["decoder.-1"],
-                              description="Blocks to mount slots on: encoder.N / decoder.N (N may be negative).")
+    layers: list[LayerSpec] = Field(default_factory=lambda: ["decoder.-1"], description=(
+        "Blocks to mount slots on: encoder.N / decoder.N (N may be negative), or a share of the depth (decoder.33%: "
+        "the block nearest a third of the way up, whatever the model's depth)."))
     slots: Optional[int] = Field(None, ge=1, description="Slots per layer; default the FFN width d_ff.")
     steps: int = Field(3000, ge=1, description="Optimizer steps (the paper: 30K at batch 256).")
     batch_size: BatchSize = 64
@@ -565,7 +576,7 @@ class FinetuneConfig(TrainingConfig):
                             "vectors in the FFNs, trained end to end.")
     knowledge_docs: int = Field(5, ge=1, description="Retrieved documents per question for concat/kformer (Kformer's "
                                                      "N; the questions have as many as the retrieve stage's k).")
-    kformer_layers: list[str] = Field(default_factory=lambda: ["encoder.-3", "encoder.-2", "encoder.-1"],
+    kformer_layers: list[LayerSpec] = Field(default_factory=lambda: ["encoder.-3", "encoder.-2", "encoder.-1"],
                                       description="Blocks that get Kformer (the top 3 encoder blocks, or all of a "
                                                   "shallower encoder).")
     kformer_doc_tokens: int = Field(64, ge=1, description="Leading tokens of each document averaged into its vector.")
@@ -772,7 +783,7 @@ class AnalyzeConfig(AskingStageConfig):
 
     model: str = Field("base+nkb.qa", description="Model to analyse (a name, or a model directory).")
     kind: Literal["nkb", "ffn"] = Field("nkb", description="nkb: the NKB slots; ffn: the layer's original FFN neurons.")
-    layers: Optional[list[str]] = Field(None, description="Blocks to analyse (encoder.N / decoder.N); default: "
+    layers: Optional[list[LayerSpec]] = Field(None, description="Blocks to analyse (encoder.N / decoder.N / decoder.50%); default: "
                                                          "every block with an NKB (for ffn: the last decoder block).")
     top_k: int = Field(10, ge=1, le=100, description="Tokens kept per value vector.")
     top_questions: int = Field(5, ge=1, description="Questions kept per key (those that make the slot fire most).")

@@ -54,6 +54,12 @@ def test_zero_values_give_bit_identical_logits_and_unmounting_restores_the_ffn(f
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_a_share_of_the_depth_names_the_familys_own_block(family):
+    last = FAMILIES[family][1]
+    assert resolve_layers(tiny(family), ["decoder.0%", "decoder.100%"]) == [last.replace(".1", ".0"), last]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_slots_are_neurons_of_the_ffns_own_kind(family):
     model = tiny(family)
     ffn = get_ffn(model, FAMILIES[family][1])

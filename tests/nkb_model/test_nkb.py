@@ -5,7 +5,7 @@ import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
 from nkb_model.base_model import FEED_FORWARD
-from nkb_model.mounting import resolve_layers
+from nkb_model.mounting import depth_index, resolve_layers
 from nkb_model.nkb import (NKBConfig, NKBFeedForward, load_nkb, mark_only_nkb_trainable, mount_nkb, mounted_layers,
                            nkb_parameters, save_nkb, unmount_nkb)
 
@@ -24,6 +24,12 @@ def tiny_t5(ffn: str, seed: int = 0) -> T5ForConditionalGeneration:
 def batch(seed: int = 1):
     g = torch.Generator().manual_seed(seed)
     return {"input_ids": torch.randint(2, 64, (3, 7), generator=g), "labels": torch.randint(2, 64, (3, 5), generator=g)}
+
+
+def test_a_share_of_the_depth_lands_on_the_same_place_in_models_of_other_depths():
+    assert [depth_index(p, 30, "") for p in (33, 47, 67)] == [10, 14, 20]  # the demo's blocks on SmolLM2's 30
+    assert [depth_index(p, 24, "") for p in (33, 47, 67)] == [8, 11, 16]
+    assert [depth_index(p, 32, "") for p in (0, 33, 100)] == [0, 11, 31]
 
 
 @pytest.mark.parametrize("ffn", VARIANTS)
@@ -97,6 +103,10 @@ def test_layer_specs():
         resolve_layers(model, ["encoder.5"])
     with pytest.raises(ValueError, match="bad layer spec 'decoder'; use e.g. 'encoder.-1' or 'decoder.-1'"):
         resolve_layers(model, ["decoder"])
+    # a share of the depth: the nearest block, the top one at 100 %
+    assert resolve_layers(model, ["encoder.0%", "decoder.50%", "decoder.100%"]) == ["encoder.0", "decoder.1"]
+    with pytest.raises(ValueError, match="at most 100%"):
+        resolve_layers(model, ["decoder.101%"])
     mount_nkb(model)
     with pytest.raises(ValueError, match="already has an NKB"):
         mount_nkb(model)

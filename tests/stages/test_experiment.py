@@ -258,6 +258,8 @@ def test_sets_read_yaml_values_lists_and_nested_keys():
     ({"stages": {"inject": {"stepz": 3}}}, "stages.inject: no setting 'stepz'; settings: device"),
     ({"stages": {"inject": {"corpus": "x"}}}, "stages.inject.corpus is set by the experiment itself"),
     ({"stages": {"inject": {"lr": -1}}}, "stages.inject.lr: Input should be greater than 0"),
+    ({"stages": {"inject": {"layers": ["decoder.10", "middle"]}}},
+     "stages.inject.layers.1: Value error, 'middle' names no block: use decoder.N or encoder.N"),
     ({"knowledge": []}, "knowledge: List should have at least 1 item"),
     ({"rows": ["bigger"]}, "rows.0: Input should be 'transformer'"),
     ({"nme": "x"}, "nme: Extra inputs are not permitted"),
@@ -286,6 +288,14 @@ def test_the_template_for_users_plans_the_papers_rows(tmp_path):
     assert Experiment.load(tmp_path / "mine.yaml").base_model == str(tmp_path / "models" / "t5-base")
     assert {"base+nkb", "base+nkb-a", "base.kformer", "base.concat"} <= set(names(plan))
     assert dict(plan)["inject"].steps == 30000
+
+
+def test_the_template_for_a_causal_lm_plans_every_route_on_blocks_at_shares_of_the_depth():
+    plan = plan_of(Experiment.load(EXAMPLE.with_name("example-causal-lm.yaml")))
+    assert {"base+nkb", "base+lora", "base+lora-8", "base+ft"} <= set(made(plan))
+    assert {config.model for stage, config in plan if stage == "evaluate"} >= {"base", "base+nkb", "base+ft"}
+    injections = [config for stage, config in plan if stage == "inject"]
+    assert {tuple(c.layers) for c in injections} == {("decoder.33%", "decoder.47%", "decoder.67%")}
 
 
 def test_two_files_for_one_dataset_and_split_are_refused_naming_both():
