@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from typing import Callable
 
 import torch
 
@@ -42,10 +43,14 @@ def seq2seq_generate(model, tokenizer, texts: list[str], device: Device, batch_s
 
 @torch.no_grad()
 def causal_generate(model, tokenizer, prompts: list[str], device: Device, batch_size: int = 64,
-                    max_input_len: int | None = None, max_new_tokens: int = 24, num_beams: int = 1) -> list[str]:
+                    max_input_len: int | None = None, max_new_tokens: int = 24, num_beams: int = 1,
+                    words: list[int] | None = None) -> list[str]:
     """What a decoder-only model writes after each prompt, up to EOS (or a line break), without the prompt. Batches
     hold prompts of like length (a batch reads every row at its longest prompt's length: batched in the order asked,
-    the demo's RAG evaluation took 1.5x as long); the outputs come in the prompts' order."""
+    the demo's RAG evaluation took 1.5x as long); the outputs come in the prompts' order. `words`: each row is
+    wanted only for the first `words[i]` words of its first line (a probe's fill), so it may stop once they are
+    final. Greedy decoding leaves each row out of the batch once it is done (`greedy_rows`); beams, or a model
+    whose generation config changes what greedy picks, go through `generate`, which writes every row to the end."""
     from nkb_model.causal import encode_prompts, line_end_ids, pad_left
     ids = encode_prompts(tokenizer, prompts, max_input_len)
     stops = list(line_end_ids(tokenizer))
@@ -55,14 +60,73 @@ def causal_generate(model, tokenizer, prompts: list[str], device: Device, batch_
         rows = order[lo:lo + batch_size]
         enc = {k: v.to(device.device) for k, v in pad_left([ids[i] for i in rows], tokenizer.pad_token_id).items()}
         with device.autocast():
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, num_beams=num_beams,
-                                 eos_token_id=stops, pad_token_id=tokenizer.pad_token_id)
-        for i, text in zip(rows, first_lines(tokenizer, out[:, enc["input_ids"].shape[1]:])):
+            if num_beams == 1 and plain_greedy(model):
+                done = _words_final(tokenizer, [words[i] for i in rows]) if words is not None else None
+                written = greedy_rows(model, enc, set(stops), max_new_tokens, done)
+            else:
+                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, num_beams=num_beams,
+                                     eos_token_id=stops, pad_token_id=tokenizer.pad_token_id)
+                written = out[:, enc["input_ids"].shape[1]:]
+        for i, text in zip(rows, first_lines(tokenizer, written)):
             outputs[i] = text
     return outputs
 
 
-def first_lines(tokenizer, written: torch.Tensor) -> list[str]:
+# What a model's generation config may say and greedy decoding still pick the most likely token at every step.
+_GREEDY_NEUTRAL = {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "use_cache",
+                   "transformers_version", "_from_model_config", "output_attentions", "output_hidden_states",
+                   "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "max_length",
+                   "max_new_tokens"}
+
+
+def plain_greedy(model) -> bool:
+    """Whether the model's generation config leaves greedy decoding the plain argmax (no repetition penalty, no
+    banned or forced tokens): then `greedy_rows` writes what `generate` would."""
+    config = getattr(model, "generation_config", None)
+    return config is None or set(config.to_diff_dict()) <= _GREEDY_NEUTRAL
+
+
+def greedy_rows(model, enc: dict[str, torch.Tensor], stops: set[int], max_new_tokens: int,
+                done: Callable[[int, list[int]], bool] | None = None) -> list[list[int]]:
+    """Greedy continuations of left-padded prompts, each row's tokens up to and with its first stop token. A row
+    leaves the batch, and its keys and values the cache, once it writes a stop or `done(row, tokens)` says the rest
+    is not wanted: `generate` would write every row until the last one stops (a probe's batch of 256 ran all 16
+    steps for the 5 rows that needed them)."""
+    mask = enc["attention_mask"]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: each row's text starts at position 0
+    step_ids, cache = enc["input_ids"], None
+    alive = list(range(len(mask)))
+    written: list[list[int]] = [[] for _ in alive]
+    for _ in range(max_new_tokens):
+        out = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                    use_cache=True)
+        chosen = out.logits[:, -1].argmax(-1).tolist()
+        keep = []
+        for j, (row, token) in enumerate(zip(alive, chosen)):
+            written[row].append(token)
+            if token not in stops and not (done and done(row, written[row])):
+                keep.append(j)
+        if not keep:
+            break
+        cache = out.past_key_values
+        if len(keep) < len(alive):
+            index = torch.tensor(keep, device=mask.device)
+            cache.batch_select_indices(index)
+            mask, positions = mask[index], positions[index]
+            alive = [alive[j] for j in keep]
+        step_ids = torch.tensor([[chosen[j]] for j in keep], device=mask.device)
+        mask = torch.cat([mask, mask.new_ones(len(keep), 1)], dim=1)
+        positions = positions[:, -1:] + 1
+    return written
+
+
+def _words_final(tokenizer, words: list[int]) -> Callable[[int, list[int]], bool]:
+    """A row's first `words[row]` words are final once its text holds one word more (the last wanted one has
+    ended); the first line is all that is read, and a line break stops the row anyway."""
+    return lambda row, tokens: len(tokenizer.decode(tokens, skip_special_tokens=True).split()) > words[row]
+
+
+def first_lines(tokenizer, written: torch.Tensor | list[list[int]]) -> list[str]:
     """Each row's written tokens as text, up to its first line break, whitespace collapsed."""
     return [" ".join(w.split("\n", 1)[0].split()) for w in tokenizer.batch_decode(written, skip_special_tokens=True)]
 

@@ -169,8 +169,9 @@ class DecoderOnly(Family):
     def probe_fills(self, model, tokenizer, prompts, answers, device, batch_size, max_new_tokens):
         """The model continues the text before the blank; its first words, as many as the answer's, are the fill."""
         from nkb_model.causal import cloze_prefix, probe_fill
-        written = generate(model, tokenizer, [cloze_prefix(p) for p in prompts], device, batch_size,
-                           max_new_tokens=max_new_tokens)
+        from nkb_model.decoding import causal_generate
+        written = causal_generate(model, tokenizer, [cloze_prefix(p) for p in prompts], device, batch_size,
+                                  max_new_tokens=max_new_tokens, words=[len(a.split()) for a in answers])
         return [probe_fill(w, a) for w, a in zip(written, answers)]
 
     def ssm_form(self, and_rest: bool, cued: bool) -> dict:

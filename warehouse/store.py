@@ -141,6 +141,7 @@ class Warehouse:
         self.views_marker = self.home / "views.home"
         self._writing: duckdb.DuckDBPyConnection | None = None  # the open write connection, while there is one
         self._cached_registry: tuple[tuple, dict] | None = None
+        self._write_registry: dict | None = None  # the open write's own view of the registry, until it changes it
         self._lock_held: tuple | None = None  # (file, exclusive) while this object holds warehouse.lock
         if self.home.exists() and not self.home.is_dir():
             raise WarehouseError(f"{self.home} is a file, not a warehouse directory (see --home or $NKB_HOME)")
@@ -244,7 +245,7 @@ class Warehouse:
             for ddl in [*NATIVE_TABLES.values(), *NATIVE_MIGRATIONS]:
                 con.execute(ddl)
             con.execute("BEGIN TRANSACTION")
-            self._writing = con
+            self._writing, self._write_registry = con, None
             try:
                 self._adopt_unregistered(con)
                 yield con
@@ -321,8 +322,10 @@ class Warehouse:
 
     def registry(self) -> dict[tuple[str, str], PartitionRecord]:
         """(table, partition) → what the run that wrote it committed. Read once per change of the DuckDB file."""
-        if self._writing is not None:  # inside a write: this transaction's view, never cached
-            return _registry_rows(self._writing)
+        if self._writing is not None:  # inside a write: this transaction's view, read again after it changes
+            if self._write_registry is None:
+                self._write_registry = _registry_rows(self._writing)
+            return self._write_registry
         if self._cached_registry is None or self._cached_registry[0] != self._db_state():
             with self.read_connection() as con:
                 try:
@@ -347,11 +350,13 @@ class Warehouse:
         if rows:
             con.executemany(f"INSERT INTO partitions ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
                             rows)
+        self._write_registry = None
 
     def forget_partitions(self, con: duckdb.DuckDBPyConnection, keys: Iterable[tuple[str, str]]) -> None:
         keys = list(keys)
         if keys:
             con.executemany("DELETE FROM partitions WHERE table_name = ? AND partition = ?", keys)
+        self._write_registry = None
 
     def _adopt_unregistered(self, con: duckdb.DuckDBPyConnection) -> None:
         """A warehouse made before the registry existed: register the files its successful runs wrote, once."""

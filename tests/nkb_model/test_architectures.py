@@ -8,6 +8,7 @@ from transformers import (BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, Ll
                           Qwen2ForCausalLM)
 
 from nkb_model.analysis import memories, output_logits
+from nkb_model.decoding import greedy_rows
 from nkb_model.merge import merge_nkb
 from nkb_model.mounting import get_ffn, resolve_layers
 from nkb_model.nkb import NKBConfig, NKBFeedForward, load_nkb, mount_nkb, save_nkb, unmount_nkb
@@ -57,6 +58,19 @@ def test_zero_values_give_bit_identical_logits_and_unmounting_restores_the_ffn(f
 def test_a_share_of_the_depth_names_the_familys_own_block(family):
     last = FAMILIES[family][1]
     assert resolve_layers(tiny(family), ["decoder.0%", "decoder.100%"]) == [last.replace(".1", ".0"), last]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_rows_leaving_the_batch_write_what_generate_writes(family):
+    model = tiny(family)
+    ids = tokens()
+    mask = torch.ones_like(ids)
+    mask[0, :4], mask[1, :2] = 0, 0  # left padding of unequal lengths
+    enc = {"input_ids": ids.masked_fill(mask == 0, 0), "attention_mask": mask}
+    with torch.no_grad():
+        full = model.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=0)[:, ids.shape[1]:].tolist()
+        rows = greedy_rows(model, enc, set(), 6, lambda row, written: len(written) > 2 * row)
+    assert rows == [full[0][:1], full[1][:3], full[2][:5]]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

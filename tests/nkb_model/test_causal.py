@@ -12,8 +12,9 @@ from nkb_model import slot_edits
 from nkb_model.analysis import first_step_weights
 from nkb_model.base_model import new_causal, train_tokenizer
 from nkb_model.batches import PairBatches
-from nkb_model.causal import cloze_prefix, encode_pairs, encode_prompts, pad_causal, probe_fill, start_ids
+from nkb_model.causal import cloze_prefix, encode_pairs, encode_prompts, pad_causal, pad_left, probe_fill, start_ids
 from nkb_model.checks import heldout_loss, probe
+from nkb_model.decoding import greedy_rows, plain_greedy
 from nkb_model.families import DECODER_ONLY, generate, teacher_forced
 from nkb_model.nkb import NKBConfig, mount_nkb, mounted_layers
 from nkb_model.train import TrainConfig, choose_device, train
@@ -126,6 +127,40 @@ def test_batches_of_like_length_answer_each_prompt_as_if_asked_alone_in_its_own_
     alone = [generate(model, tokenizer, [p], CPU, batch_size=1, max_new_tokens=6)[0] for p in prompts]
     assert len(set(alone)) > 1  # else a wrong order could not show
     assert generate(model, tokenizer, prompts, CPU, batch_size=2, max_new_tokens=6) == alone
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_rows_that_leave_the_batch_early_write_what_generate_writes(tokenizer, arch):
+    model = new_causal(tokenizer, arch, "tiny").eval()
+    prompts = [QUESTIONS[0] + " " + TEXTS[1], QUESTIONS[1], TEXTS[2], QUESTIONS[2] + " city", TEXTS[4]]
+    enc = pad_left(encode_prompts(tokenizer, prompts), tokenizer.pad_token_id)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    full = out[:, enc["input_ids"].shape[1]:].tolist()
+    stops = {full[0][1], full[3][4]}  # rows stop at different steps, at the latest when the last one does
+
+    def until_stop(tokens):
+        ends = [i for i, t in enumerate(tokens) if t in stops]
+        return tokens[:ends[0] + 1] if ends else tokens
+    expected = [until_stop(row) for row in full]
+    assert len({len(row) for row in expected}) > 1  # else no row left early
+    with torch.no_grad():
+        assert greedy_rows(model, enc, stops, 8) == expected
+        # a row no longer wanted (`done`) leaves too: row r after r + 1 tokens
+        assert greedy_rows(model, enc, set(), 8, lambda row, tokens: len(tokens) > row) == [
+            row[:r + 1] for r, row in enumerate(full)]
+    assert plain_greedy(model)
+    model.generation_config.repetition_penalty = 1.3  # greedy would pick other tokens: `generate` decodes
+    assert not plain_greedy(model)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_probes_stop_each_row_once_its_fill_is_final_and_fill_as_before(tokenizer, arch):
+    model = new_causal(tokenizer, arch, "tiny").eval()
+    prefixes, answers = [cloze_prefix(q + " <extra_id_0>.") for q in QUESTIONS], ["a b c", "a", "a b", "a b c d"]
+    whole = generate(model, tokenizer, prefixes, CPU, batch_size=4, max_new_tokens=16)
+    assert [probe_fill(w, a) for w, a in zip(whole, answers)] == probe(
+        model, tokenizer, [q + " <extra_id_0>." for q in QUESTIONS], answers, CPU)[0]
 
 
 def test_cloze_prompts_become_prefixes_and_fills_take_the_answers_length():
