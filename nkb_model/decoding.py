@@ -87,14 +87,16 @@ def plain_greedy(model) -> bool:
 
 
 def greedy_rows(model, enc: dict[str, torch.Tensor], stops: set[int], max_new_tokens: int,
-                done: Callable[[int, list[int]], bool] | None = None) -> list[list[int]]:
+                done: Callable[[int, list[int]], bool] | None = None, cache=None) -> list[list[int]]:
     """Greedy continuations of left-padded prompts, each row's tokens up to and with its first stop token. A row
     leaves the batch, and its keys and values the cache, once it writes a stop or `done(row, tokens)` says the rest
     is not wanted: `generate` would write every row until the last one stops (a probe's batch of 256 ran all 16
-    steps for the 5 rows that needed them)."""
+    steps for the 5 rows that needed them). With `cache` (the keys and values of the mask's first columns, one row
+    per prompt), `input_ids` holds only the columns after them."""
     mask = enc["attention_mask"]
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: each row's text starts at position 0
-    step_ids, cache = enc["input_ids"], None
+    step_ids = enc["input_ids"]
+    # each row's text counted from position 0 past its padding, as `generate` counts it
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
     alive = list(range(len(mask)))
     written: list[list[int]] = [[] for _ in alive]
     for _ in range(max_new_tokens):
@@ -159,8 +161,14 @@ class SharedPrefix:
         mask = mask.to(self.device.device)
         cache = copy.deepcopy(self.cache)  # generation extends it
         cache.batch_repeat_interleave(rows)
+        stops = list(line_end_ids(self.tokenizer))
         with self.device.autocast():
-            out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, do_sample=False,
-                                      max_new_tokens=max_new_tokens, eos_token_id=list(line_end_ids(self.tokenizer)),
-                                      pad_token_id=self.tokenizer.pad_token_id)
-        return first_lines(self.tokenizer, out[:, ids.shape[1]:])
+            if plain_greedy(self.model):
+                written = greedy_rows(self.model, {"input_ids": ids[:, len(self.head):], "attention_mask": mask},
+                                      set(stops), max_new_tokens, cache=cache)
+            else:
+                out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, do_sample=False,
+                                          max_new_tokens=max_new_tokens, eos_token_id=stops,
+                                          pad_token_id=self.tokenizer.pad_token_id)
+                written = out[:, ids.shape[1]:]
+        return first_lines(self.tokenizer, written)

@@ -12,9 +12,10 @@ from nkb_model import slot_edits
 from nkb_model.analysis import first_step_weights
 from nkb_model.base_model import new_causal, train_tokenizer
 from nkb_model.batches import PairBatches
-from nkb_model.causal import cloze_prefix, encode_pairs, encode_prompts, pad_causal, pad_left, probe_fill, start_ids
+from nkb_model.causal import (cloze_prefix, encode_pairs, encode_prompts, line_end_ids, pad_causal, pad_left, probe_fill,
+                              start_ids)
 from nkb_model.checks import heldout_loss, probe
-from nkb_model.decoding import greedy_rows, plain_greedy
+from nkb_model.decoding import SharedPrefix, first_lines, greedy_rows, plain_greedy
 from nkb_model.families import DECODER_ONLY, generate, teacher_forced
 from nkb_model.nkb import NKBConfig, mount_nkb, mounted_layers
 from nkb_model.train import TrainConfig, choose_device, train
@@ -161,6 +162,23 @@ def test_probes_stop_each_row_once_its_fill_is_final_and_fill_as_before(tokenize
     whole = generate(model, tokenizer, prefixes, CPU, batch_size=4, max_new_tokens=16)
     assert [probe_fill(w, a) for w, a in zip(whole, answers)] == probe(
         model, tokenizer, [q + " <extra_id_0>." for q in QUESTIONS], answers, CPU)[0]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_shared_prefix_read_once_continues_each_text_as_if_it_were_asked_whole_and_alone(tokenizer, arch):
+    model = new_causal(tokenizer, arch, "tiny").eval()
+    prefix, texts = TEXTS[0] + "\n" + TEXTS[1] + "\n", [TEXTS[2], QUESTIONS[0], TEXTS[3] + " " + TEXTS[4]]
+    shared = SharedPrefix(model, tokenizer, prefix, CPU)
+    stops = list(line_end_ids(tokenizer))
+    alone = []
+    for text in texts:
+        ids = torch.tensor([shared.head + tokenizer(text, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, max_new_tokens=7, do_sample=False, eos_token_id=stops,
+                                 pad_token_id=tokenizer.pad_token_id)
+        alone.append(first_lines(tokenizer, out[:, ids.shape[1]:])[0])
+    assert len(set(alone)) > 1
+    assert shared.generate(texts, 7) == alone
 
 
 def test_cloze_prompts_become_prefixes_and_fills_take_the_answers_length():
