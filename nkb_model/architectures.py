@@ -67,8 +67,8 @@ ARCHITECTURES = {a.name: a for a in (
 
 # How a setting names a block: its stack and index (`decoder.5`, `encoder.-1`: from the top; `decoder.block.3`:
 # T5's own attribute path), or a share of its stack's depth (`decoder.33%`: the block nearest a third of the way
-# up), so that one setting means the same place in a 24-block and a 32-block model. `nkb_model.mounting.resolve_layers`
-# reads it; configs check a setting against it before anything runs.
+# up), so that one setting means the same place in a 24-block and a 32-block model. `nkb_model.mounting` reads it;
+# configs check a setting against it before anything runs.
 LAYER_SPEC = r"(\w+)\.(?:block\.)?(?:(-?\d+)|(\d+(?:\.\d+)?)%)"
 
 

@@ -12,9 +12,9 @@ a small table here what their maps are called (`FFN_MAPS`):
 - GPT-2: blocks `transformer.h[N]` (`h.N`), FFN `mlp`: `c_fc` → act (GELU) → `c_proj`, both Conv1D with biases.
 - Llama-style (Llama, Mistral, Qwen2, Gemma, ...): blocks `model.layers[N]` (`layers.N`), FFN `mlp`:
   act_fn(`gate_proj`) * `up_proj` → `down_proj`.
-N may be negative, or a share of the depth (`decoder.33%`). A decoder-only model's blocks also answer to `decoder.N`, so a spec such as the default
-`decoder.-1` (the last block) means the same on every family. GPT-2's Conv1D keeps its weight transposed
-(in, out); `rows()` reads any map as `nn.Linear` does (out, in).
+N may be negative, or a share of the depth (`decoder.33%`). A decoder-only model's blocks also answer to
+`decoder.N`, so a spec such as the default `decoder.-1` (the last block) means the same on every family. GPT-2's
+Conv1D keeps its weight transposed (in, out); `rows()` reads any map as `nn.Linear` does (out, in).
 """
 
 from __future__ import annotations

@@ -31,8 +31,11 @@ ModelSize = Literal["tiny", "mini", "small", "large"]  # nkb_model.base_model.SI
 # most 100 characters, so that every path built from them fits the file system's limits.
 Name = Annotated[str, StringConstraints(max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 ModelName = Annotated[str, StringConstraints(max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")]
-# A block (`decoder.-1`, `encoder.0`, `decoder.33%`): its syntax checked here, its range once the model is loaded.
+
+
 def _layer_spec(spec: str) -> str:
+    """A block (`decoder.-1`, `encoder.0`, `decoder.33%`): its syntax checked here, its range once the model is
+    loaded (`nkb_model.mounting.resolve_layers`)."""
     if not re.fullmatch(LAYER_SPEC, spec.strip()):
         raise ValueError(f"{spec!r} names no block: use decoder.N or encoder.N (N from 0, or negative from the top), "
                          f"or a share of the depth such as decoder.50%")
@@ -40,6 +43,7 @@ def _layer_spec(spec: str) -> str:
 
 
 LayerSpec = Annotated[str, AfterValidator(_layer_spec)]
+
 
 def validation_problems(exc, skip_missing: bool = False) -> list[str]:
     """A pydantic ValidationError as `field: what is wrong` lines, without pydantic's 'Value error, ' prefix."""
@@ -577,8 +581,8 @@ class FinetuneConfig(TrainingConfig):
     knowledge_docs: int = Field(5, ge=1, description="Retrieved documents per question for concat/kformer (Kformer's "
                                                      "N; the questions have as many as the retrieve stage's k).")
     kformer_layers: list[LayerSpec] = Field(default_factory=lambda: ["encoder.-3", "encoder.-2", "encoder.-1"],
-                                      description="Blocks that get Kformer (the top 3 encoder blocks, or all of a "
-                                                  "shallower encoder).")
+                                            description="Blocks that get Kformer (the top 3 encoder blocks, or all of "
+                                                        "a shallower encoder).")
     kformer_doc_tokens: int = Field(64, ge=1, description="Leading tokens of each document averaged into its vector.")
     kformer_rank: bool = Field(False, description="Rank every retrieved candidate by inner product with the mean "
                                                   "question embedding and keep the best knowledge_docs (as Kformer does).")
@@ -783,8 +787,9 @@ class AnalyzeConfig(AskingStageConfig):
 
     model: str = Field("base+nkb.qa", description="Model to analyse (a name, or a model directory).")
     kind: Literal["nkb", "ffn"] = Field("nkb", description="nkb: the NKB slots; ffn: the layer's original FFN neurons.")
-    layers: Optional[list[LayerSpec]] = Field(None, description="Blocks to analyse (encoder.N / decoder.N / decoder.50%); default: "
-                                                         "every block with an NKB (for ffn: the last decoder block).")
+    layers: Optional[list[LayerSpec]] = Field(None, description=(
+        "Blocks to analyse (encoder.N / decoder.N, or a share of the depth: decoder.50%); default: every block with "
+        "an NKB (for ffn: the last decoder block)."))
     top_k: int = Field(10, ge=1, le=100, description="Tokens kept per value vector.")
     top_questions: int = Field(5, ge=1, description="Questions kept per key (those that make the slot fire most).")
     split: Name = Field("validation", description="Questions whose activations are recorded.")

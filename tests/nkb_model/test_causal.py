@@ -12,8 +12,8 @@ from nkb_model import slot_edits
 from nkb_model.analysis import first_step_weights
 from nkb_model.base_model import new_causal, train_tokenizer
 from nkb_model.batches import PairBatches
-from nkb_model.causal import (cloze_prefix, encode_pairs, encode_prompts, line_end_ids, pad_causal, pad_left, probe_fill,
-                              start_ids)
+from nkb_model.causal import (cloze_prefix, encode_pairs, encode_prompts, line_end_ids, pad_causal, pad_left,
+                              probe_fill, start_ids)
 from nkb_model.checks import heldout_loss, probe
 from nkb_model.decoding import SharedPrefix, first_lines, greedy_rows, plain_greedy
 from nkb_model.families import DECODER_ONLY, generate, teacher_forced
