@@ -4,6 +4,7 @@ family (`nkb_model.families.generate` picks a model's)."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
 from typing import Callable
 
@@ -88,36 +89,39 @@ def plain_greedy(model) -> bool:
 
 def greedy_rows(model, enc: dict[str, torch.Tensor], stops: set[int], max_new_tokens: int,
                 done: Callable[[int, list[int]], bool] | None = None, cache=None) -> list[list[int]]:
-    """Greedy continuations of left-padded prompts, each row's tokens up to and with its first stop token. A row
-    leaves the batch, and its keys and values the cache, once it writes a stop or `done(row, tokens)` says the rest
-    is not wanted: `generate` would write every row until the last one stops (a probe's batch of 256 ran all 16
-    steps for the 5 rows that needed them). With `cache` (the keys and values of the mask's first columns, one row
-    per prompt), `input_ids` holds only the columns after them."""
+    """Greedy continuations of left-padded prompts, each row's tokens up to and with its first stop token. `generate`
+    writes every row until the last one stops (a probe's batch of 256 ran all 16 steps for the 5 rows that needed
+    them); here a row is done once it writes a stop or `done(row, tokens)` says the rest is not wanted, and the rows
+    still writing are taken out, with their keys and values, once they are half the batch or fewer (copying the
+    cache of a long prompt at every row's end cost more than it saved). With `cache` (the keys and values of the
+    mask's first columns, one row per prompt), `input_ids` holds only the columns after them."""
     mask = enc["attention_mask"]
     step_ids = enc["input_ids"]
     # each row's text counted from position 0 past its padding, as `generate` counts it
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
-    alive = list(range(len(mask)))
-    written: list[list[int]] = [[] for _ in alive]
+    rows = list(range(len(mask)))  # the prompt each row of the batch continues
+    writing = [True] * len(rows)
+    written: list[list[int]] = [[] for _ in rows]
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     for _ in range(max_new_tokens):
         out = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                    use_cache=True)
+                    use_cache=True, **last_only)
         chosen = out.logits[:, -1].argmax(-1).tolist()
-        keep = []
-        for j, (row, token) in enumerate(zip(alive, chosen)):
-            written[row].append(token)
-            if token not in stops and not (done and done(row, written[row])):
-                keep.append(j)
-        if not keep:
+        for j, token in enumerate(chosen):
+            if writing[j]:
+                written[rows[j]].append(token)
+                writing[j] = token not in stops and not (done and done(rows[j], written[rows[j]]))
+        if not any(writing):
             break
         cache = out.past_key_values
-        if len(keep) < len(alive):
-            index = torch.tensor(keep, device=mask.device)
+        if 2 * sum(writing) <= len(writing):
+            kept = [j for j, w in enumerate(writing) if w]
+            index = torch.tensor(kept, device=mask.device)
             cache.batch_select_indices(index)
             mask, positions = mask[index], positions[index]
-            alive = [alive[j] for j in keep]
-        step_ids = torch.tensor([[chosen[j]] for j in keep], device=mask.device)
-        mask = torch.cat([mask, mask.new_ones(len(keep), 1)], dim=1)
+            rows, chosen, writing = [rows[j] for j in kept], [chosen[j] for j in kept], [True] * len(kept)
+        step_ids = torch.tensor([[token] for token in chosen], device=mask.device)  # a done row's: read, not kept
+        mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
         positions = positions[:, -1:] + 1
     return written
 
