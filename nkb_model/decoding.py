@@ -57,11 +57,12 @@ def causal_generate(model, tokenizer, prompts: list[str], device: Device, batch_
     stops = list(line_end_ids(tokenizer))
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     outputs = [""] * len(ids)
+    greedy = num_beams == 1 and plain_greedy(model)
     for lo in range(0, len(ids), batch_size):
         rows = order[lo:lo + batch_size]
         enc = {k: v.to(device.device) for k, v in pad_left([ids[i] for i in rows], tokenizer.pad_token_id).items()}
         with device.autocast():
-            if num_beams == 1 and plain_greedy(model):
+            if greedy:
                 done = _words_final(tokenizer, [words[i] for i in rows]) if words is not None else None
                 written = greedy_rows(model, enc, set(stops), max_new_tokens, done)
             else:
