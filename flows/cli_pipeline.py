@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -41,12 +42,14 @@ def cmd_run(args) -> int:
 
 def ready_to_run(runs) -> None:
     """Before the first of `runs` (stage, config) starts: torch imported whole if any of them needs it, whenever
-    Ctrl-C is pressed, and a device this machine lacks refused."""
+    Ctrl-C is pressed, a device this machine lacks refused, and a precision it lacks said."""
     from stages.registry import STAGES
-    from stages.runner import require_devices
+    from stages.runner import precision_notes, require_devices
     if any(STAGES[name].imports_torch for name, _ in runs):
         import_uninterrupted("torch", "transformers")
     require_devices(runs)
+    for note in precision_notes(runs):
+        print(f"note: {note}", file=sys.stderr)
 
 
 def cmd_pipeline(args) -> int:

@@ -42,3 +42,22 @@ def test_progress_in_a_log_is_a_line_per_redraw_not_one_line_of_them_all(monkeyp
     with bars.progress(total=5, desc="quick") as bar:  # over before the first interval: no line at all
         bar.update(5)
     assert capsys.readouterr().err == ""
+
+
+def test_bf16_asked_of_a_cpu_without_it_is_said_before_anything_runs(monkeypatch):
+    import torch
+    from nkb_model import train as train_module
+    from stages.configs import EvaluateConfig, InjectConfig, IngestConfig
+    from stages.runner import precision_notes
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    runs = [("ingest", IngestConfig(path="dump.xml.bz2")),
+            ("inject", InjectConfig(precision="bf16")),
+            ("evaluate", EvaluateConfig(precision="bf16")),
+            ("report", EvaluateConfig(precision="fp32"))]
+    monkeypatch.setattr(train_module, "cpu_computes_bf16", lambda: False)
+    (note,) = precision_notes(runs)
+    assert note.startswith("precision bf16 is asked of evaluate, inject, but this CPU has no bf16 arithmetic")
+    assert "run in fp32" in note
+    assert precision_notes([(name, config.model_copy(update={"device": "cuda"})) for name, config in runs]) == []
+    monkeypatch.setattr(train_module, "cpu_computes_bf16", lambda: True)
+    assert precision_notes(runs) == []
