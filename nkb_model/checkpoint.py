@@ -16,9 +16,12 @@ warehouse moved or copied whole still finds them. Folders written before held an
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 from pathlib import Path
+from typing import Iterator
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
@@ -94,20 +97,44 @@ def load_tokenizer(directory: str | Path, local_files_only: bool = True):
     return tokenizer
 
 
+@contextlib.contextmanager
+def gguf_read_once() -> Iterator[None]:
+    """While inside, a GGUF file is parsed once however often it is opened, and llama.cpp's tensor-name map is
+    built once per family and depth. transformers opens the file anew for the config, the tokenizer and the
+    weights, parsing every header field each time (SmolLM2's 49,152-token vocabulary and merges: ~7 s a parse on
+    2 cores), and builds the name map once per module (~400 times, ~8 s). Both are read-only; `gguf`'s own names
+    are put back on the way out."""
+    import gguf
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    opened: dict[tuple[str, str], object] = {}
+
+    def read(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in opened:
+            opened[key] = reader(path, mode)
+        return opened[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = read, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+
+
 def load_gguf(path: str | Path):
     """(model, tokenizer, metadata) of a GGUF file (llama.cpp's format, e.g. a quantised Llama or Qwen):
     transformers dequantises its weights into an fp32 model of the file's family, which then saves as a plain
     Hugging Face folder. `metadata`: the file's own name, organisation, license and quantisation."""
-    import contextlib
     import io
     import struct
 
     import gguf
     path = Path(path)
     try:  # transformers draws a bar per tensor that no setting turns off: kept out of the stage's log
-        with contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.redirect_stderr(io.StringIO()), gguf_read_once():
             loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            fields = gguf.GGUFReader(path).fields
     except struct.error:  # the reader ran past the end of the file
         raise ValueError(f"{path}: ends before its GGUF header and tensors do ({path.stat().st_size:,} bytes): "
                          "a download or copy that stopped early? Fetch the file again") from None
@@ -123,7 +150,6 @@ def load_gguf(path: str | Path):
     model.generation_config = loaded.generation_config
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    fields = gguf.GGUFReader(path).fields
     read = {key: fields[f"general.{key}"].contents() for key in ("name", "organization", "license", "file_type")
             if f"general.{key}" in fields}
     if "file_type" in read:
