@@ -14,17 +14,19 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # The suite runs in pytest-xdist workers (`-n auto` in pyproject.toml), a test file to each. Every worker's torch
 # would start a thread per core: on 2 cores two workers so took the fast tier 71 s, with the cores shared out 50 s
 # (one worker: 73 s). Set before any test module imports torch; the CLI's and Prefect's subprocesses inherit it.
-MAX_WORKERS = 4  # each worker holds its own torch, transformers and Prefect, and a module's models: ~1-2 GB
+MAX_WORKERS = 4  # each worker holds its own torch, transformers and Prefect, and its module's models
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # usable here
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _workers)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, CORES // _workers)))
 
 WHOLLY_SLOW = "pytestmark = pytest.mark.slow"
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """`-n auto`: one worker per core this process may use, at most MAX_WORKERS (xdist's own counts every core)."""
-    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+    """`-n auto`: one worker per core this process may use, at most MAX_WORKERS (xdist's own counts the
+    machine's physical cores, whatever this process may use)."""
+    return max(1, min(MAX_WORKERS, CORES))
 
 
 def pytest_ignore_collect(collection_path: Path, config):
