@@ -11,7 +11,9 @@ Prints, and records as `metrics` rows in `bench/results/profile_inject`:
   second, and their time by kind of work (matrix products, attention, the optimizer,
   the rest), with the ten operators of most time;
 - the matrix products one block's FFN does at the step's size, alone, in bf16 and fp32 (GFLOP/s): what this CPU
-  gives the work that dominates a step. Two machines whose steps differ while these agree lose the time elsewhere.
+  gives the work that dominates a step. Two machines whose steps differ while these agree lose the time elsewhere;
+- a step's GFLOP (PyTorch's FLOP counter, forward and backward) and the GFLOP/s the steps ran at, beside the
+  product's own.
 
 Nothing is written to the experiment's warehouse: the steps train a copy that is dropped.
 """
@@ -62,6 +64,8 @@ def main(argv=None) -> int:
     result.update(setup)
     result.update(profiled_steps(trained, batches, inject, device, after, args.warmup, args.steps))
     result.update(ffn_matmul_speed(model, batches(args.warmup), device))
+    result["step_gflop"] = round(step_flops(trained, batches, inject, device) / 1e9, 2)
+    result["step_gflops"] = round(result["step_gflop"] * result["steps_per_second"], 1)  # against the product's
 
     def body(run):
         for key, value in result.items():
@@ -142,6 +146,17 @@ def profiled_steps(trained, batches, config, device, after, warmup: int, steps: 
     return {"steps_per_second": round((len(active) - 1) / seconds, 3),
             **{f"share_{kind}": round(100 * t / total, 1) for kind, t in sorted(by_kind.items())},
             "top_operators": [f"{key}: {100 * t / total:.1f} % ({n} calls)" for t, key, n in top[:10]]}
+
+
+def step_flops(trained, batches, config, device, steps: int = 2) -> float:
+    """FLOPs of one of the stage's training steps (forward and backward), by PyTorch's FLOP counter over `steps`
+    more steps: with the steps a second, the rate the step's products run at."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from nkb_model.train import train
+    with FlopCounterMode(display=False) as counter:
+        train(trained, batches, config.train_config(steps), device, None, "counted steps")
+    return counter.get_total_flops() / steps
 
 
 def kind_of(operator: str) -> str:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bench.inject import causal_model_for
-from bench.profile_inject import ffn_matmul_speed, kind_of, profiled_steps
+from bench.profile_inject import ffn_matmul_speed, kind_of, profiled_steps, step_flops
 from nkb_model.families import family
 from nkb_model.train import TrainConfig, choose_device
 
@@ -43,3 +43,13 @@ def test_profiled_steps_are_the_training_loops_and_their_time_is_all_counted():
     width, inner = model.config.hidden_size, model.config.intermediate_size
     assert speed["matmul_shape"] == f"{batch['attention_mask'].numel()}x{width} @ {width}x{inner}"
     assert speed["matmul_gflops_bf16"] > 0 and speed["matmul_gflops_fp32"] > 0
+
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as forward_only:
+        loss = model(**batch).loss
+    with FlopCounterMode(display=False) as backward_only:
+        loss.backward()
+    flops = step_flops(model, lambda step: batch, config, device)
+    assert backward_only.get_total_flops() > 0
+    assert flops == forward_only.get_total_flops() + backward_only.get_total_flops()  # one step: both passes
+    assert flops == step_flops(model, lambda step: batch, config, device, steps=3)  # per step, whatever the count
