@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     result.update(profiled_steps(trained, batches, inject, device, after, args.warmup, args.steps))
     result.update(ffn_matmul_speed(model, batches(args.warmup), device))
     result["step_gflop"] = round(step_flops(trained, batches, inject, device) / 1e9, 2)
-    result["step_gflops"] = round(result["step_gflop"] * result["steps_per_second"], 1)  # against the product's
+    result["step_gflops"] = round(result["step_gflop"] * result["steps_per_second"], 1)  # beside matmul_gflops_*
 
     def body(run):
         for key, value in result.items():
