@@ -46,14 +46,17 @@ def require_devices(runs: list[tuple[str, StageConfig]], elsewhere: frozenset[st
 def precision_notes(runs: list[tuple[str, StageConfig]]) -> list[str]:
     """What a user should know before `runs` start about the precision they will get here: `precision: bf16` on
     a CPU without bf16 arithmetic runs fp32 (`nkb_model.train.choose_device`), at about twice the time."""
-    asked = sorted({name for name, config in runs if getattr(config, "precision", None) == "bf16"
-                    and getattr(config, "device", "auto") != "cuda"})
-    if not asked:
+    bf16 = [(name, getattr(config, "device", "auto")) for name, config in runs
+            if getattr(config, "precision", None) == "bf16"]
+    if not bf16:
         return []
     import torch
 
     from nkb_model.train import cpu_computes_bf16
-    if torch.cuda.is_available() or cpu_computes_bf16():
+    # where choose_device puts a stage: the CPU when asked for, or when `auto` finds no GPU
+    asked = sorted({name for name, device in bf16
+                    if device == "cpu" or (device != "cuda" and not torch.cuda.is_available())})
+    if not asked or cpu_computes_bf16():
         return []
     return [f"precision bf16 is asked of {', '.join(asked)}, but this CPU has no bf16 arithmetic (PyTorch's "
             f"CPU capability: {torch.backends.cpu.get_cpu_capability()}; bf16 needs AVX512-BF16 or AMX): they run "

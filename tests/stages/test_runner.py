@@ -59,5 +59,9 @@ def test_bf16_asked_of_a_cpu_without_it_is_said_before_anything_runs(monkeypatch
     assert note.startswith("precision bf16 is asked of evaluate, inject, but this CPU has no bf16 arithmetic")
     assert "run in fp32" in note
     assert precision_notes([(name, config.model_copy(update={"device": "cuda"})) for name, config in runs]) == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU, but these stages asked for the CPU
+    (on_cpu,) = precision_notes([(name, config.model_copy(update={"device": "cpu"})) for name, config in runs])
+    assert on_cpu.startswith("precision bf16 is asked of evaluate, inject,")
+    assert precision_notes(runs) == []  # `auto` takes the GPU
     monkeypatch.setattr(train_module, "cpu_computes_bf16", lambda: True)
     assert precision_notes(runs) == []
