@@ -74,6 +74,14 @@ def test_up_refuses_a_second_server_in_the_same_place(running):
         server.up(ROOT, port=free_port(), directory=state.directory, log=lambda *_: None)
 
 
+def test_pools_have_the_process_workers_job_template(client):
+    # as `prefect work-pool create --type process` makes them: a pool without one gets it from the first worker to
+    # connect, a write that two workers starting together held on the server's SQLite for 60 s
+    from prefect.workers.process import ProcessWorker
+    for name in server.POOLS:
+        assert client.read_work_pool(name).base_job_template == ProcessWorker.get_default_base_job_template()
+
+
 def test_every_deployment_is_deployed_with_the_demos_settings(client):
     deployed = {d.name: d for d in client.read_deployments()}
     demo = demo_defaults()
