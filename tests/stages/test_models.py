@@ -257,7 +257,7 @@ def test_finetuning_fits_its_training_questions(world, answer_format):
     assert min(result.value["em"].values()) > 50
 
 
-def test_report_rows_probe_and_no_forgetting(world, capsys):
+def test_report_rows_probe_and_no_forgetting(world, capsys, tmp_path):
     from flows.cli import main
     from stages.configs import ReportConfig
     from warehouse import run_metrics
@@ -265,7 +265,12 @@ def test_report_rows_probe_and_no_forgetting(world, capsys):
     training.inject(world, INJECT)
     training.finetune(world, FinetuneConfig(model="base+nkb", epochs=1, batch_size=16))
     evaluation.evaluate(world, EvaluateConfig(model="base+nkb.qa"))
-    result = report.report(world, ReportConfig(probes=str(WorldFiles.at(world_dir(world)).probes)), force=True)
+    probes = WorldFiles.at(world_dir(world)).probes
+    result = report.report(world, ReportConfig(probes=str(probes)), force=True)
+    # The probes are an input by their content, not their path (a moved warehouse, a copied file): the same skips.
+    moved = tmp_path / "moved.jsonl"
+    moved.write_bytes(probes.read_bytes())
+    assert report.report(world, ReportConfig(probes=str(moved))).skipped
     rows = query(world, "SELECT * FROM report").to_pylist()
     models = {r["model"] for r in rows}
     assert {"base", "base+NKB"} <= models and "Transformer" not in models  # no such model trained here
@@ -387,7 +392,7 @@ def qa_with_nkb(world):
     return "kb.qa"
 
 
-def test_analyze_reads_values_and_keys_and_records_their_summary(world, qa_with_nkb):
+def test_analyze_reads_values_and_keys_and_records_their_summary(world, qa_with_nkb, tmp_path):
     from stages.configs import AnalyzeConfig
     config = AnalyzeConfig(model=qa_with_nkb, top_k=3, facts=str(WorldFiles.at(world_dir(world)).facts))
     result = knowledge.analyze(world, config)
@@ -405,6 +410,11 @@ def test_analyze_reads_values_and_keys_and_records_their_summary(world, qa_with_
     ffn = knowledge.analyze(world, AnalyzeConfig(model=qa_with_nkb, kind="ffn", top_k=3))
     assert ffn.value["slots"] == slots and ffn.value["layers"] == ["decoder.-1"]
     assert knowledge.analyze(world, config).skipped
+    moved = tmp_path / "facts.jsonl"  # the facts by their content, not their path
+    moved.write_bytes(Path(config.facts).read_bytes())
+    assert knowledge.analyze(world, config.model_copy(update={"facts": str(moved)})).skipped
+    moved.write_text(moved.read_text().splitlines()[0] + "\n")
+    assert not knowledge.analyze(world, config.model_copy(update={"facts": str(moved)})).skipped
 
 
 def test_surgery_changes_answers_and_records_success_and_change_rates(world, qa_with_nkb):
@@ -525,6 +535,11 @@ def test_nkb_edit_applies_a_file_of_edits_and_reports_generalisation_and_localit
     assert [e["question"] for e in info["edits"]] == [q["question"] for q in asked[:2]]
     assert all(e["strength"] == DEFAULT_STRENGTH and e["wanted"] == "Nowhere" for e in info["edits"])
     assert all(e["slot_choice"] == "specific" for e in info["edits"])
+    copied = tmp_path / "copied.jsonl"  # the edits by their content, not their path: the same edits are done
+    copied.write_bytes(path.read_bytes())
+    assert main(["--home", str(world.home), "edit", "--model", qa_with_nkb, "--edits", str(copied),
+                 "--name", "kb.qa.batch"]) == 0
+    assert capsys.readouterr().out.startswith("this edit was already made")
     # A bad line is named; question/answer and a file together are refused.
     path.write_text(json.dumps({"question": "who?", "answer": "x"}) + "\n" + json.dumps({"question": "who?"}) + "\n")
     assert main(["--home", str(world.home), "edit", "--model", qa_with_nkb, "--edits", str(path)]) != 0
