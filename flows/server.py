@@ -140,8 +140,8 @@ def _tail(path: str, lines: int = 15) -> str:
 
 def _create_pools(api_url: str) -> None:
     """The pools, each with the process worker's job template, as `prefect work-pool create --type process` makes
-    them. A pool created without one is given it by the first worker that connects, and two workers doing so at once
-    on Prefect's SQLite held its write lock for the busy timeout: each pool's first run waited 60 s (2026-11-29)."""
+    them. A pool created without one is given it by the first worker that connects, a write Prefect's SQLite refused
+    now and then (`database is locked` in the server's log: docs/orchestration.md)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
     from prefect.exceptions import ObjectAlreadyExists
@@ -155,7 +155,8 @@ def _create_pools(api_url: str) -> None:
                                                        concurrency_limit=limit))
             except ObjectAlreadyExists:  # a template a user edited is kept
                 kept = client.read_work_pool(name).base_job_template
-                client.update_work_pool(name, WorkPoolUpdate(base_job_template=kept or template, concurrency_limit=limit))
+                client.update_work_pool(name, WorkPoolUpdate(base_job_template=kept or template,
+                                                             concurrency_limit=limit))
 
 
 def up(project: Path, port: int = 4200, home: str | None = None, directory: Path | None = None,

@@ -76,7 +76,7 @@ def test_up_refuses_a_second_server_in_the_same_place(running):
 
 def test_pools_have_the_process_workers_job_template(client):
     # as `prefect work-pool create --type process` makes them: a pool without one gets it from the first worker to
-    # connect, a write that two workers starting together held on the server's SQLite for 60 s
+    # connect, a write the server's SQLite refused now and then
     from prefect.workers.process import ProcessWorker
     for name in server.POOLS:
         assert client.read_work_pool(name).base_job_template == ProcessWorker.get_default_base_job_template()
