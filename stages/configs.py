@@ -162,12 +162,15 @@ class StageConfig(BaseModel):
     # Settings added after warehouses had runs of the stage: left out of the fingerprint while at their default
     # (which does what the stage did before), so that upgrading reruns nothing.
     later_settings: ClassVar[frozenset[str]] = frozenset()
+    # Fields naming a file the stage reads and fingerprints by its content (`stages.reads.file`): their path is
+    # blanked, so that a file moved or copied, or a whole warehouse, is the same input.
+    read_by_content: ClassVar[frozenset[str]] = frozenset()
 
     def identity(self) -> dict[str, Any]:
         """The fields that decide what the stage produces: the config part of its inputs fingerprint."""
         unchanged = {f for f in self.later_settings
                      if getattr(self, f) == type(self).model_fields[f].get_default(call_default_factory=True)}
-        return self.model_dump(exclude=set(self.volatile) | unchanged)
+        return self.model_dump(exclude=set(self.volatile) | unchanged) | dict.fromkeys(self.read_by_content)
 
 
 class ModelStageConfig(StageConfig):
@@ -743,6 +746,7 @@ _ReportRows = create_model("_ReportRows", __base__=ModelStageConfig, __module__=
 
 class ReportConfig(_ReportRows):
     """The paper's Table 3: EM per dataset for each model row, with the knowledge probe and the no-forgetting check."""
+    read_by_content = frozenset({"probes"})
     later_settings = _ReportRows.later_settings | {r.field for r in REPORT_ROWS if r.later} | {"retained",
                                                                                                  "zero_shot", "routed"}
 
@@ -784,6 +788,7 @@ class ReportConfig(_ReportRows):
 class AnalyzeConfig(AskingStageConfig):
     """Read NKB slots (or a FFN's neurons) as key-value memories: values on the vocabulary, keys by the
     questions that make them fire."""
+    read_by_content = frozenset({"facts"})
 
     model: str = Field("base+nkb.qa", description="Model to analyse (a name, or a model directory).")
     kind: Literal["nkb", "ffn"] = Field("nkb", description="nkb: the NKB slots; ffn: the layer's original FFN neurons.")
@@ -836,6 +841,7 @@ class SurgeryConfig(SlotEditConfig, AskingStageConfig):
 class EditConfig(SlotEditConfig):
     """Edit facts of a model's NKB and save the result as a new model version with an edit log: one question and
     answer, or a JSONL file of many (then measured for success, generalisation and locality)."""
+    read_by_content = frozenset({"edits"})
 
     model: str = Field(description="Model with an NKB to edit (a name, or a model directory).")
     question: Optional[str] = Field(None, min_length=1, description="The question, as asked in QA (without the "

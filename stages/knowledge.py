@@ -40,8 +40,7 @@ def analyze(wh: Warehouse, config: AnalyzeConfig, force: bool = False) -> StageR
     span_parts = reads.retrieved_span_partitions(wh)
     declared = reads.Declared("analyze", config, [reads.model(source), reads.partitions(span_parts),
                                             reads.questions(wh, None, config.split), reads.shots(wh, config.shots),
-                                            reads.file(config.facts)],
-                               identity={"facts": None})  # the file by its content, not its path
+                                            reads.file(config.facts)])
     device = choose_device(config.device, config.precision)
     questions, relations = read_questions(wh, None, config.split), _relations(config.facts)
     return declared.run(wh, lambda run: _analyze(run, wh, config, source, questions, relations,
@@ -250,8 +249,7 @@ def edit(wh: Warehouse, config: EditConfig, force: bool = False) -> StageResult:
     declared = reads.Declared("edit", config, [
         reads.model(source), reads.mark(f"edits:{file_digest(config.edits)}") if batch else reads.NOTHING,
         _site_read(wh, config), reads.questions(wh, None, config.split) if batch else reads.NOTHING],
-        identity={"name": name, "edits": None},  # the edits file by its content, not its path
-        record=config.model_dump() | {"name": name})
+        identity={"name": name}, record=config.model_dump() | {"name": name})
     target = model_dir(wh, name, declared.fingerprint)
     device = choose_device(config.device, config.precision)
     return declared.run(wh, lambda run: _edit(run, wh, config, source, requests, bool(batch), name, target, device),

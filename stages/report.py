@@ -238,8 +238,7 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
         reads.mark(*(f"{r.evaluated}:{json.dumps(latest_scores(wh, r.evaluated, config.split), sort_keys=True)}"
                      for r in available)),
         reads.mark(json.dumps(generation, sort_keys=True)), reads.file(config.probes),
-        reads.mark(source_version()) if config.retained else reads.NOTHING],
-        identity={"probes": None})  # the file by its content (read above), not its path: a moved warehouse skips
+        reads.mark(source_version()) if config.retained else reads.NOTHING])
     device = choose_device(config.device, config.precision)
     return declared.run(wh, lambda run: _report(run, wh, config, available, probes, generation, device), force=force,
                         device=device.name)
