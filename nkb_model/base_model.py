@@ -112,14 +112,15 @@ def held_out_count(sequences: int, share: float) -> int:
 
 
 class SpanCorruptionBatches:
-    """`batch(step)`: span-corrupted packed sequences; epochs reshuffle rows and redraw the noise."""
+    """`batch(step)`: span-corrupted packed sequences; epochs reshuffle rows and redraw the noise. `keep_last`: an
+    epoch ends with the rows a full batch would leave out, as a shorter batch (a measurement reads every row)."""
 
-    def __init__(self, rows: np.ndarray, tokenizer, batch_size: int, seed: int = 0):
+    def __init__(self, rows: np.ndarray, tokenizer, batch_size: int, seed: int = 0, keep_last: bool = False):
         if len(rows) < batch_size:
             raise ValueError(f"{len(rows)} sequences are fewer than one batch of {batch_size}")
         self.rows, self.batch_size, self.seed = rows, batch_size, seed
         self.sentinels, self.eos, self.pad = sentinel_ids(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id
-        self.per_epoch = len(rows) // batch_size
+        self.per_epoch = -(-len(rows) // batch_size) if keep_last else len(rows) // batch_size
 
     def __call__(self, step: int) -> dict[str, torch.Tensor]:
         epoch, index = divmod(step, self.per_epoch)

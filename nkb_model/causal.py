@@ -112,13 +112,14 @@ def pad_left(ids: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
 
 
 class NextTokenBatches:
-    """`batch(step)`: packed rows for next-token prediction; each epoch visits them in a seeded order."""
+    """`batch(step)`: packed rows for next-token prediction; each epoch visits them in a seeded order. `keep_last`:
+    an epoch ends with the rows a full batch would leave out, as a shorter batch (a measurement reads every row)."""
 
-    def __init__(self, rows: np.ndarray, batch_size: int, seed: int = 0):
+    def __init__(self, rows: np.ndarray, batch_size: int, seed: int = 0, keep_last: bool = False):
         if len(rows) < batch_size:
             raise ValueError(f"{len(rows)} sequences are fewer than one batch of {batch_size}")
         self.rows, self.batch_size, self.seed = rows, batch_size, seed
-        self.per_epoch = len(rows) // batch_size
+        self.per_epoch = -(-len(rows) // batch_size) if keep_last else len(rows) // batch_size
 
     def __call__(self, step: int) -> dict[str, torch.Tensor]:
         epoch, index = divmod(step, self.per_epoch)

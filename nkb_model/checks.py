@@ -24,11 +24,12 @@ def probe(model, tokenizer, prompts: list[str], answers: list[str], device: Devi
 @torch.no_grad()
 def heldout_loss(model, tokenizer, rows: np.ndarray, device: Device, batch_size: int = 32, seed: int = 1234) -> float:
     """Mean span-corruption loss on held-out text rows, with a fixed noise draw (comparable across models); a
-    decoder-only model's next-token loss on them."""
+    decoder-only model's next-token loss on them. Every row is read, those a full batch leaves out in a last,
+    shorter batch: a subset (the rows a routed loss reads) is then measured whole, not on a shuffled part of it."""
     if not len(rows):
         raise ValueError("no held-out rows to measure the held-out loss on")
     model.eval()
-    batches = family(model).text_batches(rows, tokenizer, min(batch_size, len(rows)), seed)
+    batches = family(model).text_batches(rows, tokenizer, min(batch_size, len(rows)), seed, keep_last=True)
     losses, weights = [], []
     for step in range(batches.per_epoch):
         batch = {k: v.to(device.device) for k, v in batches(step).items()}

@@ -59,10 +59,10 @@ class EncoderDecoder(Family):
         from nkb_model.base_model import new_t5
         return new_t5(tokenizer, size, dropout, seed)
 
-    def text_batches(self, rows, tokenizer, batch_size: int, seed: int = 0):
+    def text_batches(self, rows, tokenizer, batch_size: int, seed: int = 0, keep_last: bool = False):
         """Pretraining batches of packed token rows: T5's span corruption."""
         from nkb_model.base_model import SpanCorruptionBatches
-        return SpanCorruptionBatches(rows, tokenizer, batch_size, seed)
+        return SpanCorruptionBatches(rows, tokenizer, batch_size, seed, keep_last)
 
     def auto_class(self):
         from transformers import AutoModelForSeq2SeqLM
@@ -133,10 +133,10 @@ class DecoderOnly(Family):
         from nkb_model.base_model import new_causal
         return new_causal(tokenizer, arch, size, dropout, seed)
 
-    def text_batches(self, rows, tokenizer, batch_size: int, seed: int = 0):
+    def text_batches(self, rows, tokenizer, batch_size: int, seed: int = 0, keep_last: bool = False):
         """Pretraining batches of packed token rows: next-token prediction."""
         from nkb_model.causal import NextTokenBatches
-        return NextTokenBatches(rows, batch_size, seed)
+        return NextTokenBatches(rows, batch_size, seed, keep_last)
 
     def auto_class(self):
         from transformers import AutoModelForCausalLM

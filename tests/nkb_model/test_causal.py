@@ -12,8 +12,8 @@ from nkb_model import slot_edits
 from nkb_model.analysis import first_step_weights
 from nkb_model.base_model import new_causal, train_tokenizer
 from nkb_model.batches import PairBatches
-from nkb_model.causal import (cloze_prefix, encode_pairs, encode_prompts, line_end_ids, pad_causal, pad_left,
-                              probe_fill, start_ids)
+from nkb_model.causal import (NextTokenBatches, cloze_prefix, encode_pairs, encode_prompts, line_end_ids, pad_causal,
+                              pad_left, probe_fill, start_ids)
 from nkb_model.checks import heldout_loss, probe
 from nkb_model.decoding import SharedPrefix, first_lines, greedy_rows, plain_greedy
 from nkb_model.families import DECODER_ONLY, generate, teacher_forced
@@ -208,6 +208,25 @@ def test_the_held_out_loss_of_a_decoder_only_model_is_its_next_token_loss(tokeni
     with torch.no_grad():
         expected = model(input_ids=torch.as_tensor(rows), labels=torch.as_tensor(rows)).loss.item()
     assert heldout_loss(model, tokenizer, rows, CPU, batch_size=4) == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_held_out_loss_reads_every_row_also_those_a_full_batch_leaves_out(tokenizer):
+    """7 rows in batches of 4: one full batch and the 3 left over, each row's loss counted once. A routed loss
+    reads such subsets (`stages.report_routing.rows_loss`); on the full batches alone 3 of the 7 were left out."""
+    model = new_causal(tokenizer, "llama", "tiny").eval()
+    rows = np.random.default_rng(1).integers(3, len(tokenizer), size=(7, 16))
+    with torch.no_grad():
+        each = [model(input_ids=torch.as_tensor(r[None]), labels=torch.as_tensor(r[None])).loss.item() for r in rows]
+    assert heldout_loss(model, tokenizer, rows, CPU, batch_size=4) == pytest.approx(np.mean(each), rel=1e-5)
+
+
+def test_batches_that_keep_the_last_visit_every_row_once_an_epoch():
+    rows = np.arange(7 * 3).reshape(7, 3)
+    kept = NextTokenBatches(rows, 4, seed=3, keep_last=True)
+    assert kept.per_epoch == 2 and NextTokenBatches(rows, 4, seed=3).per_epoch == 1
+    seen = np.concatenate([kept(step)["input_ids"][:, 0].numpy() for step in range(kept.per_epoch)])
+    assert sorted(seen) == list(rows[:, 0])
+    assert torch.equal(kept(0)["input_ids"], NextTokenBatches(rows, 4, seed=3)(0)["input_ids"])  # full ones as before
 
 
 def test_every_layer_s_slots_are_read_in_one_pass_as_if_read_alone(tokenizer):

@@ -3,7 +3,7 @@ import torch
 
 from nkb_model.checks import heldout_loss
 from nkb_model.decoding import filled_span
-from nkb_model.base_model import new_t5, pack, train_tokenizer
+from nkb_model.base_model import SpanCorruptionBatches, new_t5, pack, train_tokenizer
 from nkb_model.nkb import NKBConfig, mount_nkb, mounted_layers, unmount_nkb
 from nkb_model.train import choose_device
 
@@ -31,3 +31,14 @@ def test_heldout_loss_is_unchanged_by_a_zero_nkb_and_by_unmounting():
     unmount_nkb(model)
     assert heldout_loss(model, tokenizer, rows, device, batch_size=8) == base
     assert np.isfinite(base)
+
+
+def test_span_corruption_batches_that_keep_the_last_end_an_epoch_with_the_rows_left_over():
+    texts = [f"Person {i} was born in City {i % 7}." for i in range(60)]
+    tokenizer = train_tokenizer(texts, vocab_size=120)
+    rows = pack(tokenizer(texts, add_special_tokens=False)["input_ids"], 16, tokenizer.eos_token_id)[:10]
+    kept, full = SpanCorruptionBatches(rows, tokenizer, 4, keep_last=True), SpanCorruptionBatches(rows, tokenizer, 4)
+    assert (kept.per_epoch, full.per_epoch) == (3, 2)
+    assert [kept(step)["input_ids"].shape[0] for step in range(3)] == [4, 4, 2]
+    for step in range(2):  # the full batches, and their noise, as before
+        assert all(torch.equal(kept(step)[k], full(step)[k]) for k in full(step))
