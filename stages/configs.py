@@ -782,6 +782,8 @@ class ReportConfig(_ReportRows):
         identity["finetuned_suffix"] = suffixes[0]
         if len(suffixes) > 1:
             identity["also_suffix"] = suffixes[1] if len(suffixes) == 2 else suffixes[1:]
+        if self.routed:  # a routed report made before texts were scored on question-long stretches reruns once
+            identity["routing"] = "stretches of the longest train question"
         return identity
 
 

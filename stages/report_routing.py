@@ -17,7 +17,7 @@ from typing import Iterator
 
 import numpy as np
 
-from corpus.routing import ROUTE_FRACTION, best_scores, routed, routing_threshold
+from corpus.routing import ROUTE_FRACTION, best_scores, routed, routing_threshold, routing_window
 from stages.configs import MAIN_ROW
 from warehouse import Warehouse, list_runs, query
 
@@ -26,13 +26,15 @@ BLANK = "<extra_id_0>"
 
 @dataclass(frozen=True)
 class Router:
-    """Which texts go to the slots: those whose best BM25 score in `index_id` reaches `threshold`."""
+    """Which texts go to the slots: those whose best BM25 score in `index_id`, over stretches of `window` words,
+    reaches `threshold`."""
     searcher: object
     threshold: float
+    window: int
     index_id: str
 
     def __call__(self, texts: list[str]) -> np.ndarray:
-        return best_scores(self.searcher, texts) >= self.threshold
+        return best_scores(self.searcher, texts, self.window) >= self.threshold
 
     def prompts(self, items: list[dict]) -> np.ndarray:
         """The decisions for cloze items (probes, facts): their prompts with the blank left out."""
@@ -42,7 +44,7 @@ class Router:
 @contextlib.contextmanager
 def open_router(wh: Warehouse, fraction: float = ROUTE_FRACTION) -> Iterator[Router]:
     """The router over the index the newest retrieve run searched, its threshold `fraction` of the lowest train
-    question's best score."""
+    question's best score, its window the longest train question."""
     from corpus.bm25 import Searcher
     from stages.data import latest_index
     retrieved = next((r for r in list_runs(wh, stage="retrieve") if r.status == "success"), None)
@@ -52,7 +54,8 @@ def open_router(wh: Warehouse, fraction: float = ROUTE_FRACTION) -> Iterator[Rou
     directory, meta = latest_index(wh, retrieved.config["corpus"])
     with Searcher(directory, k1=meta["k1"], b=meta["b"]) as searcher:
         train = query(wh, "SELECT question FROM questions WHERE split = 'train'").column("question").to_pylist()
-        yield Router(searcher, routing_threshold(best_scores(searcher, train), fraction), meta["index_id"])
+        yield Router(searcher, routing_threshold(best_scores(searcher, train), fraction), routing_window(train),
+                     meta["index_id"])
 
 
 def rows_loss(model, tokenizer, held: np.ndarray, rows: np.ndarray, whole: float, device) -> float | None:
@@ -89,8 +92,8 @@ class Routes:
 
     def summary(self, router: Router) -> str:
         """How many of each kind of text the router sends to the slots."""
-        return (f"threshold {router.threshold:.3f} (the lowest train question's best BM25 score, index "
-                f"{router.index_id}): to the slots "
+        return (f"threshold {router.threshold:.3f} (the lowest train question's best BM25 score, over stretches of "
+                f"{router.window} words, index {router.index_id}): to the slots "
                 + ", ".join(f"{int(d.sum())} of {len(d)} {what}" for what, d in self.by_kind().items() if len(d)))
 
 

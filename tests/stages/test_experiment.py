@@ -183,7 +183,7 @@ def test_zero_shot_reports_each_row_asked_with_no_examples_beside_its_few_shot_r
 
 def test_routed_reports_base_nkb_routed_and_needs_it_among_the_rows_asked_in_a_prompt():
     report = dict(plan_of(Experiment.parse(MINIMAL | {"routed": True, "shots": 5})))["report"]
-    assert report.routed and "routed" in report.identity()
+    assert report.routed and "routed" in report.identity() and "routing" in report.identity()
     assert "routed" not in dict(plan_of(Experiment.parse(MINIMAL)))["report"].identity()  # reports made before it
     with pytest.raises(ExperimentError, match="routed reports base\\+nkb routed: add it to rows"):
         Experiment.parse(MINIMAL | {"routed": True, "shots": 5, "rows": ["base"]})
