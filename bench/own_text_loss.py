@@ -6,10 +6,13 @@ one (the capitals show it). Here every model reads `--rows` texts of `--tokens` 
 samples from its start token (temperature 1, nucleus 0.95, as `nkb_model.own_text` samples them, at a seed of its
 own: not the texts `own_text_weight` trains on, which use the inject seed):
 
-    python -m bench.own_text_loss --home .nkb base+nkb seed1 [--rows 128] [--seed 1234]
+    python -m bench.own_text_loss --home .nkb base+nkb seed1 [--rows 128] [--seed 1234] [--routed]
 
-Prints JSON (each model's mean next-token loss and its change against the base's) and records it as `metrics` rows
-in `bench/results/own_text_loss`.
+`--routed` also gives each model's loss routed as the report's `routed` row is (`stages.report_routing`): the slots
+read the texts whose best BM25 match in the knowledge's index reaches the lowest train question's, the base (the
+slots unmounted: exactly the base) the others. Prints JSON (each model's mean next-token loss and its change against
+the base's; with `--routed`, how many texts went to the slots) and records it as `metrics` rows in
+`bench/results/own_text_loss`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, default=128, help="how many texts the base writes")
     parser.add_argument("--tokens", type=int, default=64, help="how long each text is, in tokens")
     parser.add_argument("--seed", type=int, default=1234, help="the sampling seed (not the inject seed's texts)")
+    parser.add_argument("--routed", action="store_true",
+                        help="also each model routed by the knowledge's index, as the report's routed row")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -35,7 +40,7 @@ def main(argv=None) -> int:
     from nkb_model.train import choose_device
     from warehouse import Warehouse, run_stage
 
-    _, folders = warehouse_models(parser, args.home, ["base", *args.models])
+    wh, folders = warehouse_models(parser, args.home, ["base", *args.models])
     device = choose_device("auto", args.precision)
     base, tokenizer, _ = load_model(folders["base"])
     base.to(device.device)
@@ -43,17 +48,36 @@ def main(argv=None) -> int:
     start = start_ids(tokenizer)  # the context the texts were written after
     rows = np.concatenate([np.tile(start, (len(written), 1)).astype(written.dtype), written], axis=1)
     losses = {"base": heldout_loss(base, tokenizer, rows, device)}
+    if args.routed:
+        from stages.report_routing import mixed_loss, open_router, rows_loss
+        try:
+            with open_router(wh) as router:
+                to_slots = router(tokenizer.batch_decode(written, skip_special_tokens=True))
+        except ValueError as exc:
+            parser.error(f"{args.home}: {exc}")
+        base_off = rows_loss(base, tokenizer, rows, ~to_slots, losses["base"], device)
+    routed = {}
     for name in args.models:
         model, _, _ = load_model(folders[name])
         losses[name] = heldout_loss(model.to(device.device), tokenizer, rows, device)
-    result = {name: {"loss": round(loss, 4), "change_pct": round(100 * (loss / losses["base"] - 1), 2)}
+        if args.routed:
+            routed[name] = mixed_loss(to_slots, rows_loss(model, tokenizer, rows, to_slots, losses[name], device),
+                                      base_off)
+
+    def figures(loss: float) -> dict:
+        return {"loss": round(loss, 4), "change_pct": round(100 * (loss / losses["base"] - 1), 2)}
+    result = {name: figures(loss) | ({"routed": figures(routed[name])} if name in routed else {})
               for name, loss in losses.items()}
 
     def body(run):
         for name, row in result.items():
             run.metric(f"bench.own_text_loss.{name}", row["loss"])
+            if "routed" in row:
+                run.metric(f"bench.own_text_loss.{name}.routed", row["routed"]["loss"])
     run_stage(Warehouse(args.results), "bench-own-text-loss", vars(args), "bench", body, force=True)
-    print(json.dumps({"rows": args.rows, "tokens": args.tokens, "seed": args.seed, "models": result}, indent=1))
+    sent = {"to_slots": f"{int(to_slots.sum())} of {len(to_slots)}"} if args.routed else {}
+    print(json.dumps({"rows": args.rows, "tokens": args.tokens, "seed": args.seed, **sent, "models": result},
+                     indent=1))
     return 0
 
 
