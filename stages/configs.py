@@ -771,8 +771,9 @@ class ReportConfig(_ReportRows):
     routed: bool = Field(False, description=(
         f"Also report {MAIN_ROW.label} routed, each way it is asked in a prompt (few-shot, 0-shot; not fine-tuned): "
         "every question, probe, fact and held-out row "
-        "asked of the slots only where its best BM25 match in the index the questions were retrieved from scores at "
-        "least the lowest train question's, of the base (the slots unmounted) elsewhere (`corpus.routing`)."))
+        "asked of the slots only where its best BM25 match in the index the questions were retrieved from (a text "
+        "longer than the longest train question: its best stretch of that many words) scores at least the lowest "
+        "train question's, of the base (the slots unmounted) elsewhere (`corpus.routing`)."))
 
     def identity(self) -> dict[str, Any]:
         # Fingerprinted as the two name suffixes `asked` replaced (`finetuned_suffix`, and `also_suffix` when set),
