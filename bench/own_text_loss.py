@@ -9,10 +9,10 @@ own: not the texts `own_text_weight` trains on, which use the inject seed):
     python -m bench.own_text_loss --home .nkb base+nkb seed1 [--rows 128] [--seed 1234] [--routed]
 
 `--routed` also gives each model's loss routed as the report's `routed` row is (`stages.report_routing`): the slots
-read the texts whose best BM25 match in the knowledge's index reaches the lowest train question's, the base (the
-slots unmounted: exactly the base) the others. Prints JSON (each model's mean next-token loss and its change against
-the base's; with `--routed`, how many texts went to the slots) and records it as `metrics` rows in
-`bench/results/own_text_loss`.
+read the texts whose best BM25 match in the knowledge's index (a long text's best stretch) reaches the lowest train
+question's, the base (the slots unmounted: exactly the base) the others. Prints JSON (each model's mean next-token
+loss and its change against the base's; with `--routed`, how many texts went to the slots) and records it as
+`metrics` rows in `bench/results/own_text_loss`.
 """
 
 from __future__ import annotations

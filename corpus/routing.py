@@ -11,8 +11,8 @@ one of the knowledge's subjects does.
 The threshold is set on questions, so a text is scored on stretches of a question's length: one longer than the
 longest train question scores the best of its stretches of that many words (`routing_window`). BM25 sums over a
 query's terms, and a whole 50-word text piles up score from common words alone: the sample world's index gave 10 of
-128 texts the base writes itself (numbers, `generation`, `surgeon`) a score above every train question's lowest,
-and none of them a 7-word stretch that reaches it. Texts as short as the questions (questions, probes, the capitals'
+128 texts the base writes itself (numbers, `generation`, `surgeon`) a score above the lowest train question's, and
+none of them a 7-word stretch that reaches it. Texts as short as the questions (questions, probes, the capitals'
 prompts) are scored whole, as before.
 
 What routing can and cannot do: it keeps what the base knew of everything the knowledge does not mention, exactly;

@@ -224,8 +224,9 @@ class Experiment(StageConfig):
     routed: bool = Field(False, description=(
         "Also report base+NKB routed: the slots asked only where a question, probe, fact or held-out text matches "
         "the knowledge (its best BM25 score in the knowledge's index, a longer text's over stretches as long as the "
-        "longest train question, at least the lowest train question's), the base elsewhere. It keeps what the base knew of everything the knowledge does not mention; a knowledge that "
-        "mentions nearly everything (Wikipedia) routes nearly everything to the slots."))
+        "longest train question, at least the lowest train question's), the base elsewhere. It keeps what the base "
+        "knew of everything the knowledge does not mention; a knowledge that mentions nearly everything (Wikipedia) "
+        "routes nearly everything to the slots."))
 
     @model_validator(mode="after")
     def _routed_needs_the_main_row(self):
