@@ -159,7 +159,7 @@ def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict],
             run.output("heldout_loss", HELD_OUT_EMPTY)
             held = None
         loss = heldout_loss(model, tokenizer, held, device) if held is not None else None
-    unmounted = None
+    unmounted = to_slots = None
     if info["kind"] in ("nkb", "nkb-a") and loss is not None:
         to_slots = route(tokenizer.batch_decode(held, skip_special_tokens=True)) if route else None
         mounted = rows_loss(model, tokenizer, held, to_slots, loss, device) if route else None
@@ -169,7 +169,7 @@ def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict],
             routed_loss = mixed_loss(to_slots, mounted, rows_loss(model, tokenizer, held, ~to_slots, unmounted, device))
     return {"probe_em": probe_em, "probe_seen_em": probe_seen_em, "heldout_loss": loss,
             "heldout_loss_nkb_unmounted": unmounted, "retained_em": share(fact_hits), "probe_hits": probe_hits,
-            "fact_hits": fact_hits, "heldout_loss_routed": routed_loss,
+            "fact_hits": fact_hits, "heldout_loss_routed": routed_loss, "heldout_to_slots": to_slots,
             "params_total": info.get("params") or sum(p.numel() for p in model.parameters()),
             "params_injected": info.get("params_injected", 0), "model_run": info.get("built_by"),
             "train_seconds": training_seconds(run.wh, info)}
@@ -286,7 +286,7 @@ def _routed_rows(run: StagedRun, wh: Warehouse, config: ReportConfig, router, av
                  answers: dict) -> list[dict]:
     """base+NKB routed, once per way base+NKB is asked (`stages.report_routing`), after the other rows."""
     routes = route_texts(wh, router, config.split, {w: probes_worded(probes, w) for w in PROBE_WORDINGS}, facts)
-    run.output("routing", routes.summary(router))
+    run.output("routing", routes.summary(router, checked[main_rows[0].model]["heldout_to_slots"]))
     summary = []
     for row in main_rows:
         base = next(r for r in available if r.label == "base" and r.way == row.way)

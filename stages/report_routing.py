@@ -90,11 +90,13 @@ class Routes:
         return {"questions": np.array(list(self.questions.values()), bool),
                 "probes": np.concatenate([np.zeros(0, bool), *self.probes.values()]), "facts": self.facts}
 
-    def summary(self, router: Router) -> str:
-        """How many of each kind of text the router sends to the slots."""
+    def summary(self, router: Router, held_out: np.ndarray | None = None) -> str:
+        """How many of each kind of text the router sends to the slots, with the held-out rows (`held_out`: their
+        decisions, where the routed held-out loss was measured)."""
+        kinds = self.by_kind() | ({"held-out rows": held_out} if held_out is not None else {})
         return (f"threshold {router.threshold:.3f} (the lowest train question's best BM25 score, over stretches of "
                 f"{router.window} words, index {router.index_id}): to the slots "
-                + ", ".join(f"{int(d.sum())} of {len(d)} {what}" for what, d in self.by_kind().items() if len(d)))
+                + ", ".join(f"{int(d.sum())} of {len(d)} {what}" for what, d in kinds.items() if len(d)))
 
 
 def route_texts(wh: Warehouse, router: Router, split: str, probes: dict[str, list[dict]],

@@ -881,6 +881,7 @@ def test_the_routed_row_answers_with_the_slots_where_a_text_matches_the_knowledg
     table = {r["model"]: r for r in report.report_table(world, report.report_rows(world)).to_pylist()}
     assert list(table) == ["base", "base+NKB", "base+NKB routed"]
     assert run.outputs["routing"].startswith("threshold ") and " questions" in run.outputs["routing"]
+    assert " held-out rows" in run.outputs["routing"]
     questions = {r["question_id"]: r["question"] for r in read_questions(world, None, "validation").to_pylist()}
     answers = world.read("report_answers").to_pylist()
 

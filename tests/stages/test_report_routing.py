@@ -45,3 +45,15 @@ def test_the_routed_held_out_loss_weighs_each_side_by_its_rows():
 def test_the_routed_label_keeps_the_way_of_asking():
     assert routed_label("base+NKB (0-shot)") == "base+NKB routed (0-shot)"
     assert routed_label("base+NKB") == "base+NKB routed"
+
+
+def test_the_routing_line_counts_each_kind_of_text_sent_to_the_slots_held_out_rows_too():
+    class Threshold:
+        threshold, window, index_id = 6.384, 7, "sampleworld"
+    routes = Routes({("nq", "q1"): True, ("nq", "q2"): False},
+                    {w: Router().prompts([p for p in PROBES if p["wording"] == w]) for w in ("unseen", "seen")},
+                    Router().prompts(FACTS))
+    line = routes.summary(Threshold(), np.array([True, False, True]))
+    assert line.startswith("threshold 6.384 (") and "stretches of 7 words, index sampleworld" in line
+    assert line.endswith("to the slots 1 of 2 questions, 2 of 3 probes, 0 of 2 facts, 2 of 3 held-out rows")
+    assert "held-out" not in routes.summary(Threshold())  # a report without held-out text
