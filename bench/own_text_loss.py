@@ -35,7 +35,7 @@ def main(argv=None) -> int:
 
     from nkb_model.causal import start_ids
     from nkb_model.checkpoint import load_model
-    from nkb_model.checks import heldout_loss
+    from nkb_model.checks import heldout_row_losses
     from nkb_model.own_text import sample_own_text
     from nkb_model.train import choose_device
     from warehouse import Warehouse, run_stage
@@ -47,22 +47,21 @@ def main(argv=None) -> int:
     written = sample_own_text(base, tokenizer, args.rows, args.tokens, args.seed, device).numpy()
     start = start_ids(tokenizer)  # the context the texts were written after
     rows = np.concatenate([np.tile(start, (len(written), 1)).astype(written.dtype), written], axis=1)
-    losses = {"base": heldout_loss(base, tokenizer, rows, device)}
+    per_row = {"base": heldout_row_losses(base, tokenizer, rows, device)}
     if args.routed:
-        from stages.report_routing import mixed_loss, open_router, rows_loss
+        from stages.report_routing import open_router, routed_loss
         try:
             with open_router(wh) as router:
                 to_slots = router(tokenizer.batch_decode(written, skip_special_tokens=True))
         except ValueError as exc:
             parser.error(f"{args.home}: {exc}")
-        base_off = rows_loss(base, tokenizer, rows, ~to_slots, losses["base"], device)
     routed = {}
     for name in args.models:
         model, _, _ = load_model(folders[name])
-        losses[name] = heldout_loss(model.to(device.device), tokenizer, rows, device)
+        per_row[name] = heldout_row_losses(model.to(device.device), tokenizer, rows, device)
         if args.routed:
-            routed[name] = mixed_loss(to_slots, rows_loss(model, tokenizer, rows, to_slots, losses[name], device),
-                                      base_off)
+            routed[name] = routed_loss(to_slots, per_row[name], per_row["base"])
+    losses = {name: row_losses.mean() for name, row_losses in per_row.items()}
 
     def figures(loss: float) -> dict:
         return {"loss": round(loss, 4), "change_pct": round(100 * (loss / losses["base"] - 1), 2)}

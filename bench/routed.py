@@ -34,12 +34,12 @@ def main(argv=None) -> int:
 
     from corpus.routing import routed
     from nkb_model.checkpoint import load_model
-    from nkb_model.checks import heldout_loss, probe
+    from nkb_model.checks import heldout_row_losses, probe
     from nkb_model.metrics import bootstrap_interval
     from nkb_model.train import choose_device
     from stages.models import base_dir_of
     from stages.report import PROBE_WORDINGS, ask_facts, facts_known_by, probes_worded
-    from stages.report_routing import mixed_loss, open_router, route_texts, routed_answers, rows_loss
+    from stages.report_routing import open_router, route_texts, routed_answers, routed_loss
     from warehouse import Warehouse, run_stage
 
     wh, folders = warehouse_models(parser, args.home, args.models)
@@ -76,8 +76,8 @@ def main(argv=None) -> int:
     evaluated = {Path(p).stem for p in wh.partition_files("predictions")}  # the partitions `evaluate` wrote
 
     base_asked = asked_both(base)
-    base_loss = heldout_loss(base, tokenizer, held, device)
-    base_off = rows_loss(base, tokenizer, held, ~held_routes, base_loss, device)
+    base_rows = heldout_row_losses(base, tokenizer, held, device)
+    base_loss = base_rows.mean()
     counted = routes.by_kind() | {"held_out": held_routes}
     result = {"threshold": round(threshold, 3), "fraction": args.fraction,
               "to_slots": {k: f"{int(v.sum())} of {len(v)}" for k, v in counted.items()},
@@ -97,9 +97,8 @@ def main(argv=None) -> int:
             for label, hits in (("everywhere", everywhere), ("routed", answered["exact_match"])):
                 low, high = bootstrap_interval([hits])
                 row[label][f"em_{way}"] = f"{rate(hits)} ({low:.1f}-{high:.1f})"
-        loss = heldout_loss(model, tokenizer, held, device)
-        losses = {"everywhere": loss, "routed": mixed_loss(held_routes, rows_loss(
-            model, tokenizer, held, held_routes, loss, device), base_off)}
+        rows = heldout_row_losses(model, tokenizer, held, device)
+        losses = {"everywhere": rows.mean(), "routed": routed_loss(held_routes, rows, base_rows)}
         for label in ("everywhere", "routed"):
             def kept(hits, to_slots, theirs):
                 return hits if label == "everywhere" else routed(to_slots, hits, theirs)

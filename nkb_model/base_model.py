@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from transformers import T5Config, T5ForConditionalGeneration, T5Tokenizer
 
-from nkb_model.batches import pad_pairs
+from nkb_model.batches import PackedRowBatches, pad_pairs
 from nkb_model.architectures import architecture
 from nkb_model.span_corruption import corrupt
 
@@ -111,24 +111,18 @@ def held_out_count(sequences: int, share: float) -> int:
     return max(int(sequences * share), 1 if share > 0 and sequences > 1 else 0)
 
 
-class SpanCorruptionBatches:
-    """`batch(step)`: span-corrupted packed sequences; epochs reshuffle rows and redraw the noise. `keep_last`: an
-    epoch ends with the rows a full batch would leave out, as a shorter batch (a measurement reads every row)."""
+class SpanCorruptionBatches(PackedRowBatches):
+    """`batch(step)`: span-corrupted packed sequences, in `PackedRowBatches`' order; epochs redraw the noise."""
 
     def __init__(self, rows: np.ndarray, tokenizer, batch_size: int, seed: int = 0, keep_last: bool = False):
-        if len(rows) < batch_size:
-            raise ValueError(f"{len(rows)} sequences are fewer than one batch of {batch_size}")
-        self.rows, self.batch_size, self.seed = rows, batch_size, seed
+        super().__init__(rows, batch_size, seed, keep_last)
         self.sentinels, self.eos, self.pad = sentinel_ids(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id
-        self.per_epoch = -(-len(rows) // batch_size) if keep_last else len(rows) // batch_size
 
     def __call__(self, step: int) -> dict[str, torch.Tensor]:
         epoch, index = divmod(step, self.per_epoch)
-        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
-        chosen = order[index * self.batch_size:(index + 1) * self.batch_size]
         rng = np.random.default_rng([self.seed, epoch, index])
         pairs = []
-        for row in chosen:
+        for row in self.row_ids(step):
             inp, tgt = corrupt(self.rows[row].tolist(), self.sentinels, rng)
             pairs.append((inp + [self.eos], tgt + [self.eos]))
         return pad_pairs(pairs, self.pad)

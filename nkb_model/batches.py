@@ -15,6 +15,24 @@ import numpy as np
 import torch
 
 
+class PackedRowBatches:
+    """Batches of packed token rows (pretraining text, held-out text) as a pure function of the step: each epoch
+    visits the rows in a seeded order. `keep_last`: an epoch ends with the rows a full batch would leave out, as a
+    shorter batch (a measurement reads every row). Subclasses make a batch of the rows `row_ids(step)` names."""
+
+    def __init__(self, rows: np.ndarray, batch_size: int, seed: int = 0, keep_last: bool = False):
+        if len(rows) < batch_size:
+            raise ValueError(f"{len(rows)} sequences are fewer than one batch of {batch_size}")
+        self.rows, self.batch_size, self.seed = rows, batch_size, seed
+        self.per_epoch = -(-len(rows) // batch_size) if keep_last else len(rows) // batch_size
+
+    def row_ids(self, step: int) -> np.ndarray:
+        """The indices in `rows` of step `step`'s batch, in the batch's order."""
+        epoch, index = divmod(step, self.per_epoch)
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
+        return order[index * self.batch_size:(index + 1) * self.batch_size]
+
+
 class PairBatches:
     def __init__(self, examples_for_epoch: Callable[[int], tuple[list[str], list[str]]], tokenizer, batch_size: int,
                  seed: int = 0, max_input_len: int = 512, max_target_len: int = 64, *, family,

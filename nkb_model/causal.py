@@ -20,6 +20,8 @@ import functools
 import numpy as np
 import torch
 
+from nkb_model.batches import PackedRowBatches
+
 
 def start_ids(tokenizer) -> list[int]:
     """The tokens a text starts with: those its tokenizer puts before a text itself (a Llama-2 or Llama-3 tokenizer's
@@ -111,21 +113,11 @@ def pad_left(ids: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention}
 
 
-class NextTokenBatches:
-    """`batch(step)`: packed rows for next-token prediction; each epoch visits them in a seeded order. `keep_last`:
-    an epoch ends with the rows a full batch would leave out, as a shorter batch (a measurement reads every row)."""
-
-    def __init__(self, rows: np.ndarray, batch_size: int, seed: int = 0, keep_last: bool = False):
-        if len(rows) < batch_size:
-            raise ValueError(f"{len(rows)} sequences are fewer than one batch of {batch_size}")
-        self.rows, self.batch_size, self.seed = rows, batch_size, seed
-        self.per_epoch = -(-len(rows) // batch_size) if keep_last else len(rows) // batch_size
+class NextTokenBatches(PackedRowBatches):
+    """`batch(step)`: packed rows for next-token prediction, in `PackedRowBatches`' order."""
 
     def __call__(self, step: int) -> dict[str, torch.Tensor]:
-        epoch, index = divmod(step, self.per_epoch)
-        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
-        input_ids = torch.as_tensor(self.rows[order[index * self.batch_size:(index + 1) * self.batch_size]],
-                                    dtype=torch.long)
+        input_ids = torch.as_tensor(self.rows[self.row_ids(step)], dtype=torch.long)
         return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": input_ids.clone()}
 
 

@@ -20,8 +20,7 @@ from corpus.world_facts import source_version
 from stages import reads
 from stages.configs import MAIN_ROW, REPORT_ROWS, ReportConfig, asks_zero_shot
 from stages.names import evaluated_name, way_of_asking
-from stages.report_routing import (mixed_loss, open_router, route_texts, routed_answers, routed_checks, routed_label,
-                                   rows_loss)
+from stages.report_routing import open_router, route_texts, routed_answers, routed_checks, routed_label, routed_loss
 from warehouse import StagedRun, StageResult, Warehouse, get_run, list_runs, query, run_metrics
 
 GENERATION_METRICS = ("rougeL", "bleu")
@@ -142,37 +141,45 @@ def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict],
     slots), an injected model's held-out loss routed too (`stages.report_routing`); the probes' and facts' hits
     are kept for it."""
     from nkb_model.checkpoint import load_model, read_info
-    from nkb_model.checks import heldout_loss
+    from nkb_model.checks import heldout_row_losses
     from nkb_model.nkb import unmount_nkb
-    from stages.models import base_dir_of
     info = read_info(directory)
     model, tokenizer, _ = load_model(directory)
     model.to(device.device)
-    probe_em = probe_seen_em = loss = routed_loss = None
+    probe_em = probe_seen_em = loss = routed = None
     probe_hits, fact_hits = {}, []
     if own_model:
         (probe_em, probe_seen_em), probe_hits = _probe(run, info["name"], model, tokenizer, probes, split, device)
         fact_hits = _retained(run, info["name"], model, tokenizer, list(facts), split, device)
-        held_path = base_dir_of(directory) / "held_out.npy"
-        held = np.load(held_path) if held_path.exists() else None
-        if held is not None and not len(held):  # pretraining data made before a tiny corpus kept one row
-            run.output("heldout_loss", HELD_OUT_EMPTY)
-            held = None
-        loss = heldout_loss(model, tokenizer, held, device) if held is not None else None
+        held = held_out_rows(run, directory)
+        losses = heldout_row_losses(model, tokenizer, held, device) if held is not None else None
+        loss = losses.mean() if losses is not None else None
     unmounted = to_slots = None
     if info["kind"] in ("nkb", "nkb-a") and loss is not None:
-        to_slots = route(tokenizer.batch_decode(held, skip_special_tokens=True)) if route else None
-        mounted = rows_loss(model, tokenizer, held, to_slots, loss, device) if route else None
         unmount_nkb(model)
-        unmounted = heldout_loss(model, tokenizer, held, device)
+        base_losses = heldout_row_losses(model, tokenizer, held, device)
+        unmounted = base_losses.mean()
         if route:
-            routed_loss = mixed_loss(to_slots, mounted, rows_loss(model, tokenizer, held, ~to_slots, unmounted, device))
+            to_slots = route(tokenizer.batch_decode(held, skip_special_tokens=True))
+            routed = routed_loss(to_slots, losses, base_losses)
     return {"probe_em": probe_em, "probe_seen_em": probe_seen_em, "heldout_loss": loss,
             "heldout_loss_nkb_unmounted": unmounted, "retained_em": share(fact_hits), "probe_hits": probe_hits,
-            "fact_hits": fact_hits, "heldout_loss_routed": routed_loss, "heldout_to_slots": to_slots,
+            "fact_hits": fact_hits, "heldout_loss_routed": routed, "heldout_to_slots": to_slots,
             "params_total": info.get("params") or sum(p.numel() for p in model.parameters()),
             "params_injected": info.get("params_injected", 0), "model_run": info.get("built_by"),
             "train_seconds": training_seconds(run.wh, info)}
+
+
+def held_out_rows(run: StagedRun, directory) -> np.ndarray | None:
+    """The held-out rows of the base the model at `directory` was built on; None where it holds none (said in the
+    run's outputs)."""
+    from stages.models import base_dir_of
+    path = base_dir_of(directory) / "held_out.npy"
+    held = np.load(path) if path.exists() else None
+    if held is not None and not len(held):  # pretraining data made before a tiny corpus kept one row
+        run.output("heldout_loss", HELD_OUT_EMPTY)
+        return None
+    return held
 
 
 def training_seconds(wh: Warehouse, info: dict) -> float | None:

@@ -5,7 +5,7 @@ slots is not the fine-tuned base).
 Unmounted slots leave exactly the base (the report checks it on every injected model), so the routed row's answer to
 a text routed away is the base's own: the row combines base+NKB's and the base's answers, probe hits and fact hits
 text by text, and its held-out loss is the slots' loss on the rows routed to them with the unmounted model's on the
-others (weighted by rows, which are of one length). The texts routed are each question, each probe's prompt and each
+others, each row's read off one pass of each model over them all. The texts routed are each question, each probe's prompt and each
 fact's prompt without the blank, and each held-out row as the tokenizer reads it back.
 """
 
@@ -58,19 +58,10 @@ def open_router(wh: Warehouse, fraction: float = ROUTE_FRACTION) -> Iterator[Rou
                      meta["index_id"])
 
 
-def rows_loss(model, tokenizer, held: np.ndarray, rows: np.ndarray, whole: float, device) -> float | None:
-    """The held-out loss of `model` on the rows marked: `whole` (its loss on every row) when all are, None when
-    none is."""
-    from nkb_model.checks import heldout_loss
-    if rows.all():
-        return whole
-    return heldout_loss(model, tokenizer, held[rows], device) if rows.any() else None
-
-
-def mixed_loss(to_slots: np.ndarray, slots: float | None, base: float | None) -> float:
-    """The routed held-out loss: the slots' loss on the rows routed to them and the base's on the others, by rows."""
-    on = int(to_slots.sum())
-    return ((slots or 0.0) * on + (base or 0.0) * (len(to_slots) - on)) / len(to_slots)
+def routed_loss(to_slots: np.ndarray, slots, base) -> float:
+    """The routed held-out loss from two models' `RowLosses` on the same rows: the slots' on the rows routed to them,
+    the base's on the others, over every row's tokens."""
+    return float(np.where(to_slots, slots.sums, base.sums).sum() / base.tokens.sum())
 
 
 def routed_label(shown: str) -> str:

@@ -14,7 +14,7 @@ from nkb_model.base_model import new_causal, train_tokenizer
 from nkb_model.batches import PairBatches
 from nkb_model.causal import (NextTokenBatches, cloze_prefix, encode_pairs, encode_prompts, line_end_ids, pad_causal,
                               pad_left, probe_fill, start_ids)
-from nkb_model.checks import heldout_loss, probe
+from nkb_model.checks import heldout_loss, heldout_row_losses, probe
 from nkb_model.decoding import SharedPrefix, first_lines, greedy_rows, plain_greedy
 from nkb_model.families import DECODER_ONLY, generate, teacher_forced
 from nkb_model.nkb import NKBConfig, mount_nkb, mounted_layers
@@ -211,13 +211,19 @@ def test_the_held_out_loss_of_a_decoder_only_model_is_its_next_token_loss(tokeni
 
 
 def test_the_held_out_loss_reads_every_row_also_those_a_full_batch_leaves_out(tokenizer):
-    """7 rows in batches of 4: one full batch and the 3 left over, each row's loss counted once. A routed loss
-    reads such subsets (`stages.report_routing.rows_loss`); on the full batches alone 3 of the 7 were left out."""
+    """7 rows in batches of 4: one full batch and the 3 left over, each row's loss counted once, and each given back
+    as that row's alone: a routed loss reads subsets of them (`stages.report_routing.routed_loss`)."""
     model = new_causal(tokenizer, "llama", "tiny").eval()
     rows = np.random.default_rng(1).integers(3, len(tokenizer), size=(7, 16))
     with torch.no_grad():
         each = [model(input_ids=torch.as_tensor(r[None]), labels=torch.as_tensor(r[None])).loss.item() for r in rows]
     assert heldout_loss(model, tokenizer, rows, CPU, batch_size=4) == pytest.approx(np.mean(each), rel=1e-5)
+    per_row = heldout_row_losses(model, tokenizer, rows, CPU, batch_size=4)
+    assert per_row.tokens.tolist() == [15] * 7  # each row's next tokens
+    np.testing.assert_allclose(per_row.sums / per_row.tokens, each, rtol=1e-5)  # in its own row, not shuffled
+    some = np.array([True, False, False, True, True, False, False])
+    assert per_row.mean(some) == pytest.approx(heldout_loss(model, tokenizer, rows[some], CPU, batch_size=2),
+                                               rel=1e-5)
 
 
 def test_batches_that_keep_the_last_visit_every_row_once_an_epoch():

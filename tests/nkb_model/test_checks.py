@@ -1,7 +1,8 @@
 import numpy as np
+import pytest
 import torch
 
-from nkb_model.checks import heldout_loss
+from nkb_model.checks import heldout_loss, heldout_row_losses
 from nkb_model.decoding import filled_span
 from nkb_model.base_model import SpanCorruptionBatches, new_t5, pack, train_tokenizer
 from nkb_model.nkb import NKBConfig, mount_nkb, mounted_layers, unmount_nkb
@@ -42,3 +43,24 @@ def test_span_corruption_batches_that_keep_the_last_end_an_epoch_with_the_rows_l
     assert [kept(step)["input_ids"].shape[0] for step in range(3)] == [4, 4, 2]
     for step in range(2):  # the full batches, and their noise, as before
         assert all(torch.equal(kept(step)[k], full(step)[k]) for k in full(step))
+
+
+def test_a_t5_s_held_out_loss_is_its_batches_mean_loss_by_their_target_tokens():
+    """Read off each row's summed loss: the same figure as the model's own mean loss on each batch, weighed by the
+    batch's target tokens (the noise drawn as the batches draw it)."""
+    texts = [f"Person {i} was born in City {i % 7} and worked for Company {i % 5}." for i in range(200)]
+    tokenizer = train_tokenizer(texts, vocab_size=120)
+    model = new_t5(tokenizer, "tiny").eval()
+    rows = pack(tokenizer(texts, add_special_tokens=False)["input_ids"], 32, tokenizer.eos_token_id)[:11]
+    batches = SpanCorruptionBatches(rows, tokenizer, 4, seed=1234, keep_last=True)
+    losses, weights = [], []
+    with torch.no_grad():
+        for step in range(batches.per_epoch):
+            batch = batches(step)
+            losses.append(model(**batch).loss.item())
+            weights.append(int((batch["labels"] != -100).sum()))
+    device = choose_device("cpu")
+    per_row = heldout_row_losses(model, tokenizer, rows, device, batch_size=4)
+    assert per_row.tokens.sum() == sum(weights) and (per_row.tokens > 0).all()
+    assert heldout_loss(model, tokenizer, rows, device, batch_size=4) == pytest.approx(
+        np.average(losses, weights=weights), rel=1e-5)

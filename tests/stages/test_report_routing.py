@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from stages.report_routing import Routes, mixed_loss, routed_checks, routed_label
+from nkb_model.checks import RowLosses
+from stages.report_routing import Routes, routed_checks, routed_label, routed_loss
 
 
 class Router:
@@ -36,10 +37,13 @@ def test_each_item_takes_the_slots_hit_where_routed_to_them_and_the_base_s_elsew
     assert out["heldout_loss"] == 3.5 and out["params_injected"] == 7
 
 
-def test_the_routed_held_out_loss_weighs_each_side_by_its_rows():
-    assert mixed_loss(np.array([True, True, False, False]), 2.0, 4.0) == pytest.approx(3.0)
-    assert mixed_loss(np.array([True, True, True]), 2.0, None) == pytest.approx(2.0)
-    assert mixed_loss(np.array([False]), None, 4.0) == pytest.approx(4.0)
+def test_the_routed_held_out_loss_takes_each_row_from_its_side_over_every_row_s_tokens():
+    tokens = np.array([10, 10, 20, 20])
+    slots, base = RowLosses(np.array([20.0, 20, 40, 40]), tokens), RowLosses(np.array([40.0, 40, 80, 80]), tokens)
+    assert routed_loss(np.array([True, True, False, False]), slots, base) == pytest.approx((40 + 160) / 60)
+    assert routed_loss(np.ones(4, bool), slots, base) == pytest.approx(slots.mean()) == pytest.approx(2.0)
+    assert routed_loss(np.zeros(4, bool), slots, base) == pytest.approx(base.mean()) == pytest.approx(4.0)
+    assert slots.mean(np.array([False, False, True, True])) == pytest.approx(2.0)
 
 
 def test_the_routed_label_keeps_the_way_of_asking():
