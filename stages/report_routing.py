@@ -5,8 +5,8 @@ slots is not the fine-tuned base).
 Unmounted slots leave exactly the base (the report checks it on every injected model), so the routed row's answer to
 a text routed away is the base's own: the row combines base+NKB's and the base's answers, probe hits and fact hits
 text by text, and its held-out loss is the slots' loss on the rows routed to them with the unmounted model's on the
-others, each row's read off one pass of each model over them all. The texts routed are each question, each probe's prompt and each
-fact's prompt without the blank, and each held-out row as the tokenizer reads it back.
+others, each row's read off one pass of each model over them all. The texts routed are each question, each probe's
+prompt and each fact's prompt without the blank, and each held-out row as the tokenizer reads it back.
 """
 
 from __future__ import annotations
