@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -48,7 +48,8 @@ def causal_generate(model, tokenizer, prompts: list[str], device: Device, batch_
                     words: list[int] | None = None) -> list[str]:
     """What a decoder-only model writes after each prompt, up to EOS (or a line break), without the prompt. Batches
     hold prompts of like length (a batch reads every row at its longest prompt's length: batched in the order asked,
-    the demo's RAG evaluation took 1.5x as long); the outputs come in the prompts' order. `words`: each row is
+    the demo's RAG evaluation took 1.5x as long), at most `batch_size` of them and at most the device's
+`batch_tokens` (`Device.batch_tokens`); the outputs come in the prompts' order. `words`: each row is
     wanted only for the first `words[i]` words of its first line (a probe's fill), so it may stop once they are
     final. Greedy decoding leaves each row out of the batch once it is done (`greedy_rows`); beams, or a model
     whose generation config changes what greedy picks, go through `generate`, which writes every row to the end."""
@@ -58,8 +59,7 @@ def causal_generate(model, tokenizer, prompts: list[str], device: Device, batch_
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     outputs = [""] * len(ids)
     greedy = num_beams == 1 and plain_greedy(model)
-    for lo in range(0, len(ids), batch_size):
-        rows = order[lo:lo + batch_size]
+    for rows in length_batches(order, [len(i) for i in ids], batch_size, device.batch_tokens):
         enc = {k: v.to(device.device) for k, v in pad_left([ids[i] for i in rows], tokenizer.pad_token_id).items()}
         with device.autocast():
             if greedy:
@@ -72,6 +72,20 @@ def causal_generate(model, tokenizer, prompts: list[str], device: Device, batch_
         for i, text in zip(rows, first_lines(tokenizer, written)):
             outputs[i] = text
     return outputs
+
+
+def length_batches(order: list[int], lengths: list[int], batch_size: int,
+                   max_tokens: int | None = None) -> Iterator[list[int]]:
+    """`order` (rows by ascending length) cut into consecutive batches of at most `batch_size` rows and, with
+    `max_tokens`, at most that many tokens at their longest row's length; a row longer than that alone."""
+    batch: list[int] = []
+    for row in order:
+        if batch and (len(batch) == batch_size or max_tokens and (len(batch) + 1) * lengths[row] > max_tokens):
+            yield batch
+            batch = []
+        batch.append(row)
+    if batch:
+        yield batch
 
 
 # What a model's generation config may say and greedy decoding still pick the most likely token at every step.

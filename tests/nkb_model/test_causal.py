@@ -15,7 +15,7 @@ from nkb_model.batches import PairBatches
 from nkb_model.causal import (NextTokenBatches, cloze_prefix, encode_pairs, encode_prompts, line_end_ids, pad_causal,
                               pad_left, probe_fill, start_ids)
 from nkb_model.checks import heldout_loss, heldout_row_losses, probe
-from nkb_model.decoding import SharedPrefix, first_lines, greedy_rows, plain_greedy
+from nkb_model.decoding import SharedPrefix, first_lines, greedy_rows, length_batches, plain_greedy
 from nkb_model.families import DECODER_ONLY, generate, teacher_forced
 from nkb_model.nkb import NKBConfig, mount_nkb, mounted_layers
 from nkb_model.train import TrainConfig, choose_device, train
@@ -128,6 +128,16 @@ def test_batches_of_like_length_answer_each_prompt_as_if_asked_alone_in_its_own_
     alone = [generate(model, tokenizer, [p], CPU, batch_size=1, max_new_tokens=6)[0] for p in prompts]
     assert len(set(alone)) > 1  # else a wrong order could not show
     assert generate(model, tokenizer, prompts, CPU, batch_size=2, max_new_tokens=6) == alone
+
+
+def test_a_cpu_s_batches_bounded_in_tokens_answer_as_if_each_prompt_were_asked_alone(tokenizer, monkeypatch):
+    import nkb_model.train
+    model = new_causal(tokenizer, "llama", "tiny").eval()
+    prompts = [QUESTIONS[0] + " " + TEXTS[1], QUESTIONS[1], TEXTS[2] + " " + TEXTS[3], QUESTIONS[2], TEXTS[4]]
+    alone = [generate(model, tokenizer, [p], CPU, batch_size=1, max_new_tokens=6)[0] for p in prompts]
+    monkeypatch.setattr(nkb_model.train, "CPU_BATCH_TOKENS", 80)  # prompts of 30 to 75 tokens: two rows, then one
+    assert CPU.batch_tokens == 80
+    assert generate(model, tokenizer, prompts, CPU, batch_size=5, max_new_tokens=6) == alone
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -260,3 +270,12 @@ def test_slots_of_a_decoder_only_model_are_read_and_edited_at_the_answers_first_
     firing = slot_edits.fired(model, tokenizer, QUESTIONS[0], slot_edits.Site(layer))
     slot_edits.strong_edit(model, firing, layer, target, first, strength=4.0)
     assert slot_edits.first_token(model, tokenizer, QUESTIONS[:1]) == [target]
+
+
+def test_length_batches_keep_the_order_and_bound_rows_and_tokens():
+    lengths = [5, 1, 3, 3, 9, 2]
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])  # 1, 5, 2, 3, 0, 4
+    assert list(length_batches(order, lengths, 4)) == [[1, 5, 2, 3], [0, 4]]
+    # 8 tokens: rows x their batch's longest row; the 9-token row exceeds it and goes alone
+    assert list(length_batches(order, lengths, 4, max_tokens=8)) == [[1, 5], [2, 3], [0], [4]]
+    assert [r for batch in length_batches(order, lengths, 2, max_tokens=100) for r in batch] == order
