@@ -79,19 +79,29 @@ def main(argv=None) -> int:
 def machine() -> dict:
     """The CPU and what PyTorch makes of it."""
     import torch
-    flags, model = set(), platform.processor()
     try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
+        cpu = cpu_of(open("/proc/cpuinfo", encoding="utf-8").read())
     except OSError:  # not Linux: the flags stay unknown
-        pass
-    return {"cpu": model, "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
-            "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        cpu = {"cpu": platform.processor(), "avx512_bf16": False, "amx_bf16": False}
+    return {**cpu, "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "torch_threads": torch.get_num_threads()}
+
+
+def cpu_of(cpuinfo: str) -> dict:
+    """/proc/cpuinfo's first processor: its model name, family and model numbers, and whether it has bf16 units.
+    A virtual machine's model name may be the vendor's alone (`AMD EPYC`); the family and model numbers still tell
+    its generation apart (AMD's family 25 is Zen 3 and Zen 4, 26 is Zen 5), and with it how fast its bf16 units are."""
+    found, flags = {"cpu": platform.processor()}, set()
+    for line in cpuinfo.splitlines():
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key == "model name":
+            found["cpu"] = value
+        elif key in ("cpu family", "model") and value.isdigit():
+            found["cpu_" + key.removeprefix("cpu ")] = int(value)
+        elif key == "flags":
+            flags = set(value.split())
+            break
+    return {**found, "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags}
 
 
 def prepared(wh, config, steps: int):

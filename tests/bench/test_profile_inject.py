@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bench.inject import causal_model_for
-from bench.profile_inject import ffn_matmul_speed, kind_of, profiled_steps, step_flops
+from bench.profile_inject import cpu_of, ffn_matmul_speed, kind_of, profiled_steps, step_flops
 from nkb_model.families import family
 from nkb_model.train import TrainConfig, choose_device
 
@@ -20,6 +20,13 @@ def test_operators_are_sorted_by_kind():
     assert kind_of("Optimizer.step#Adafactor.step") == "optimizer"
     assert kind_of("aten::copy_") == "copies"
     assert kind_of("aten::mul") == kind_of("aten::silu") == "other"
+
+
+def test_the_cpu_is_named_by_its_family_and_model_numbers_where_its_name_is_the_vendors_alone():
+    cpuinfo = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+               "model name\t: AMD EPYC\nflags\t\t: fpu avx512f avx512_bf16\n\nprocessor\t: 1\ncpu family\t: 25\n")
+    assert cpu_of(cpuinfo) == {"cpu": "AMD EPYC", "cpu_family": 26, "cpu_model": 2, "avx512_bf16": True,
+                               "amx_bf16": False}
 
 
 @pytest.mark.slow  # a model trained under the profiler: ~10 s
