@@ -111,9 +111,10 @@ GroupByLength = Annotated[bool, Field(description=(
     "Batch examples of similar length together, the batches in random order (transformers' group_by_length): "
     "less padding, so faster steps where lengths vary (docs/decisions.md); false: each batch a random draw."))]
 Compile = Annotated[bool, Field(description="Run the training steps through torch.compile: on a GPU about 1.7x "
-                                            "faster steps after a minute of compiling (docs/results.md); on a CPU "
-                                            "SmolLM2's injection 1.3x after 45 s on a 2-core Xeon with AMX, a tiny "
-                                            "T5's steps 2 % (docs/decisions.md, results.md).")]
+                                            "faster steps after a minute of compiling (docs/results.md); on a 2-core "
+                                            "CPU SmolLM2's injection 1.2x on a Xeon with AMX, 5 % in fp32, and a "
+                                            "minute slower on an AVX512-BF16 EPYC, where its steps ran no faster "
+                                            "(docs/decisions.md).")]
 DaskAddress = Annotated[Optional[str], Field(
     pattern=r"^(local(:[1-9][0-9]*)?|tcp://.+|tls://.+)$",
     description="Run the stage's shards (NER shards; a corpus's files) on a Dask cluster: a scheduler address "
