@@ -25,10 +25,12 @@ from corpus import qa
 from corpus import sample_world
 from corpus.errors import InputFileError, require_file
 from corpus.files import matching_files, repeats
+from corpus.knowledge_questions import knowledge_questions
 from stages import reads
-from stages.configs import (GenerationDataConfig, IndexConfig, IngestConfig, JoinCorporaConfig, QuestionsConfig,
-                            RetrieveConfig, SalientSpansConfig, SampleWorldConfig)
-from stages.inputs import SEGMENTS_BY, corpora, corpus_lineage, one_corpus, world_dir
+from stages.configs import (GenerationDataConfig, IndexConfig, IngestConfig, JoinCorporaConfig,
+                            KnowledgeQuestionsConfig, QuestionsConfig, RetrieveConfig, SalientSpansConfig,
+                            SampleWorldConfig)
+from stages.inputs import SEGMENTS_BY, corpora, corpus_lineage, one_corpus, span_partitions, world_dir
 from stages.progress import counting, progress
 from warehouse import ShardTarget, StagedRun, StageResult, Warehouse, file_digest, list_runs
 
@@ -523,6 +525,37 @@ def _segment_retrieved(wh: Warehouse, run: StagedRun, config: SalientSpansConfig
             seg_docs.append(doc_id)
     run.write("segments", config.corpus, {"segment_id": seg_ids, "doc_id": seg_docs, "text": seg_texts})
     return docs.num_rows, seg_texts
+
+
+# ---- knowledge questions ----------------------------------------------------------------------
+
+def write_knowledge_questions(wh: Warehouse, config: KnowledgeQuestionsConfig, force: bool = False) -> StageResult:
+    """`knowledge_questions` partition = corpus: each salient span of the corpus's retrieved segments that the rest
+    of its sentence can ask for (`corpus.knowledge_questions`)."""
+    config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
+    declared = reads.Declared("knowledge-questions", config, [reads.spans(wh, config.corpus)])
+    return declared.run(wh, lambda run: _write_knowledge_questions(run, wh, config.corpus), force=force)
+
+
+def _write_knowledge_questions(run: StagedRun, wh: Warehouse, corpus: str) -> dict:
+    started = time.perf_counter()
+    segments, span_parts = span_partitions(wh, corpus)
+    spans = wh.read("salient_spans", ["segment_id", "start_char", "end_char", "label"], partitions=span_parts)
+    texts = wh.read("segments", ["segment_id", "text"], partitions=[segments])
+    rows = knowledge_questions(dict(zip(*(texts.column(c).to_pylist() for c in ("segment_id", "text")))),
+                               zip(*(spans.column(c).to_pylist() for c in spans.column_names)))
+    if not rows:
+        raise ValueError(f"no salient span of {corpus!r} can be asked for by the rest of its sentence "
+                         f"({spans.num_rows} spans)")
+    asked: dict[str, int] = {}  # questions so far by segment: a question's id is its segment's and its number there
+    ids = []
+    for row in rows:
+        ids.append(f"{row['segment_id']}~q{asked.get(row['segment_id'], 0)}")
+        asked[row["segment_id"]] = asked.get(row["segment_id"], 0) + 1
+    run.write("knowledge_questions", corpus, {"question_id": ids, **{c: [r[c] for r in rows] for c in
+                                                                      ("segment_id", "question", "answer", "label")}})
+    run.metric("knowledge_questions", len(rows), dataset=corpus)
+    return {"corpus": corpus, "spans": spans.num_rows, "questions": len(rows), "seconds": time.perf_counter() - started}
 
 
 def load_sample_world(wh: Warehouse, config: SampleWorldConfig, general: bool = True) -> list[StageResult]:

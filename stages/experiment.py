@@ -32,7 +32,8 @@ from nkb_model.families import family_of
 from stages.configs import (MAIN_ROW, REPORT_ROWS, ROUTES, RUN_SETTINGS, BaseModelConfig, DaskAddress, DeviceChoice,
                             GenerationDataConfig, GenerationRow, IngestConfig, JoinCorporaConfig, Name,
                             PrecisionChoice, PretrainingDataConfig, QuestionsConfig, ReportRow, Row,
-                            SampleWorldConfig, StageConfig, ZeroShot, asks_zero_shot, set_value)
+                            SampleWorldConfig, StageConfig, ZeroShot, asks_zero_shot, set_value,
+                            validation_problems)
 from stages.names import ModelName, evaluated_name
 from stages.registry import experiment_settings
 from stages.sources import resolve_source
@@ -145,10 +146,9 @@ def _check_stage_settings(stage: str, settings: dict[str, Any]) -> None:
     try:
         OVERRIDABLE[stage].model_validate(settings)
     except ValidationError as exc:
-        wrong = [e for e in exc.errors() if e["type"] != "missing"]  # the plan fills in required fields
+        wrong = validation_problems(exc, skip_missing=True, prefix=f"stages.{stage}")  # the plan fills those in
         if wrong:
-            where = ".".join(map(str, wrong[0]["loc"]))
-            raise ValueError(f"stages.{stage}.{where}: {wrong[0]['msg']}") from None
+            raise ValueError(wrong[0]) from None
 
 
 class CorpusFile(StageConfig):
@@ -393,6 +393,8 @@ class Experiment(StageConfig):
         steps.append(("salient-spans", self._stage("salient-spans", corpus=knowledge)))
         if train_models:
             models = self._model_steps(knowledge, general)
+            if any(stage == "inject" and c.knowledge_questions for stage, c in models):
+                steps.append(("knowledge-questions", self._stage("knowledge-questions", corpus=knowledge)))
             first = next((i for i, (stage, _) in enumerate(models) if stage == "inject"), len(models))
             steps += models[:first] + self._augment_steps(models, knowledge) + models[first:]  # after the base
         return steps
@@ -422,8 +424,7 @@ class Experiment(StageConfig):
         try:
             return config_type(**values)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            raise ExperimentError(f"stages.{stage}.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+            raise ExperimentError(validation_problems(exc, prefix=f"stages.{stage}")[0]) from None
 
     @property
     def asked(self) -> list[int]:

@@ -68,6 +68,16 @@ def spans(wh: Warehouse, corpus_name: str, source: str = "retrieved") -> Read:
     return partitions(pair for table in ("segments", "salient_spans") for pair in partition_family(wh, table, segments))
 
 
+def knowledge_questions(wh: Warehouse, corpus_name: str) -> Read:
+    """The questions the knowledge-questions stage wrote about a corpus's facts; ValueError, saying what to run, when
+    there are none."""
+    found = [(n, f) for n, f in wh.lineage("knowledge_questions") if n == corpus_name]
+    if not found:
+        raise ValueError(f"knowledge_questions: no questions about {corpus_name!r} yet; run knowledge-questions "
+                         f"--set corpus={corpus_name}")
+    return partitions(found)
+
+
 def retrieved_span_partitions(wh: Warehouse) -> list[tuple[str, str]]:
     """(name, lineage) of the salient spans of every corpus's retrieved documents (not of pretraining text, nor of
     augmented segments)."""

@@ -12,7 +12,7 @@ from typing import Callable, Literal
 
 from stages.configs import (RUN_SETTINGS, AnalyzeConfig, AugmentConfig, BaseModelConfig, EditConfig, EvaluateConfig,
                             FinetuneConfig, GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig,
-                            JoinCorporaConfig, PretrainingDataConfig, QuestionsConfig, ReportConfig, RetrieveConfig,
+                            JoinCorporaConfig, KnowledgeQuestionsConfig, PretrainingDataConfig, QuestionsConfig, ReportConfig, RetrieveConfig,
                             SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig)
 
 
@@ -57,6 +57,8 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
           writes=frozenset({"segments", "salient_spans"})),
     Stage("augment", AugmentConfig, "augment:augment", pool="gpu",
           writes=frozenset({"augmented_segments", "segments", "salient_spans"})),
+    Stage("knowledge-questions", KnowledgeQuestionsConfig, "data:write_knowledge_questions",
+          writes=frozenset({"knowledge_questions"})),
     Stage("pretraining-data", PretrainingDataConfig, "training:prepare_pretraining_data",
           writes=frozenset({"segments"})),
     Stage("base-model", BaseModelConfig, "training:pretrain_base_model", pool="gpu", publishes_model=True),

@@ -279,6 +279,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         reads.model(base), knowledge, reads.mark(f"start:{previous.info['built_by']}") if previous else reads.NOTHING,
         reads.corpus(wh, config.general_corpus) if config.general_share or config.sparse_slots else reads.NOTHING,
         reads.questions(wh, None, "train") if config.qa_share else reads.NOTHING,
+        reads.knowledge_questions(wh, config.corpus) if config.knowledge_questions else reads.NOTHING,
         reads.spans(wh, config.corpus, AUGMENTED) if config.augmented else reads.NOTHING], identity={"name": name})
     target = model_dir(wh, name, declared.fingerprint)
     device = choose_device(config.device, config.precision)
@@ -501,14 +502,17 @@ def base_own_text(model, tokenizer, config: InjectConfig, device):
 
 
 def qa_batches(wh: Warehouse, tokenizer, config: InjectConfig, kind: Family):
-    """Batches of the train split's questions and first answers, each question asked as the family's models are
-    (`Family.qa_example`), for injection's QA steps. The train split alone: no validation question or wording is
-    ever read here."""
+    """Batches of the train split's questions and first answers (and, with `knowledge_questions`, the questions
+    written from the corpus's own facts), each question asked as the family's models are (`Family.qa_example`), for
+    injection's QA steps. The train split alone: no validation question or wording is ever read here."""
     questions = read_questions(wh, None, "train")
-    if not questions.num_rows:
-        raise ValueError(f"qa_share={config.qa_share}, but the warehouse has no train split of questions")
-    inputs = [kind.qa_example(q) for q in questions.column("question").to_pylist()]
+    asked = questions.column("question").to_pylist()
     answers = [a[0] for a in questions.column("answers").to_pylist()]
+    if config.knowledge_questions:
+        more = wh.read("knowledge_questions", ["question", "answer"], partitions=[config.corpus])
+        asked += more.column("question").to_pylist()
+        answers += more.column("answer").to_pylist()
+    inputs = [kind.qa_example(q) for q in asked]
     return kind.pair_batches(lambda epoch: (inputs, answers), tokenizer, min(config.batch_size, len(inputs)),
                              config.seed, config.max_input_len, target_eos=False,
                              group_by_length=config.group_by_length)

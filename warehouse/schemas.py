@@ -70,6 +70,14 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
         pa.field("model", pa.string()),                       # paraphrase: the LM that wrote it
         RUN_ID,
     ]),
+    "knowledge_questions": pa.schema([                      # questions written by rule from a corpus's spans
+        pa.field("question_id", pa.string(), nullable=False),  # <segment>~q<k>
+        pa.field("segment_id", pa.string(), nullable=False),   # the segment the span and the question come from
+        pa.field("question", pa.string()),
+        pa.field("answer", pa.string()),                       # the span, word for word
+        pa.field("label", pa.string()),                        # the span's entity label, which chose the question word
+        RUN_ID,
+    ]),
     "predictions": pa.schema([
         RUN_ID,
         pa.field("question_id", pa.string(), nullable=False),

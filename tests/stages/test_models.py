@@ -17,7 +17,7 @@ from nkb_model.train import cpu_computes_bf16
 from nkb_model.families import ENCODER_DECODER
 from stages import data, evaluation, knowledge, report, training
 from stages.configs import (DEFAULT_STRENGTH, BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig,
-                            InjectConfig, PretrainingDataConfig, ReportConfig, RetrieveConfig, SalientSpansConfig,
+                            InjectConfig, KnowledgeQuestionsConfig, PretrainingDataConfig, ReportConfig, RetrieveConfig, SalientSpansConfig,
                             SampleWorldConfig)
 from stages.inputs import qa_inputs, read_questions, retrieved_documents, world_dir
 from stages.models import find_model
@@ -226,6 +226,27 @@ def test_qa_steps_train_on_train_questions_alone_in_their_order_and_are_recorded
         assert inputs == [kind.qa_example(q) for q in train]
         assert not any(v.rstrip("?") in text for v in validation for text in inputs)
         assert not set(answers) - {a[0] for a in read_questions(world, None, "train").column("answers").to_pylist()}
+
+
+def test_knowledge_questions_join_the_qa_steps_only_when_asked_and_after_their_stage_ran(world):
+    from nkb_model.families import DECODER_ONLY
+    training.pretrain_base_model(world, TINY)
+    config = INJECT.model_copy(update={"name": "base+nkb-kq", "qa_share": 0.5, "knowledge_questions": True})
+    with pytest.raises(ValueError, match="no questions about 'sampleworld' yet; run knowledge-questions"):
+        training.inject(world, config)
+    data.write_knowledge_questions(world, KnowledgeQuestionsConfig(corpus="sampleworld"))
+    written = query(world, "SELECT question, answer FROM knowledge_questions").to_pylist()
+    tokenizer = load_model(find_model(world, "base"))[1]
+    train = read_questions(world, None, "train")
+    for asked, more in ((config, written), (config.model_copy(update={"knowledge_questions": False}), [])):
+        inputs, answers = training.qa_batches(world, tokenizer, asked, DECODER_ONLY).examples_for_epoch(0)
+        assert inputs == [DECODER_ONLY.qa_example(q) for q in train.column("question").to_pylist()
+                          + [r["question"] for r in more]]
+        assert answers == [a[0] for a in train.column("answers").to_pylist()] + [r["answer"] for r in more]
+    result = training.inject(world, config)
+    steps = sorted(r["step"] for r in run_metrics(world, result.run.run_id, "qa_loss"))
+    assert result.run.config["knowledge_questions"] and steps == [2, 4, 6, 8]
+    assert training.inject(world, config).skipped
 
 
 def test_inject_finetune_evaluate_end_to_end(world):
