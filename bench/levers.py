@@ -8,7 +8,8 @@ of `docs/journal.md` (qa_share, qa_order, augmented, sparse_slots, seeds) are me
 The route's inject and evaluate settings come from the experiment's own plan (its data, blocks, steps, asking),
 `--set` changes them as `nkb pipeline --set` would; the model is written to the experiment's warehouse under
 `--name`, so the experiment's own rows stay as they are. Prints JSON (EM with its 95 % interval, asked as the
-experiment asks the row first, and `em_0shot` beside it where the experiment also asks with no examples; the probe in
+experiment asks the row first, and `em_0shot` beside it where the experiment also asks with no examples (a route
+other than the NKB is asked as the NKB's row is, and never routed: routing is a row of the NKB's); the probe in
 unseen and seen wordings, the held-out loss against the base's, the base's known capitals kept, training seconds)
 and records it as `metrics` rows in `bench/results/levers`.
 """
@@ -78,9 +79,18 @@ def main(argv=None) -> int:
 def route(wh, experiment_file: str, row: str, sets: list[str]):
     """(the experiment, the inject config that trains `row`, the evaluate configs that ask it, one per way) from the
     experiment's own plan with `sets` applied; ValueError naming what is wrong."""
+    from stages.configs import MAIN_ROW, asks_zero_shot
     from stages.experiment import Experiment
     from stages.inputs import world_dir
-    experiment = Experiment.load(experiment_file, [f"rows=base,{row}", *sets]).with_world(world_dir(wh))
+    only = [f"rows=base,{row}"]
+    if row != MAIN_ROW.key:  # another route in the NKB row's place: asked as it is, not routed (a row of the NKB's)
+        zero_shot = Experiment.load(experiment_file, sets).zero_shot
+        if zero_shot is not True:
+            bare = [r for r in ("base", row) if asks_zero_shot(zero_shot, r)
+                    or (r == row and asks_zero_shot(zero_shot, MAIN_ROW.key))]
+            only.append(f"zero_shot=[{','.join(bare)}]")
+        only.append("routed=false")
+    experiment = Experiment.load(experiment_file, [*only, *sets]).with_world(world_dir(wh))
     plan = experiment.plan()
     inject = next((c for stage, c in plan if stage == "inject" and c.model_name() == row), None)
     asked = [c for stage, c in plan if stage == "evaluate" and c.model == row]
