@@ -12,8 +12,9 @@ from typing import Callable, Literal
 
 from stages.configs import (RUN_SETTINGS, AnalyzeConfig, AugmentConfig, BaseModelConfig, EditConfig, EvaluateConfig,
                             FinetuneConfig, GenerationDataConfig, IndexConfig, IngestConfig, InjectConfig,
-                            JoinCorporaConfig, KnowledgeQuestionsConfig, PretrainingDataConfig, QuestionsConfig, ReportConfig, RetrieveConfig,
-                            SalientSpansConfig, SampleWorldConfig, StageConfig, SurgeryConfig)
+                            JoinCorporaConfig, KnowledgeQuestionsConfig, PretrainingDataConfig, QuestionsConfig,
+                            ReportConfig, RetrieveConfig, SalientSpansConfig, SampleWorldConfig, StageConfig,
+                            SurgeryConfig)
 
 
 @dataclass(frozen=True)

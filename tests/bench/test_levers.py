@@ -7,7 +7,8 @@ import pytest
 
 from bench.levers import route
 
-TEMPLATE = str(Path(__file__).resolve().parents[2] / "experiments" / "sample-world-smollm2.yaml")  # routed: true, as the demo reports
+# The demo's template: routed: true, zero_shot: [base, base+nkb].
+TEMPLATE = str(Path(__file__).resolve().parents[2] / "experiments" / "sample-world-smollm2.yaml")
 
 
 @pytest.mark.parametrize("row", ["base+nkb", "base+lora", "base+lora-8", "base+ft"])
@@ -15,7 +16,7 @@ def test_every_route_of_a_routed_template_is_trained_and_asked_as_the_experiment
     experiment, inject, asked = route(SimpleNamespace(files_dir=tmp_path), TEMPLATE, row,
                                       ["stages.inject.knowledge_questions=true"])
     assert inject.model_name() == row and inject.knowledge_questions
-    # asked as the NKB row is: K-shot, then with no examples (the template's zero_shot: [base, base+nkb])
+    # asked as the NKB row is: K-shot, then with no examples
     assert [(c.model, c.shots) for c in asked] == [(row, experiment.shots), (row, 0)]
     assert experiment.routed == (row == "base+nkb")
 

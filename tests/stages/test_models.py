@@ -17,8 +17,8 @@ from nkb_model.train import cpu_computes_bf16
 from nkb_model.families import ENCODER_DECODER
 from stages import data, evaluation, knowledge, report, training
 from stages.configs import (DEFAULT_STRENGTH, BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig,
-                            InjectConfig, KnowledgeQuestionsConfig, PretrainingDataConfig, ReportConfig, RetrieveConfig, SalientSpansConfig,
-                            SampleWorldConfig)
+                            InjectConfig, KnowledgeQuestionsConfig, PretrainingDataConfig, ReportConfig,
+                            RetrieveConfig, SalientSpansConfig, SampleWorldConfig)
 from stages.inputs import qa_inputs, read_questions, retrieved_documents, world_dir
 from stages.models import find_model
 from warehouse import Warehouse, list_runs, query, run_metrics
