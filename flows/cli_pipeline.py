@@ -124,10 +124,7 @@ def run_experiment(experiment, args, export: bool = False) -> int:
         print(f"  {name:<{width}} {count:>8} rows  ({kind})")
     h = program() + home_flag(args)
     print("\nTry:")
-    for sql in ("SELECT label, count(*) AS spans FROM salient_spans GROUP BY label ORDER BY spans DESC",
-                "SELECT dataset, split, round(100 * value, 1) AS recall_at_3 FROM metrics "
-                "WHERE metric = 'answer_recall@3' ORDER BY ALL",
-                "SELECT input, target FROM ssm_examples LIMIT 5"):
+    for sql in suggested_queries({name for name, _, _ in filled}):
         print(f'  {h} sql "{sql}"')
     print(f"  {h} runs")
     # the main row's model, fine-tuned if it was: the one the demo exports
@@ -144,6 +141,21 @@ def run_experiment(experiment, args, export: bool = False) -> int:
     plots = [plot, *sorted((wh.files_dir / "analysis").glob("*.png"))[-1:]]
     print("\nPlots:\n" + "\n".join(f"  {p}" for p in plots if p.exists()))
     return code
+
+
+# What the end of a run suggests querying, by the table each reads: only tables the run filled are suggested.
+SUGGESTED_QUERIES = {
+    "salient_spans": "SELECT label, count(*) AS spans FROM salient_spans GROUP BY label ORDER BY spans DESC",
+    "metrics": "SELECT dataset, split, round(100 * value, 1) AS recall_at_3 FROM metrics "
+               "WHERE metric = 'answer_recall@3' ORDER BY ALL",
+    "ssm_examples": "SELECT input, target FROM ssm_examples LIMIT 5",
+    "knowledge_questions": "SELECT question, answer, label FROM knowledge_questions LIMIT 5",
+}
+
+
+def suggested_queries(filled: set[str]) -> list[str]:
+    """The queries worth trying on a warehouse whose filled tables are `filled`."""
+    return [sql for table, sql in SUGGESTED_QUERIES.items() if table in filled]
 
 
 def add_commands(sub) -> None:

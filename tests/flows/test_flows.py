@@ -9,6 +9,7 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 from prefect.testing.utilities import prefect_test_harness
 
 from corpus import ner
+from flows.cli_pipeline import suggested_queries
 from flows.flows import STAGE_FLOWS, pipeline
 from stages.configs import IngestConfig, SalientSpansConfig
 from stages.experiment import FULL_DEMO, arch_demo
@@ -38,6 +39,8 @@ def test_pipeline_flow_runs_every_stage_and_then_skips(tmp_path):
     assert counts["documents"] > 20 and counts["questions"] == 50 and counts["runs"] == 16
     assert counts["gen_examples"] > 0
     assert counts["retrievals"] > 100 and counts["segments"] > 20 and counts["salient_spans"] > 100
+    suggested = suggested_queries({t for t, n in counts.items() if n})
+    assert len(suggested) == 3 and all(query(Warehouse(home), sql).num_rows for sql in suggested)  # the end's "Try:"
     again = pipeline(experiment, home=home, train_models=False)
     assert all(r["skipped"] for r in again)
     assert len(list_runs(Warehouse(home))) == 16

@@ -3,6 +3,7 @@ each answer its span word for word, never a validation question; and the injecti
 
 import pytest
 
+from flows.cli_pipeline import suggested_queries
 from stages import data
 from stages.configs import KnowledgeQuestionsConfig, SalientSpansConfig
 from tests.stages.test_augment import spanned_world
@@ -22,6 +23,8 @@ def test_each_question_asks_a_span_of_its_segment_and_none_is_a_questions_file_w
         assert row["answer"].lower() not in row["question"]  # asked for, not copied
         assert row["question"] == row["question"].lower() and row["question_id"].startswith(row["segment_id"] + "~q")
     assert len({r["question_id"] for r in rows}) == len(rows)
+    suggested = suggested_queries({"knowledge_questions"})  # what a run's end offers to query
+    assert suggested and query(wh, suggested[0]).num_rows == 5
     # no question of the question files (either split) is what is written: the knowledge is asked, in its words
     asked = {q["q"].lower().rstrip("?") for q in query(wh, "SELECT question AS q FROM questions").to_pylist()}
     assert len(asked) > 50 and not asked & {r["question"] for r in rows}
