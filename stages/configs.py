@@ -48,8 +48,9 @@ LayerSpec = Annotated[str, AfterValidator(_layer_spec)]
 def validation_problems(exc, skip_missing: bool = False, prefix: str | None = None) -> list[str]:
     """A pydantic ValidationError as `field: what is wrong` lines, without pydantic's 'Value error, ' prefix; the
     fields under `prefix` (`stages.inject`) if given, which alone names a check of several fields."""
-    return [f"{'.'.join([*([prefix] if prefix else []), *map(str, e['loc'])]) or 'config'}: "
-            f"{e['msg'].removeprefix('Value error, ')}"
+    def where(error) -> str:
+        return ".".join([prefix, *map(str, error["loc"])] if prefix else map(str, error["loc"])) or "config"
+    return [f"{where(e)}: {e['msg'].removeprefix('Value error, ')}"
             for e in exc.errors() if not (skip_missing and e["type"] == "missing")]
 
 

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
@@ -542,16 +543,16 @@ def _write_knowledge_questions(run: StagedRun, wh: Warehouse, corpus: str) -> di
     segments, span_parts = span_partitions(wh, corpus)
     spans = wh.read("salient_spans", ["segment_id", "start_char", "end_char", "label"], partitions=span_parts)
     texts = wh.read("segments", ["segment_id", "text"], partitions=[segments])
-    rows = knowledge_questions(dict(zip(*(texts.column(c).to_pylist() for c in ("segment_id", "text")))),
+    rows = knowledge_questions(dict(zip(texts.column("segment_id").to_pylist(), texts.column("text").to_pylist())),
                                zip(*(spans.column(c).to_pylist() for c in spans.column_names)))
     if not rows:
         raise ValueError(f"no salient span of {corpus!r} can be asked for by the rest of its sentence "
                          f"({spans.num_rows} spans)")
-    asked: dict[str, int] = {}  # questions so far by segment: a question's id is its segment's and its number there
+    asked = Counter()  # questions so far by segment: a question's id is its segment's and its number there
     ids = []
     for row in rows:
-        ids.append(f"{row['segment_id']}~q{asked.get(row['segment_id'], 0)}")
-        asked[row["segment_id"]] = asked.get(row["segment_id"], 0) + 1
+        ids.append(f"{row['segment_id']}~q{asked[row['segment_id']]}")
+        asked[row["segment_id"]] += 1
     run.write("knowledge_questions", corpus, {"question_id": ids, **{c: [r[c] for r in rows] for c in
                                                                       ("segment_id", "question", "answer", "label")}})
     run.metric("knowledge_questions", len(rows), dataset=corpus)
