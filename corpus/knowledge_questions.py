@@ -10,7 +10,8 @@ pairs generated fact by fact from the documents, every fact covered; pre-instruc
 
 The questions are made by rule, not by a model: the span's entity label chooses the question word (PERSON → who,
 DATE → when, GPE → where, CARDINAL → how many, else what), which takes the span's place (a place's or a date's
-preposition with it); the rest of the sentence stays in its order, lower-cased as NQ-open's questions are. Each is an
+preposition with it; a place with no place's preposition (or `from`) before it is asked by `what`: `the capital of France` is
+no answer to `where`, and spaCy's GPE takes in some people); the rest of the sentence stays in its order, lower-cased as NQ-open's questions are. Each is an
 echo question (`when the eiffel tower was completed for the world's fair`), not English a person would write, but it
 holds the words a real question about the fact shares with the sentence, and its answer is the span word for word.
 """
@@ -50,6 +51,8 @@ def question_for(sentence: str, start: int, end: int, label: str) -> str | None:
         return None
     if before and before[-1].lower() in _ABSORBED.get(word, ()):
         before = before[:-1]
+    elif word == "where" and not (before and before[-1].lower() == "from"):  # `where ... a composer from` stays
+        word = "what"  # not a place the fact happens at (`the capital of France`, `Vienna hosted ...`)
     rest = " ".join(before + after).strip(_EDGE_PUNCTUATION)
     if span.lower() in rest.lower() or len(rest.split()) < MIN_WORDS:
         return None

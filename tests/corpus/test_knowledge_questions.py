@@ -13,6 +13,10 @@ def test_the_label_chooses_the_question_word_and_a_place_or_date_takes_its_prepo
     assert ask(sentence, "Gustave Eiffel", "PERSON") == "who designed the tower that was completed in 1889 in paris"
     assert ask(sentence, "1889", "DATE") == "when gustave eiffel designed the tower that was completed in paris"
     assert ask(sentence, "Paris", "GPE") == "where gustave eiffel designed the tower that was completed in 1889"
+    # a place with no place's preposition before it is not where something happens: asked by `what`
+    assert ask("Vienna hosted the congress of 1815.", "Vienna", "GPE") == "what hosted the congress of 1815"
+    assert ask("Lyon is the third city of France.", "France", "GPE") == "what lyon is the third city of"
+    assert ask("Ada Lovelace is a poet from Lyon.", "Lyon", "GPE") == "where ada lovelace is a poet from"
     assert ask("The Danube crosses ten countries.", "ten", "CARDINAL") == "how many the danube crosses countries"
     # a preposition that is not a place's or a date's stays: `worked for` asks for an employer
     assert ask("Ada Lovelace worked for Babbage Press.", "Babbage Press", "ORG") == "what ada lovelace worked for"
