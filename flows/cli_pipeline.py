@@ -54,8 +54,8 @@ def ready_to_run(runs) -> None:
 
 def cmd_pipeline(args) -> int:
     from stages.experiment import Experiment
-    experiment = Experiment.load(args.experiment, args.set or [])
-    return run_experiment(experiment.with_compared_rows() if args.routes else experiment, args)
+    experiment = Experiment.load(args.experiment, (args.set or []) + _routes(args))
+    return run_experiment(experiment, args)
 
 
 def cmd_demo(args) -> int:
@@ -65,9 +65,14 @@ def cmd_demo(args) -> int:
         raise ValueError("--full adds the paper's rows on bases built here (T5, Transformer, Kformer, concat); "
                          "use it with --arch t5 (its default) or llama/gpt2, not smollm2")
     sets = (FULL_DEMO if args.full else []) + (arch_demo(arch) if arch != SMOLLM2 else []) + (
-        args.set or []) + ([f"sample_world.people={args.people}"] if args.people else [])
+        args.set or []) + ([f"sample_world.people={args.people}"] if args.people else []) + _routes(args)
     experiment = Experiment.load(SAMPLE_WORLD_SMOLLM2 if arch == SMOLLM2 else SAMPLE_WORLD, sets)
-    return run_experiment(experiment.with_compared_rows() if args.routes else experiment, args, export=True)
+    return run_experiment(experiment, args, export=True)
+
+
+def _routes(args) -> list[str]:
+    """`--routes` as the setting it stands for, set before the experiment is checked (zero_shot may name them)."""
+    return ["routes=true"] if args.routes else []
 
 
 # The demo's export check asks this many questions: each is asked twice in fp32 (~0.5 s a question on 2 cores), and

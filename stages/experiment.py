@@ -199,7 +199,11 @@ class Experiment(StageConfig):
     rows: Optional[list[Row]] = Field(None, description=(
         "Report rows to train and evaluate; default every row that applies (transformer and large need a base "
         "built here) but the field's routes beside the NKB (base+lora, base+lora-8, base+ft), each a training of its "
-        "own: named to be trained."))
+        "own: named here or added by routes."))
+    routes: bool = Field(False, description=(
+        "Also train and report the field's routes beside the rows (base+lora, base+lora-8, base+ft: LoRA through "
+        "PEFT at the slots' parameter count and at PEFT's default rank, and the slot blocks' own FFN maps), on the "
+        "slots' blocks, batches and steps; zero_shot may name them. `--routes` sets it."))
     generation_rows: Optional[list[GenerationRow]] = Field(None, description=(
         "Rows fine-tuned on each generation task (of those in rows); default base, base+nkb and base+nkb-a."))
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
@@ -431,17 +435,12 @@ class Experiment(StageConfig):
         """How every QA row is asked: K-shot (shots), fine-tuned on the train split (0), or both (also_finetune)."""
         return [self.shots] + ([0] if self.also_finetune else [])
 
-    def with_compared_rows(self) -> "Experiment":
-        """The experiment with the field's routes (`COMPARED_ROWS`) beside its rows."""
-        rows = [r.key for r in self._rows()]
-        return self.model_copy(update={"rows": rows + [r for r in COMPARED_ROWS if r not in rows]})
-
     def _rows(self) -> list[ReportRow]:
         chosen = self.rows or [r.key for r in REPORT_ROWS if not r.named_only
                                and not (self.base_model and r.built_here)
                                and not (r.needs_encoder and not self.family.has_encoder)
                                and not (r.needs_prompt and not self.family.prompted)]
-        return [r for r in REPORT_ROWS if r.key in chosen]
+        return [r for r in REPORT_ROWS if r.key in chosen or (self.routes and r.key in COMPARED_ROWS)]
 
     def _model_steps(self, knowledge: str, general: Optional[str]) -> list[tuple[str, StageConfig]]:
         """Each row made by its recipe: its base, the knowledge route added to it, its fine-tuning and way of
