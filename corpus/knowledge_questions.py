@@ -10,10 +10,11 @@ pairs generated fact by fact from the documents, every fact covered; pre-instruc
 
 The questions are made by rule, not by a model: the span's entity label chooses the question word (PERSON → who,
 DATE → when, GPE → where, CARDINAL → how many, else what), which takes the span's place (a place's or a date's
-preposition with it; a place with no place's preposition (or `from`) before it is asked by `what`: `the capital of France` is
-no answer to `where`, and spaCy's GPE takes in some people); the rest of the sentence stays in its order, lower-cased as NQ-open's questions are. Each is an
-echo question (`when the eiffel tower was completed for the world's fair`), not English a person would write, but it
-holds the words a real question about the fact shares with the sentence, and its answer is the span word for word.
+preposition with it; a place with no place's preposition, or `from`, before it is asked by `what`: `the capital of
+France` is no answer to `where`, and spaCy's GPE takes in some people); the rest of the sentence stays in its order,
+lower-cased as NQ-open's questions are. Each is an echo question (`when the eiffel tower was completed for the
+world's fair`), not English a person would write, but it holds the words a real question about the fact shares with
+the sentence, and its answer is the span word for word.
 """
 
 from __future__ import annotations
