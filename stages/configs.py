@@ -694,7 +694,7 @@ class ReportRow:
     generation: bool = False  # fine-tuned on the generation tasks too (the general-generation check)
     main: bool = False        # the row whose slots analyze, surgery and edit study, and whose settings forms offer
     later: bool = False       # added after warehouses had reports: off in a report config unless named
-    named_only: bool = False  # a comparison that costs a training of its own: in an experiment's rows when named
+    named_only: bool = False  # a comparison costing a training of its own: in the rows when named (or routes)
 
     @property
     def needs_prompt(self) -> bool:

@@ -46,8 +46,6 @@ PROMPT_ROWS = {r.key for r in REPORT_ROWS if r.needs_prompt}
 # What `nkb demo --full` sets over the sample world's file: every row of the paper's Tables 3 and 4 that applies
 # (rows emptied: the default, every row the base allows).
 FULL_DEMO = ["rows=", "generation_rows=base,base+nkb,base+nkb-a"]
-# The field's routes beside the NKB (`nkb demo --routes` adds them to the experiment's rows).
-COMPARED_ROWS = [r.key for r in REPORT_ROWS if r.named_only]
 
 
 def arch_demo(arch: str) -> list[str]:
@@ -440,7 +438,7 @@ class Experiment(StageConfig):
                                and not (self.base_model and r.built_here)
                                and not (r.needs_encoder and not self.family.has_encoder)
                                and not (r.needs_prompt and not self.family.prompted)]
-        return [r for r in REPORT_ROWS if r.key in chosen or (self.routes and r.key in COMPARED_ROWS)]
+        return [r for r in REPORT_ROWS if r.key in chosen or (self.routes and r.named_only)]
 
     def _model_steps(self, knowledge: str, general: Optional[str]) -> list[tuple[str, StageConfig]]:
         """Each row made by its recipe: its base, the knowledge route added to it, its fine-tuning and way of
