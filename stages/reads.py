@@ -2,8 +2,8 @@
 
 A stage declares its run (`Declared`): its config, what it reads (`Read`s: a corpus, questions, retrievals, spans, a
 model, a file) and what it adds to its config's identity (a model's name, the datasets it found). The declaration
-gives the inputs fingerprint (the config's identity and what stands for each read's data: the runs that wrote its
-partitions, a file's digest, a model folder and the run that built it), and runs the body atomically through
+gives the inputs fingerprint (the config's identity, the stage's rules version from the registry, and what stands for
+each read's data: the runs that wrote its partitions, a file's digest, a model folder and the run that built it), and runs the body atomically through
 `warehouse.run_stage`, writing only the tables the registry says the stage writes. A stage body is then read →
 compute → write, with no lineage of its own to build; and what a stage reads is said the same way everywhere, so
 two stages that read the same thing fingerprint it the same way.
@@ -111,7 +111,8 @@ class Declared:
 
     @functools.cached_property
     def fingerprint(self) -> str:
-        return fingerprint(self.stage, self.config.identity() | self.identity,
+        rules = STAGES[self.stage].rules
+        return fingerprint(self.stage, self.config.identity() | self.identity | ({"rules": rules} if rules else {}),
                            [part for read in self.reads for part in read.lineage])
 
     def run(self, wh: Warehouse, body: Callable[[StagedRun], Any], force: bool = False, **options) -> StageResult:

@@ -27,6 +27,8 @@ class Stage:
     reads_file: bool = False             # reads one of an experiment's files, named by the file's own entry there
     writes: frozenset[str] = frozenset()  # the tables its runs write (besides its metrics); no other is let through
     settable: bool = True                # an experiment's `stages:` may set it (join-corpora's all come from the plan)
+    rules: int = 0                       # raised when a change to the stage writes other rows from the same inputs
+    #                                      and config: part of its runs' fingerprint, so an upgrade reruns it
 
     @property
     def entry(self) -> Callable:
@@ -59,7 +61,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("augment", AugmentConfig, "augment:augment", pool="gpu",
           writes=frozenset({"augmented_segments", "segments", "salient_spans"})),
     Stage("knowledge-questions", KnowledgeQuestionsConfig, "data:write_knowledge_questions",
-          writes=frozenset({"knowledge_questions"})),
+          writes=frozenset({"knowledge_questions"}), rules=1),  # 1: `where` only of places (2026-12-05)
     Stage("pretraining-data", PretrainingDataConfig, "training:prepare_pretraining_data",
           writes=frozenset({"segments"})),
     Stage("base-model", BaseModelConfig, "training:pretrain_base_model", pool="gpu", publishes_model=True),

@@ -1,5 +1,6 @@
 """Stages on the sample world: outputs, reruns, and bad input leaving the warehouse untouched."""
 
+import dataclasses
 import json
 import shutil
 
@@ -10,6 +11,7 @@ from corpus.sample_world import WorldFiles
 from stages import data
 from stages.configs import IngestConfig, QuestionsConfig, SampleWorldConfig
 from stages.inputs import world_dir
+from stages.registry import STAGES
 from warehouse import Warehouse, list_runs, query, row_counts
 from warehouse.sql import sandbox
 
@@ -207,6 +209,20 @@ def test_a_questions_rerun_after_another_file_replaced_the_split_rewrites_it(tmp
     data.load_questions(wh, big)
     assert not data.load_questions(wh, small).skipped
     assert query(wh, "SELECT count(*) AS n FROM questions").to_pylist() == [{"n": 2}]
+
+
+def test_a_stage_whose_rules_were_raised_reruns_on_the_same_inputs(tmp_path, wh, monkeypatch):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question": "a?", "answer": ["one"]}\n')
+    config = QuestionsConfig(path=str(path), format="nq_open", dataset="d", split="train")
+    first = data.load_questions(wh, config)
+    assert data.load_questions(wh, config).skipped
+    # an upgrade that changes what the stage writes from these inputs raises its rules version
+    monkeypatch.setitem(STAGES, "questions", dataclasses.replace(STAGES["questions"], rules=1))
+    again = data.load_questions(wh, config)
+    assert not again.skipped and again.run.inputs_fingerprint != first.run.inputs_fingerprint
+    assert data.load_questions(wh, config).skipped
+    assert query(wh, "SELECT count(*) AS n FROM questions").to_pylist() == [{"n": 1}]  # rewritten, not added
 
 
 @pytest.mark.slow
