@@ -11,10 +11,10 @@ pairs generated fact by fact from the documents, every fact covered; pre-instruc
 The questions are made by rule, not by a model: the span's entity label chooses the question word (PERSON → who,
 DATE → when, GPE → where, CARDINAL → how many, else what), which takes the span's place (a place's or a date's
 preposition with it; a place with no place's preposition, or `from`, before it is asked by `what`: `the capital of
-France` is no answer to `where`, and spaCy's GPE takes in some people); the rest of the sentence stays in its order,
-lower-cased as NQ-open's questions are. Each is an echo question (`when the eiffel tower was completed for the
-world's fair`), not English a person would write, but it holds the words a real question about the fact shares with
-the sentence, and its answer is the span word for word.
+France` is no answer to `where`, and spaCy's GPE takes in some people); the rest of the sentence stays in its order
+(less a comma the span leaves on its own), lower-cased as NQ-open's questions are. Each is an echo question (`when
+the eiffel tower was completed for the world's fair`), not English a person would write, but it holds the words a
+real question about the fact shares with the sentence, and its answer is the span word for word.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ QUESTION_WORDS = {
 # Prepositions that go with a place's or a time's question word (`born in 1867` → `when ... born`).
 _ABSORBED = {"where": {"in", "at", "on", "near", "into", "inside"},
              "when": {"in", "on", "at", "during", "since"}}
+_STRANDED = {",", ";", ":"}  # a separator the span's removal leaves on its own
 _EDGE_PUNCTUATION = " \t\n.,;:!?\"'“”‘’()[]–—-"
 _WORD = re.compile(r"\w")
 MIN_WORDS = 3  # the rest of a sentence shorter than this (`who he met`) names no fact
@@ -50,6 +51,8 @@ def question_for(sentence: str, start: int, end: int, label: str) -> str | None:
     before, after = sentence[:start].split(), sentence[end:].split()
     if after and after[0].startswith(("'s", "’s")):  # a possessive (`Union's forces`): no question word stands so
         return None
+    if after and after[0] in _STRANDED:  # the comma that followed the span (`a native of Lyon, worked for`)
+        after = after[1:]
     if before and before[-1].lower() in _ABSORBED.get(word, ()):
         before = before[:-1]
     elif word == "where" and not (before and before[-1].lower() == "from"):  # `where ... a composer from` stays

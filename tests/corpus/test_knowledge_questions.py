@@ -20,6 +20,11 @@ def test_the_label_chooses_the_question_word_and_a_place_or_date_takes_its_prepo
     assert ask("The Danube crosses ten countries.", "ten", "CARDINAL") == "how many the danube crosses countries"
     # a preposition that is not a place's or a date's stays: `worked for` asks for an employer
     assert ask("Ada Lovelace worked for Babbage Press.", "Babbage Press", "ORG") == "what ada lovelace worked for"
+    # the comma that followed a span mid-sentence goes with it, not left standing in a gap
+    assert ask("Ada Lovelace, a native of Lyon, worked for Babbage Press.", "Lyon", "GPE") == \
+        "what ada lovelace, a native of worked for babbage press"
+    assert ask("Ada Lovelace composed Harmony, her best work.", "Harmony", "WORK_OF_ART") == \
+        "what ada lovelace composed her best work"
 
 
 def test_no_question_where_it_would_be_copied_or_name_nothing():
