@@ -2,11 +2,11 @@
 
 A stage declares its run (`Declared`): its config, what it reads (`Read`s: a corpus, questions, retrievals, spans, a
 model, a file) and what it adds to its config's identity (a model's name, the datasets it found). The declaration
-gives the inputs fingerprint (the config's identity, the stage's rules version from the registry, and what stands for
-each read's data: the runs that wrote its partitions, a file's digest, a model folder and the run that built it), and runs the body atomically through
-`warehouse.run_stage`, writing only the tables the registry says the stage writes. A stage body is then read →
-compute → write, with no lineage of its own to build; and what a stage reads is said the same way everywhere, so
-two stages that read the same thing fingerprint it the same way.
+gives the inputs fingerprint (the config's identity, the stage's rules version from the registry, and what stands
+for each read's data: the runs that wrote its partitions, a file's digest, a model folder and the run that built
+it), and runs the body atomically through `warehouse.run_stage`, writing only the tables the registry says the
+stage writes. A stage body is then read → compute → write, with no lineage of its own to build; and what a stage
+reads is said the same way everywhere, so two stages that read the same thing fingerprint it the same way.
 """
 
 from __future__ import annotations
