@@ -12,10 +12,9 @@ The questions are made by rule, not by a model: the span's entity label chooses 
 DATE → when, GPE → where, CARDINAL → how many, else what), which takes the span's place (a place's or a date's
 preposition with it; a place with no place's preposition, or `from`, before it is asked by `what`: `the capital of
 France` is no answer to `where`, and spaCy's GPE takes in some people); the rest of the sentence stays in its order
-(less a comma the span leaves on its own; a bracket it closed joined to the word before it), lower-cased as
-NQ-open's questions are. Each is an echo question (`when the eiffel tower was completed for the world's fair`), not
-English a person would write, but it holds the words a real question about the fact shares with the sentence, and
-its answer is the span word for word.
+(less a comma the span leaves on its own), lower-cased as NQ-open's questions are. Each is an echo question (`when
+the eiffel tower was completed for the world's fair`), not English a person would write, but it holds the words a
+real question about the fact shares with the sentence, and its answer is the span word for word.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ QUESTION_WORDS = {
 _ABSORBED = {"where": {"in", "at", "on", "near", "into", "inside"},
              "when": {"in", "on", "at", "during", "since"}}
 _STRANDED = {",", ";", ":"}  # a separator the span's removal leaves on its own
-_CLOSING = re.compile(r"[)\]][,;:.]*$")  # a bracket the span closed, with what followed it
 _EDGE_PUNCTUATION = " \t\n.,;:!?\"'“”‘’()[]–—-"
 _WORD = re.compile(r"\w")
 MIN_WORDS = 3  # the rest of a sentence shorter than this (`who he met`) names no fact
@@ -59,9 +57,6 @@ def question_for(sentence: str, start: int, end: int, label: str) -> str | None:
         before = before[:-1]
     elif word == "where" and not (before and before[-1].lower() == "from"):  # `where ... a composer from` stays
         word = "what"  # not a place the fact happens at (`the capital of France`, `Vienna hosted ...`)
-    if after and before and _CLOSING.match(after[0]):  # the span ended a bracket: `(born 1950)` → `(born)`
-        before = before[:-1] + ([] if before[-1] == "(" else [before[-1] + after[0]])  # `(1950)`: nothing left
-        after = after[1:]
     rest = " ".join(before + after).strip(_EDGE_PUNCTUATION)
     if span.lower() in rest.lower() or len(rest.split()) < MIN_WORDS:
         return None

@@ -61,7 +61,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("augment", AugmentConfig, "augment:augment", pool="gpu",
           writes=frozenset({"augmented_segments", "segments", "salient_spans"})),
     Stage("knowledge-questions", KnowledgeQuestionsConfig, "data:write_knowledge_questions",
-          writes=frozenset({"knowledge_questions"}), rules=3),  # 1: `where` only of places; 2: no stranded comma; 3: nor bracket
+          writes=frozenset({"knowledge_questions"}), rules=2),  # 1: `where` only of places; 2: no stranded comma
     Stage("pretraining-data", PretrainingDataConfig, "training:prepare_pretraining_data",
           writes=frozenset({"segments"})),
     Stage("base-model", BaseModelConfig, "training:pretrain_base_model", pool="gpu", publishes_model=True),
