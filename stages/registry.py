@@ -27,8 +27,9 @@ class Stage:
     reads_file: bool = False             # reads one of an experiment's files, named by the file's own entry there
     writes: frozenset[str] = frozenset()  # the tables its runs write (besides its metrics); no other is let through
     settable: bool = True                # an experiment's `stages:` may set it (join-corpora's all come from the plan)
-    rules: int = 0                       # raised when a change to the stage writes other rows from the same inputs
-    #                                      and config: part of its runs' fingerprint, so an upgrade reruns it
+    # Raised when a change to the stage writes other rows from the same inputs and config: part of its runs'
+    # fingerprint (`stages.reads.Declared`), so an upgrade reruns it and what reads it, and nothing else.
+    rules: int = 0
 
     @property
     def entry(self) -> Callable:
