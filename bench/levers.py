@@ -10,8 +10,8 @@ The route's inject and evaluate settings come from the experiment's own plan (it
 `--name`, so the experiment's own rows stay as they are. Prints JSON (EM with its 95 % interval, asked as the
 experiment asks the row first, and `em_0shot` beside it where the experiment also asks with no examples (a route
 other than the NKB is asked as the NKB's row is, and never routed: routing is a row of the NKB's); the probe in
-unseen and seen wordings, the held-out loss against the base's, the base's known capitals kept, training seconds)
-and records it as `metrics` rows in `bench/results/levers`.
+unseen and seen wordings, the held-out loss against the base's, the base's known capitals kept, both routed too where
+the experiment routes the NKB's row, training seconds) and records it as `metrics` rows in `bench/results/levers`.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def main(argv=None) -> int:
     from nkb_model.metrics import bootstrap_interval
     from nkb_model.train import choose_device
     from stages import evaluation, training
+    from stages.configs import MAIN_ROW
     from warehouse import Warehouse, WarehouseError, run_stage
 
     try:
@@ -67,7 +68,8 @@ def main(argv=None) -> int:
     device = choose_device(inject.device, inject.precision)
 
     def body(run):
-        result.update(measured(run, wh, args.name, experiment.probes, asked[0].split, device))
+        result.update(measured(run, wh, args.name, experiment.probes, asked[0].split, device,
+                               routed=experiment.routed and args.row == MAIN_ROW.key))
         for key, value in result.items():
             if isinstance(value, (int, float)):
                 run.metric(f"bench.levers.{key}", value)
@@ -99,17 +101,21 @@ def route(wh, experiment_file: str, row: str, sets: list[str]):
     return experiment, inject, asked
 
 
-def measured(run, wh, name: str, probes_path: str | None, split: str, device) -> dict:
+def measured(run, wh, name: str, probes_path: str | None, split: str, device, routed: bool = False) -> dict:
     """What the report measures of a row's model (`stages.report.model_checks`: the probe of the split's facts, the
     held-out loss, the base's known facts kept; its fills go to the benchmark warehouse's `predictions`), beside the
-    base's held-out loss."""
+    base's held-out loss; `routed`: the held-out loss and the facts kept routed too, as the report's routed row."""
+    import contextlib
+
     import numpy as np
 
     from corpus.files import iter_jsonl
+    from corpus.routing import routed as combined
     from nkb_model.checkpoint import load_model
     from nkb_model.checks import heldout_loss
     from stages.models import base_dir_of, find_model
     from stages.report import facts_known_by, model_checks
+    from stages.report_routing import open_router
 
     base, tokenizer, _ = load_model(find_model(wh, "base"))
     base.to(device.device).eval()
@@ -118,13 +124,21 @@ def measured(run, wh, name: str, probes_path: str | None, split: str, device) ->
     # The asked split's facts only, as the report probes them: the train split's facts are those of the questions
     # qa_share trains on.
     probes = [p for _, p in iter_jsonl(probes_path)] if probes_path else []
-    checks = model_checks(run, directory, True, [p for p in probes if p.get("split", split) == split], split, device,
-                          facts)
-    return {"probe_unseen": checks["probe_em"], "probe_seen": checks["probe_seen_em"],
-            "heldout_loss": checks["heldout_loss"], "heldout_loss_unmounted": checks["heldout_loss_nkb_unmounted"],
-            "heldout_loss_base": heldout_loss(base, tokenizer, np.load(base_dir_of(directory) / "held_out.npy"), device),
-            "capitals_known": len(facts),
-            "capitals_kept": round((checks["retained_em"] or 0.0) * len(facts) / 100)}
+    with open_router(wh) if routed else contextlib.nullcontext() as router:
+        checks = model_checks(run, directory, True, [p for p in probes if p.get("split", split) == split], split,
+                              device, facts, route=router)
+        facts_to_slots = router.prompts(facts) if router else None
+    result = {"probe_unseen": checks["probe_em"], "probe_seen": checks["probe_seen_em"],
+              "heldout_loss": checks["heldout_loss"], "heldout_loss_unmounted": checks["heldout_loss_nkb_unmounted"],
+              "heldout_loss_base": heldout_loss(base, tokenizer, np.load(base_dir_of(directory) / "held_out.npy"),
+                                                device),
+              "capitals_known": len(facts),
+              "capitals_kept": round((checks["retained_em"] or 0.0) * len(facts) / 100)}
+    if router:  # a fact routed away is asked of the base, which knows every one of them
+        result |= {"heldout_loss_routed": checks["heldout_loss_routed"],
+                   "capitals_kept_routed": sum(combined(facts_to_slots, checks["fact_hits"], [True] * len(facts)))}
+    return result
+
 
 if __name__ == "__main__":
     sys.exit(main())
