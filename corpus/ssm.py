@@ -11,8 +11,6 @@ span as input and the span as target, the span recalled from what precedes it (`
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,11 +32,9 @@ def recall_span(text: str, start: int, end: int) -> tuple[str, str]:
     return text[:start], text[start:end]
 
 
-def recall_span_and_rest(text: str, start: int, end: int, words: int | None = None) -> tuple[str, str]:
-    """(input, target) for a causal LM: the text before text[start:end], and the span with the rest of the text
-    (`words`: with at most that many of its words, a punctuation mark standing alone counting as one)."""
-    rest = text[end:] if words is None else re.match(rf"(?:\s*\S+){{0,{words}}}", text[end:]).group()
-    return text[:start], text[start:end] + rest
+def recall_span_and_rest(text: str, start: int, end: int) -> tuple[str, str]:
+    """(input, target) for a causal LM: the text before text[start:end], and the span with the rest of the text."""
+    return text[:start], text[start:]
 
 
 def draw_spans(spans: pa.Table, seed: int, epoch: int) -> pa.Table:
@@ -83,12 +79,12 @@ def cued_spans(spans: pa.Table) -> pa.Table:
 
 def ssm_examples(segments: pa.Table, spans: pa.Table, seed: int = 0, epoch: int = 0,
                  skip_repeated: bool = False, decoder_only: bool = False, and_rest: bool = False,
-                 rest_words: int | None = None, cued: bool = False) -> pa.Table:
+                 cued: bool = False) -> pa.Table:
     """One SSM example per segment that has at least one (maskable) salient span (SSM_SCHEMA).
 
     skip_repeated: mask only spans whose text occurs once in the segment (see `unrepeated_spans`).
     decoder_only: examples for a decoder-only model (`recall_span`) instead of T5's (`mask_span`); with `and_rest`,
-    its target runs on to the segment's end (`recall_span_and_rest`), or for `rest_words` words after the span.
+    its target runs on to the segment's end (`recall_span_and_rest`).
     cued: mask only spans that follow another salient span of their segment (see `cued_spans`); the cue may be a
     repeated span that `skip_repeated` leaves out.
     """
@@ -104,12 +100,8 @@ def ssm_examples(segments: pa.Table, spans: pa.Table, seed: int = 0, epoch: int 
         text = texts.get(seg)
         if text is None:
             continue
-        if not decoder_only:
-            inp, tgt = mask_span(text, start, end)
-        elif and_rest:
-            inp, tgt = recall_span_and_rest(text, start, end, rest_words)
-        else:
-            inp, tgt = recall_span(text, start, end)
+        example = (recall_span_and_rest if and_rest else recall_span) if decoder_only else mask_span
+        inp, tgt = example(text, start, end)
         for name, value in zip(SSM_SCHEMA.names, (seg, inp, tgt, start, end)):
             rows[name].append(value)
     return pa.table(rows, schema=SSM_SCHEMA)

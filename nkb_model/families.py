@@ -114,7 +114,7 @@ class EncoderDecoder(Family):
         """What the model fills `<extra_id_0>` of each prompt with."""
         return generate(model, tokenizer, prompts, device, batch_size, max_new_tokens=max_new_tokens)
 
-    def ssm_form(self, and_rest: bool, cued: bool, rest_words: int | None = None) -> dict:
+    def ssm_form(self, and_rest: bool, cued: bool) -> dict:
         """`corpus.ssm.ssm_examples`'s settings for this family: T5 fills a sentinel, from both sides."""
         return {}
 
@@ -198,10 +198,9 @@ class DecoderOnly(Family):
                                   max_new_tokens=max_new_tokens, words=[len(a.split()) for a in answers])
         return [probe_fill(w, a) for w, a in zip(written, answers)]
 
-    def ssm_form(self, and_rest: bool, cued: bool, rest_words: int | None = None) -> dict:
-        """The span recalled from the text before it (with the rest of its segment or `rest_words` of it, from spans
-        cued by another)."""
-        return {"decoder_only": True, "and_rest": and_rest, "rest_words": rest_words, "cued": cued}
+    def ssm_form(self, and_rest: bool, cued: bool) -> dict:
+        """The span recalled from the text before it (with the rest of its segment, from spans cued by another)."""
+        return {"decoder_only": True, "and_rest": and_rest, "cued": cued}
 
     def answer_format(self, requested: str, knowledge: str, model_name: str) -> str:
         """`prompt`, whichever is asked for. Plain is the question and its answer; sentinel asks for the answer the

@@ -483,8 +483,8 @@ class BaseModelConfig(TrainingConfig):
 
 class InjectConfig(TrainingConfig):
     """Inject the salient-span-masked knowledge corpus into NKB slots mounted on a base model."""
-    later_settings = TrainingConfig.later_settings | {"start", "span_target", "rest_words", "cued_spans", "lora_rank",
-                                                      "qa_share", "qa_order", "sparse_slots", "augmented",
+    later_settings = TrainingConfig.later_settings | {"start", "span_target", "cued_spans", "lora_rank", "qa_share",
+                                                      "qa_order", "sparse_slots", "augmented",
                                                       "own_text_weight", "own_text_rows", "knowledge_questions"}
     volatile = TrainingConfig.volatile | {"cache"}
 
@@ -513,9 +513,6 @@ class InjectConfig(TrainingConfig):
         "the rest of its segment, so that the slots also learn where a span ends and how the sentence goes on "
         "(on SmolLM2: well-formed answers without general steps; docs/decisions.md). "
         "T5 fills its sentinel either way."))
-    rest_words: Optional[int] = Field(None, ge=1, description=(
-        "span_and_rest: at most this many words of the rest after the span (a punctuation mark standing alone counts "
-        "as one), so that the slots learn less of how the corpus's sentences go on. null: the whole rest."))
     cued_spans: bool = Field(False, description=(
         "A decoder-only base's SSM draws only spans that follow another salient span of their segment (the subject "
         "that cues them): a span that opens its segment has nothing to be recalled from, and learning it teaches the "
@@ -575,8 +572,6 @@ class InjectConfig(TrainingConfig):
     def _knowledge_questions_are_qa_steps(self):
         if self.knowledge_questions and not self.qa_share:
             raise ValueError("knowledge_questions are asked in the QA steps: set qa_share above 0 too")
-        if self.rest_words and self.span_target != "span_and_rest":
-            raise ValueError("rest_words cuts the rest of span_target: span_and_rest; set that too")
         return self
 
     def model_name(self) -> str:

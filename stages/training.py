@@ -451,8 +451,7 @@ def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: 
     @functools.lru_cache(maxsize=2)
     def drawn(epoch: int):
         return ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=config.skip_repeated_spans,
-                            **kind.ssm_form(and_rest=config.span_target == "span_and_rest", cued=config.cued_spans,
-                                            rest_words=config.rest_words))
+                            **kind.ssm_form(and_rest=config.span_target == "span_and_rest", cued=config.cued_spans))
 
     def examples(epoch: int) -> tuple[list[str], list[str]]:
         ex = drawn(epoch)

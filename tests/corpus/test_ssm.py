@@ -1,6 +1,6 @@
 import pyarrow as pa
 
-from corpus.ssm import MASK, draw_spans, mask_span, recall_span_and_rest, ssm_examples
+from corpus.ssm import MASK, draw_spans, mask_span, ssm_examples
 
 SEGMENTS = pa.table({"segment_id": ["a#0", "b#0", "c#0"],
                      "text": ["Ada Quint was born in Velmora in 1901.", "Orvel Works hired her.", "No entities here."]})
@@ -45,18 +45,6 @@ def test_a_decoder_only_example_recalls_the_span_alone_or_with_the_rest_of_its_s
         text = texts[a["segment_id"]]
         assert a["input"] == r["input"] == text[:a["start_char"]]
         assert a["target"] == text[a["start_char"]:a["end_char"]] and r["target"] == text[a["start_char"]:]
-
-
-def test_rest_words_cut_the_rest_after_the_span_counting_a_lone_mark_as_a_word():
-    text = "In 1977, Ada Quint was born to a family of modest means."
-    assert recall_span_and_rest(text, 3, 7, words=2) == ("In ", "1977, Ada")
-    assert recall_span_and_rest(text, 3, 7, words=40) == recall_span_and_rest(text, 3, 7) == ("In ", text[3:])
-    texts = dict(zip(SEGMENTS["segment_id"].to_pylist(), SEGMENTS["text"].to_pylist()))
-    one_more = {"Ada Quint": "Ada Quint was", "Velmora": "Velmora in", "1901": "1901.", "Orvel Works": "Orvel Works hired"}
-    for epoch in range(4):
-        for row in ssm_examples(SEGMENTS, SPANS, seed=1, epoch=epoch, decoder_only=True, and_rest=True,
-                                rest_words=1).to_pylist():
-            assert row["target"] == one_more[texts[row["segment_id"]][row["start_char"]:row["end_char"]]]
 
 
 def test_cued_examples_recall_only_spans_that_follow_another():

@@ -262,8 +262,6 @@ def test_sets_read_yaml_values_lists_and_nested_keys():
      "stages.inject.layers.1: 'middle' names no block: use decoder.N or encoder.N"),
     ({"stages": {"inject": {"knowledge_questions": True}}},
      "stages.inject: knowledge_questions are asked in the QA steps: set qa_share above 0 too"),
-    ({"stages": {"inject": {"rest_words": 3}}},
-     "stages.inject: rest_words cuts the rest of span_target: span_and_rest; set that too"),
     ({"knowledge": []}, "knowledge: List should have at least 1 item"),
     ({"rows": ["bigger"]}, "rows.0: Input should be 'transformer'"),
     ({"nme": "x"}, "nme: Extra inputs are not permitted"),
