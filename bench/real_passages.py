@@ -61,7 +61,7 @@ def documents(prefix: str, passages) -> list[dict]:
     return [{"id": f"{prefix}{i}", "title": title, "text": text} for i, (title, text) in enumerate(passages)]
 
 
-# The injection's steps on the real passages: those of docs/results.md's runs. The demo's own (1,200) are seven
+# The injection's steps on the real passages: those of docs/results.md's runs. The demo's own (1,400) are nine
 # passes over its smaller world's segments; 600 passages at 1,800 steps were already memorised without answers.
 REAL_STEPS = 1800
 

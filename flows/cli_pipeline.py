@@ -187,8 +187,8 @@ def add_commands(sub) -> None:
                                       "(experiments/sample-world.yaml).",
                           epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--people", type=int, help=(
-        "people in the sample world (sets sample_world.people; SmolLM2's experiment has 80 at 1,200 injection steps, "
-        "about seven passes over their segments: scale the steps with the people, --set stages.inject.steps=N)"))
+        "people in the sample world (sets sample_world.people; SmolLM2's experiment has 80 at 1,400 injection steps, "
+        "about nine passes over their segments: scale the steps with the people, --set stages.inject.steps=N)"))
     demo.add_argument("--full", action="store_true", help="the T5 experiment with every row of the paper's Tables 3 "
                       "and 4 (adds the Transformer, larger-base, Kformer and concat rows to --arch t5's base, "
                       "base+NKB and base+NKB-a, and NKB-a to the generation check; what --arch t5 built is reused)")
