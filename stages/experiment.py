@@ -221,8 +221,8 @@ class Experiment(StageConfig):
     zero_shot: ZeroShot = Field(False, description=(
         "With shots: K, also ask each row (true) or the rows listed in the same prompt with no examples and no "
         "fine-tuning (lm-evaluation-harness's zero-shot) and report it beside its K-shot row as `LABEL (0-shot)`: a "
-        "route trained on the train split's questions first (`stages.inject.qa_order: before`) learned that "
-        "prompt's form, which examples in front of the question then disturb."))
+        "route trained on questions (`stages.inject.qa_share`) learned that prompt's form, which examples in "
+        "front of the question then disturb."))
     routed: bool = Field(False, description=(
         "Also report base+NKB routed: the slots asked only where a question, probe, fact or held-out text matches "
         "the knowledge (its best BM25 score in the knowledge's index, a longer text's over stretches as long as the "
