@@ -552,7 +552,8 @@ class InjectConfig(TrainingConfig):
         "A decoder-only base: add to each step's loss this many times how far the trained blocks' FFNs write from "
         "what the base's wrote, on text the base wrote itself (sampled once before training; relative to the base's "
         "own writes; `nkb_model.own_text`): slots that fire only on the knowledge leave the base's other answers "
-        "alone. 0: no such term."))
+        "alone. 0: no such term. The demo's 0.01: the base's own text +12 % against +59 % without, the held-out loss "
+        "within 2 % on four seeds of five, as many answers (docs/decisions.md)."))
     own_text_rows: int = Field(128, ge=1, description=(
         "own_text_weight: how many texts of 48 tokens the base writes for it (~0.5 s each on 2 CPU cores)."))
     augmented: list[AugmentMethod] = Field(default_factory=list, description=(
