@@ -6,7 +6,8 @@ the inject stage sets it up, then a few of its steps under PyTorch's profiler, w
 Prints, and records as `metrics` rows in `bench/results/profile_inject`:
 - the machine: CPU model, the instruction sets bf16 matrix products can use (AVX512-BF16, AMX), PyTorch's CPU
   capability and thread count;
-- the set-up's seconds: the base loaded, the blocks below the trained ones cached over the corpus;
+- the set-up's seconds: the base loaded (and, with `own_text_weight`, the base's own text written), the blocks below
+  the trained ones cached over the corpus;
 - the profiled steps (after `--warmup` steps, which also take the questions `qa_order: before` puts first): steps a
   second, and their time by kind of work (matrix products, attention, the optimizer,
   the rest), with the ten operators of most time;
@@ -108,19 +109,20 @@ def prepared(wh, config, steps: int):
     """The inject stage's own set-up of `config` (base, route, device, batches, the after-step hook), timed."""
     from stages.inputs import one_corpus
     from stages.models import source_model
-    from stages.training import TRAINING, after_injection_step, injection_batches, knowledge_segments
+    from stages.training import TRAINING, after_injection_step, base_own_text, injection_batches, knowledge_segments
     from nkb_model.train import choose_device
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus), "steps": steps})
     base = source_model(wh, config.base_model)
     started = time.perf_counter()
     segments, spans = knowledge_segments(wh, config)
     model, tokenizer, _ = base.load()
-    made = TRAINING[config.variant](model, config, None)
     device = choose_device(config.device, config.precision)
+    own = base_own_text(model, tokenizer, config, device)  # as the stage does: before anything is mounted
+    made = TRAINING[config.variant](model, config, None)
     device.hold(model)
     loaded = time.perf_counter()
     trained, _, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device,
-                                            made.frozen_base)
+                                            made.frozen_base, own)
     after = after_injection_step(wh, model, trained, tokenizer, config, base, device)
     return model, trained, batches, device, after, {
         "setup_load_seconds": round(loaded - started, 1),
