@@ -13,13 +13,9 @@ import os
 import sys
 
 M_ARENA_MAX = -8  # glibc's <malloc.h>
+# Room above glibc's default (8 per core) for the threads a stage process starts beside torch's: Prefect's (its event
+# loop, its API and log workers, anyio's pool of up to 40) and the JVM's (about 17).
 ARENAS_ABOVE_DEFAULT = 128
-
-
-def malloc_arenas(cores: int) -> int:
-    """The arena limit set: glibc's default (8 per core) and room for the threads a stage process starts beside
-    torch's: Prefect's (its event loop, its API and log workers, anyio's pool of up to 40), the JVM's (about 17)."""
-    return 8 * cores + ARENAS_ABOVE_DEFAULT
 
 
 def malloc_arena_per_thread() -> None:
@@ -36,7 +32,7 @@ def malloc_arena_per_thread() -> None:
         return
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # glibc's (musl has no arenas to raise)
     if mallopt is not None:
-        mallopt(M_ARENA_MAX, malloc_arenas(len(os.sched_getaffinity(0))))
+        mallopt(M_ARENA_MAX, 8 * len(os.sched_getaffinity(0)) + ARENAS_ABOVE_DEFAULT)
 
 
 malloc_arena_per_thread()

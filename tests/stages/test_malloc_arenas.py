@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc arenas")
+GLIBC_DEFAULT = 8 * len(os.sched_getaffinity(0)) if sys.platform.startswith("linux") else 0  # arenas: 8 per core
 
 # Starts threads that each allocate and stay alive, then counts the arenas glibc reports (`malloc_info`'s heaps).
 COUNT_ARENAS = textwrap.dedent("""
@@ -44,11 +45,9 @@ def arenas_with_threads(threads: int, **env: str) -> int:
 
 
 def test_threads_past_glibcs_default_each_get_an_arena():
-    default = 8 * len(os.sched_getaffinity(0))
-    assert arenas_with_threads(default + 16) > default + 8
+    assert arenas_with_threads(GLIBC_DEFAULT + 16) > GLIBC_DEFAULT + 8
 
 
 def test_a_limit_the_user_set_is_kept():
     # The same threads under the default limit, set by the user: shared arenas, which the first test would catch.
-    default = 8 * len(os.sched_getaffinity(0))
-    assert arenas_with_threads(default + 16, MALLOC_ARENA_MAX=str(default)) <= default
+    assert arenas_with_threads(GLIBC_DEFAULT + 16, MALLOC_ARENA_MAX=str(GLIBC_DEFAULT)) <= GLIBC_DEFAULT
