@@ -106,10 +106,10 @@ def test_families_whose_first_block_does_not_read_the_embeddings_as_they_are_are
     assert not supports_cache(model)
 
 
-@pytest.mark.parametrize("and_rest", [False, True])
-def test_training_on_the_cache_follows_the_uncached_losses_step_by_step(and_rest):
-    """The injection loop as the stage runs it: pair batches of the salient-span examples (the span alone, or with
-    the rest of its segment), redrawn each epoch."""
+def cached_injection(and_rest: bool):
+    """The injection loop's parts as the stage sets them up: pair batches of the salient-span examples (the span
+    alone, or with the rest of its segment), redrawn each epoch, uncached and read off the segment cache; and the
+    model each is trained on."""
     from nkb_model.batches import PairBatches
     tokenizer = byte_level_bpe()
     texts = TEXTS[:24]
@@ -121,16 +121,38 @@ def test_training_on_the_cache_follows_the_uncached_losses_step_by_step(and_rest
                                           and_rest=and_rest)
     pairs = lambda epoch: (examples(epoch).column("input").to_pylist(),  # noqa: E731
                            examples(epoch).column("target").to_pylist())
-    config = TrainConfig(steps=6, batch_size=8, lr=3e-2, optimizer="adamw")
     plain = injected("llama", len(tokenizer), ["decoder.-1"])
-    expected = train(plain, PairBatches(pairs, tokenizer, 8, family=DECODER_ONLY, target_eos=False), config, CPU)
+    uncached = PairBatches(pairs, tokenizer, 8, family=DECODER_ONLY, target_eos=False)
     model = injected("llama", len(tokenizer), ["decoder.-1"])
     cache = SegmentCache(model, tokenizer, texts, 3, CPU)
     index = {s: i for i, s in enumerate(segments.column("segment_id").to_pylist())}
-    batches = CachedBatches(PairBatches(pairs, tokenizer, 8, family=DECODER_ONLY, target_eos=False),
-                            lambda epoch: [index[s] for s in examples(epoch).column("segment_id").to_pylist()],
-                            cache, model)
-    got = train(CachedTail(model, 3), batches, config, CPU)
+    cached = CachedBatches(PairBatches(pairs, tokenizer, 8, family=DECODER_ONLY, target_eos=False),
+                           lambda epoch: [index[s] for s in examples(epoch).column("segment_id").to_pylist()],
+                           cache, model)
+    return (plain, uncached), (CachedTail(model, 3), cached)
+
+
+STEPS = TrainConfig(steps=6, batch_size=8, lr=3e-2, optimizer="adamw")
+
+
+@pytest.mark.parametrize("and_rest", [False, True])
+def test_training_on_the_cache_follows_the_uncached_losses_step_by_step(and_rest):
+    (plain, uncached), (tail, cached) = cached_injection(and_rest)
+    expected = train(plain, uncached, STEPS, CPU)
+    got = train(tail, cached, STEPS, CPU)
     assert [s for s, _ in got] == [s for s, _ in expected] and len({round(l, 3) for _, l in expected}) > 1
     for (_, a), (_, b) in zip(got, expected):
         assert abs(a - b) < 1e-4, (got, expected)
+
+
+@pytest.mark.slow  # torch.compile compiles each new batch length
+def test_compiled_steps_on_the_cache_are_the_eager_ones():
+    """`compile: true` traces the cached tail, which swaps the model's block list and hooks the top FFN inside its
+    forward pass: the compiled steps must still be the eager ones."""
+    _, (tail, cached) = cached_injection(False)
+    eager = train(tail, cached, STEPS, CPU)
+    _, (tail, cached) = cached_injection(False)
+    compiled = train(tail, cached, TrainConfig(**{**STEPS.__dict__, "compile": True}), CPU)
+    assert [s for s, _ in compiled] == [s for s, _ in eager] and len({round(l, 3) for _, l in eager}) > 1
+    for (_, a), (_, b) in zip(compiled, eager):
+        assert abs(a - b) < 1e-4, (compiled, eager)
