@@ -148,21 +148,23 @@ def fixed_pairs_cached(pairs, model: nn.Module, tokenizer, k: int, device: Devic
     two thirds of a span step's speed."""
     inputs, targets = pairs.examples_for_epoch(0)
     cache = SegmentCache(model, tokenizer, [pair_text(i.rstrip(), t.strip()) for i, t in zip(inputs, targets)], k,
-                         device)
+                         device, end=(tokenizer.eos_token_id,) if pairs.target_eos else ())
     every = list(range(len(inputs)))
     return CachedBatches(pairs, lambda epoch: every, cache, model)
 
 
 class SegmentCache:
-    """For each segment: its token ids (its start, `start_ids`, then the text as running text) and the hidden states
-    entering block `k` at each of them, computed once, in batches of similar length, kept on the CPU in fp32."""
+    """For each segment: its token ids (its start, `start_ids`, then the text as running text, then `end`: a pair's
+    EOS) and the hidden states entering block `k` at each of them, computed once, in batches of similar length, kept
+    on the CPU in fp32."""
 
     def __init__(self, model: nn.Module, tokenizer, texts: list[str], k: int, device: Device,
-                 batch_size: int = 16, max_len: int = 512, progress: Callable[[int], None] | None = None):
+                 batch_size: int = 16, max_len: int = 512, progress: Callable[[int], None] | None = None,
+                 end: tuple[int, ...] = ()):
         self.k, self.device = k, device
         plain = tokenizer(texts, add_special_tokens=False)["input_ids"]
         start = start_ids(tokenizer)
-        self.ids = [(start + ids)[:max_len] for ids in plain]
+        self.ids = [(start + ids + list(end))[:max_len] for ids in plain]
         self.states: list[torch.Tensor | None] = [None] * len(texts)
         order = sorted(range(len(texts)), key=lambda i: len(self.ids[i]))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

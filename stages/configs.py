@@ -485,7 +485,8 @@ class InjectConfig(TrainingConfig):
     """Inject the salient-span-masked knowledge corpus into NKB slots mounted on a base model."""
     later_settings = TrainingConfig.later_settings | {"start", "span_target", "cued_spans", "lora_rank", "qa_share",
                                                       "qa_order", "sparse_slots", "augmented",
-                                                      "own_text_weight", "own_text_rows", "knowledge_questions"}
+                                                      "own_text_weight", "own_text_rows", "knowledge_questions",
+                                                      "qa_eos"}
     volatile = TrainingConfig.volatile | {"cache"}
 
     base_model: str = Field("base", description="Model name from the base-model stage, or a Hugging Face T5 directory.")
@@ -548,6 +549,10 @@ class InjectConfig(TrainingConfig):
         "masking recalls a span from the words before it alone; a question names it by all the others, as questions "
         "are then asked (Mecklenburg et al. 2024). On SmolLM2 and the sample world, half the steps on questions, "
         "mixed: 0-shot EM 62.7 against 14.9 without them (docs/decisions.md)."))
+    qa_eos: bool = Field(False, description=(
+        "A decoder-only base: the QA steps' answers end with EOS, as fine-tuning's do, so that the model learns to "
+        "stop after an answer it is asked for with no examples (greedy decoding stops at EOS or a line break); "
+        "false: the answer alone, the model's own habit deciding where it stops."))
     own_text_weight: float = Field(0.0, ge=0, description=(
         "A decoder-only base: add to each step's loss this many times how far the trained blocks' FFNs write from "
         "what the base's wrote, on text the base wrote itself (sampled once before training; relative to the base's "

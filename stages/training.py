@@ -514,7 +514,7 @@ def qa_batches(wh: Warehouse, tokenizer, config: InjectConfig, kind: Family):
         answers += more.column("answer").to_pylist()
     inputs = [kind.qa_example(q) for q in asked]
     return kind.pair_batches(lambda epoch: (inputs, answers), tokenizer, min(config.batch_size, len(inputs)),
-                             config.seed, config.max_input_len, target_eos=False,
+                             config.seed, config.max_input_len, target_eos=config.qa_eos,
                              group_by_length=config.group_by_length)
 
 

@@ -83,14 +83,16 @@ def test_a_row_that_is_no_prefix_of_its_segment_is_computed_afresh():
                                rtol=1e-4, atol=1e-4)
 
 
-def test_the_questions_steps_are_read_off_a_cache_of_each_question_and_answer_with_the_uncached_loss():
+@pytest.mark.parametrize("eos", [False, True])  # the answers alone, or ended as fine-tuning ends them (qa_eos)
+def test_the_questions_steps_are_read_off_a_cache_of_each_question_and_answer_with_the_uncached_loss(eos):
     from nkb_model.fewshot import fewshot_prompt
     tokenizer = byte_level_bpe()
     model = injected("llama", len(tokenizer), ["decoder.-2", "decoder.-1"])
     k = first_trainable_block(model)
     questions = [fewshot_prompt([], f"where was person {i} born") for i in range(6)]
     answers = [f"city {i % 7}" for i in range(6)]
-    pairs = DECODER_ONLY.pair_batches(lambda epoch: (questions, answers), tokenizer, 2, target_eos=False)
+    pairs = DECODER_ONLY.pair_batches(lambda epoch: (questions, answers), tokenizer, 2, target_eos=eos)
+    assert all((row[row != -100][-1] == tokenizer.eos_token_id) == eos for row in pairs(0)["labels"])
     cached = fixed_pairs_cached(pairs, model, tokenizer, k, CPU)
     for step in range(2 * pairs.per_epoch):  # two epochs, each in its own order
         batch = pairs(step)
