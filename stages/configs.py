@@ -552,7 +552,9 @@ class InjectConfig(TrainingConfig):
     qa_eos: bool = Field(False, description=(
         "A decoder-only base: the QA steps' answers end with EOS, as fine-tuning's do, so that the model learns to "
         "stop after an answer it is asked for with no examples (greedy decoding stops at EOS or a line break); "
-        "false: the answer alone, the model's own habit deciding where it stops."))
+        "false: the answer alone, the model's own habit deciding where it stops. On SmolLM2 and the sample world, "
+        "two seeds: 0-shot EM 73.1 and 71.6 against 65.7 and 59.7, the held-out loss further below the base's "
+        "(docs/decisions.md)."))
     own_text_weight: float = Field(0.0, ge=0, description=(
         "A decoder-only base: add to each step's loss this many times how far the trained blocks' FFNs write from "
         "what the base's wrote, on text the base wrote itself (sampled once before training; relative to the base's "
