@@ -227,8 +227,8 @@ def test_qa_steps_train_on_train_questions_alone_in_their_order_and_are_recorded
         assert not any(v.rstrip("?") in text for v in validation for text in inputs)
         assert not set(answers) - {a[0] for a in read_questions(world, None, "train").column("answers").to_pylist()}
     for eos in (False, True):  # qa_eos: a decoder-only model's answers end with EOS, as fine-tuning's do
-        labels = training.qa_batches(world, tokenizer, config.model_copy(update={"qa_eos": eos}), DECODER_ONLY)(0)
-        assert all((row[row != -100][-1] == tokenizer.eos_token_id) == eos for row in labels["labels"])
+        batch = training.qa_batches(world, tokenizer, config.model_copy(update={"qa_eos": eos}), DECODER_ONLY)(0)
+        assert all((row[row != -100][-1] == tokenizer.eos_token_id) == eos for row in batch["labels"])
 
 
 def test_knowledge_questions_join_the_qa_steps_only_when_asked_and_after_their_stage_ran(world):
