@@ -1,3 +1,5 @@
+import contextlib
+
 import pytest
 import torch
 
@@ -139,3 +141,42 @@ def test_compiled_steps_give_the_eager_losses():
     compiled = train(nkb_model(), batch_for_step, TrainConfig(**{**config.__dict__, "compile": True}), device)
     assert [s for s, _ in compiled] == [1, 2, 3]
     assert all(abs(a - b) < 1e-4 * max(1.0, abs(a)) for (_, a), (_, b) in zip(eager, compiled))
+
+
+def llama_batch_for_step(step: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    ids = torch.randint(0, 64, (4, 12), generator=g)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+def test_a_cpu_training_step_runs_the_math_attention_kernel_not_the_flash_one():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                         attn_implementation="sdpa"))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiled:
+        train(model, llama_batch_for_step, TrainConfig(steps=1, batch_size=4), Device(torch.device("cpu"), None))
+    ran = {event.key for event in profiled.key_averages()}
+    assert "aten::_scaled_dot_product_attention_math" in ran
+    assert not any("flash" in name for name in ran)
+
+
+def test_the_cpu_training_attention_in_bf16_has_the_gradient_of_fp32_scores():
+    """The math kernel on a CPU computes a bf16 attention's scores and softmax in fp32, as the flash kernel does: its
+    gradient stays as close to float64's. Scores rounded to bf16 first (HF's eager attention, which trained worse
+    slots) are ~0.03 off here; a PyTorch whose math kernel did that would fail."""
+    torch.manual_seed(0)
+    q, k, v = (3 * torch.randn(4, 9, 40, 64)).bfloat16(), (3 * torch.randn(4, 9, 40, 64)).bfloat16(), \
+        (3 * torch.randn(4, 9, 40, 64)).bfloat16()
+
+    def grad_of_q(dtype, attention):
+        query = q.to(dtype).requires_grad_()
+        with attention:
+            out = torch.nn.functional.scaled_dot_product_attention(query, k.to(dtype), v.to(dtype), is_causal=True)
+        out.double().pow(2).sum().backward()
+        return query.grad.double()
+
+    exact = grad_of_q(torch.float64, contextlib.nullcontext())
+    trained = grad_of_q(torch.bfloat16, Device(torch.device("cpu"), torch.bfloat16).attention())
+    assert (trained - exact).norm() / exact.norm() < 0.01
