@@ -99,9 +99,9 @@ def require_device(preference: str) -> None:
 
 def choose_device(preference: str = "auto", precision: str = "auto") -> Device:
     """Where and in what precision a stage runs. auto: CUDA with bf16 autocast when available (or asked for), else
-    CPU in fp32 with flush-denormal on. precision bf16: bf16 autocast on a CPU too, where it computes bf16 natively
-    (elsewhere it would be slower than fp32: fp32 there); fp32: no autocast anywhere. Under torchrun each process
-    takes the GPU of its LOCAL_RANK."""
+    CPU in fp32 with flush-denormal on. precision bf16: bf16 autocast on a CPU too, where it computes bf16 faster
+    than fp32 (`cpu_bf16_pays`; elsewhere fp32); fp32: no autocast anywhere. Under torchrun each process takes the
+    GPU of its LOCAL_RANK."""
     if preference not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be auto, cpu or cuda, not {preference!r}")
     if precision not in ("auto", "fp32", "bf16"):
@@ -114,8 +114,8 @@ def choose_device(preference: str = "auto", precision: str = "auto") -> Device:
         return Device(cuda, torch.bfloat16 if native and precision != "fp32" else None)
     # Freshly initialised models produce denormal gradients that make CPU steps several times slower.
     torch.set_flush_denormal(True)
-    native = precision == "bf16" and cpu_computes_bf16()
-    return Device(torch.device("cpu"), torch.bfloat16 if native else None)
+    faster = precision == "bf16" and cpu_bf16_pays()
+    return Device(torch.device("cpu"), torch.bfloat16 if faster else None)
 
 
 CPU_BATCH_TOKENS = 4096  # `Device.batch_tokens` on a CPU: SmolLM2's FFN activations 24 MB in fp32 at this size
@@ -135,6 +135,37 @@ def cpu_computes_bf16() -> bool:
             return bool(CPU_BF16_FLAGS & cpu_flags(Path("/proc/cpuinfo").read_text()))
         except OSError:
             return False
+
+
+# bf16 autocast on a CPU only where its products run at least this much faster than fp32's. Measured (bench.
+# profile_inject, the FFN's product): AMX 6-10x, the Zen 5 EPYC's AVX512-BF16 ~4x, the Zen 4's 2.2x; an Intel Xeon
+# with AVX512-BF16 and no AMX 0.6x, where the demo's bf16 steps ran 0.84 a second against fp32's 1.19 (journal,
+# 2026-12-06 (midday)). The margin keeps a machine from flipping between runs on timing noise.
+BF16_MIN_SPEEDUP = 1.3
+
+
+def cpu_bf16_pays() -> bool:
+    """Whether bf16 autocast makes this CPU's matrix products faster: bf16 arithmetic there at all
+    (`cpu_computes_bf16`), and at least `BF16_MIN_SPEEDUP` times fp32's throughput (`cpu_bf16_speedup`)."""
+    return cpu_computes_bf16() and cpu_bf16_speedup() >= BF16_MIN_SPEEDUP
+
+
+@functools.cache
+def cpu_bf16_speedup() -> float:
+    """bf16's throughput over fp32's on a product of an FFN's size (256 tokens, 1,024 by 2,816), on this process's
+    threads: the best of five runs each, interleaved so that a busy machine slows both alike; a third of a
+    second, once a process. AVX512-BF16 says only that oneDNN can run bf16: on an Intel Xeon without AMX it runs
+    it slower than fp32."""
+    best = {}
+    inputs = {dtype: (torch.randn(256, 1024, dtype=dtype), torch.randn(1024, 2816, dtype=dtype))
+              for dtype in (torch.float32, torch.bfloat16)}
+    for _ in range(5):
+        for dtype, (a, b) in inputs.items():
+            a @ b  # oneDNN builds its kernel on the first call
+            start = time.perf_counter()
+            a @ b
+            best[dtype] = min(best.get(dtype, math.inf), time.perf_counter() - start)
+    return best[torch.float32] / best[torch.bfloat16]
 
 
 def cpu_flags(cpuinfo: str) -> set[str]:

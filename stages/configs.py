@@ -95,9 +95,10 @@ def set_value(text: str, field=None) -> Any:
 DeviceChoice = Annotated[Literal["auto", "cpu", "cuda"], Field(
     description="auto: CUDA with bf16 if available, else CPU fp32.")]
 PrecisionChoice = Annotated[Literal["auto", "fp32", "bf16"], Field(description=(
-    "auto: bf16 autocast on CUDA, fp32 on a CPU. bf16: bf16 autocast wherever the device computes it natively (a "
-    "CUDA GPU with bf16; a CPU with AVX512-BF16 or AMX, where a 135M model runs ~2.7x faster than in fp32), fp32 "
-    "elsewhere; the run's `device` says which. fp32: fp32 everywhere. Tiny models are left in fp32: bf16's "
+    "auto: bf16 autocast on CUDA, fp32 on a CPU. bf16: bf16 autocast wherever the device computes it faster than "
+    "fp32 (a CUDA GPU with bf16; a CPU with AMX or AMD's AVX512-BF16, where a 135M model runs 2-3x faster; not an "
+    "Intel Xeon with AVX512-BF16 alone, where it is slower: measured once a process), fp32 elsewhere; the run's "
+    "`device` says which. fp32: fp32 everywhere. Tiny models are left in fp32: bf16's "
     "rounding moves their results."))]
 Devices = Annotated[int, Field(ge=1, description="Devices (GPUs, or CPU processes) to train on; above 1 the stage "
                                                  "runs under torchrun, data parallel.")]

@@ -45,19 +45,24 @@ def require_devices(runs: list[tuple[str, StageConfig]], elsewhere: frozenset[st
 
 def precision_notes(runs: list[tuple[str, StageConfig]]) -> list[str]:
     """What a user should know before `runs` start about the precision they will get here: `precision: bf16` on
-    a CPU without bf16 arithmetic runs fp32 (`nkb_model.train.choose_device`), at about twice the time."""
+    a CPU without bf16 arithmetic, or whose bf16 is no faster than its fp32, runs fp32
+    (`nkb_model.train.choose_device`)."""
     bf16 = [(name, getattr(config, "device", "auto")) for name, config in runs
             if getattr(config, "precision", None) == "bf16"]
     if not bf16:
         return []
     import torch
 
-    from nkb_model.train import cpu_computes_bf16
+    from nkb_model.train import BF16_MIN_SPEEDUP, cpu_bf16_pays, cpu_bf16_speedup, cpu_computes_bf16
     # where choose_device puts a stage: the CPU when asked for, or when `auto` finds no GPU
     asked = sorted({name for name, device in bf16
                     if device == "cpu" or (device != "cuda" and not torch.cuda.is_available())})
-    if not asked or cpu_computes_bf16():
+    if not asked or cpu_bf16_pays():
         return []
+    if cpu_computes_bf16():
+        return [f"precision bf16 is asked of {', '.join(asked)}, but this CPU's bf16 matrix products run at "
+                f"{cpu_bf16_speedup():.2f}x its fp32 ones' speed (bf16 needs {BF16_MIN_SPEEDUP}x to be chosen; "
+                "AVX512-BF16 without AMX on an Intel Xeon is slower than fp32): they run in fp32, the faster here"]
     return [f"precision bf16 is asked of {', '.join(asked)}, but this CPU has no bf16 arithmetic (PyTorch's "
             f"CPU capability: {torch.backends.cpu.get_cpu_capability()}; bf16 needs AVX512-BF16 or AMX): they run "
             "in fp32, about twice bf16's time on the same cores"]

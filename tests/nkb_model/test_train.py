@@ -71,14 +71,23 @@ def test_device_choice():
             choose_device("cuda")
 
 
-def test_bf16_on_a_cpu_only_where_it_computes_bf16_natively(monkeypatch):
+def test_bf16_on_a_cpu_only_where_it_computes_bf16_faster_than_fp32(monkeypatch):
     from nkb_model import train as train_module
-    for native in (True, False):
+    # (bf16 arithmetic, its speed over fp32's): AMX; an Intel Xeon with AVX512-BF16 alone; AVX2
+    for native, speedup, chosen in ((True, 6.0, torch.bfloat16), (True, 0.57, None), (False, 6.0, None)):
         monkeypatch.setattr(train_module, "cpu_computes_bf16", lambda: native)
-        assert choose_device("cpu", "bf16").autocast_dtype == (torch.bfloat16 if native else None)
+        monkeypatch.setattr(train_module, "cpu_bf16_speedup", lambda: speedup)
+        assert choose_device("cpu", "bf16").autocast_dtype == chosen
         assert choose_device("cpu", "fp32").autocast_dtype is None
         assert choose_device("cpu", "auto").autocast_dtype is None  # a CPU's default stays fp32
     assert choose_device("cpu", "bf16").name == "cpu (fp32)"
+
+
+def test_bf16s_speed_over_fp32s_is_measured_once_a_process():
+    from nkb_model.train import cpu_bf16_speedup
+    speedup = cpu_bf16_speedup()
+    assert 0.05 < speedup < 50  # a ratio of two timed products, not a flag
+    assert cpu_bf16_speedup() is speedup
     with pytest.raises(ValueError, match="precision must be auto, fp32 or bf16"):
         choose_device("cpu", "fp16")
 

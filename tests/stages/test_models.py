@@ -13,7 +13,7 @@ from transformers import AutoTokenizer, T5ForConditionalGeneration
 from corpus.sample_world import WorldFiles
 from nkb_model.checkpoint import load_model
 from nkb_model.nkb import mounted_layers
-from nkb_model.train import cpu_computes_bf16
+from nkb_model.train import cpu_bf16_pays
 from nkb_model.families import ENCODER_DECODER
 from stages import data, evaluation, knowledge, report, training
 from stages.configs import (DEFAULT_STRENGTH, BaseModelConfig, EvaluateConfig, FinetuneConfig, IndexConfig,
@@ -468,7 +468,7 @@ def test_surgery_changes_answers_and_records_success_and_change_rates(world, qa_
     assert all(torch.equal(before[k], after[k]) for k in before)  # the stage undid every edit
 
 
-@pytest.mark.skipif(not cpu_computes_bf16(), reason="needs a CPU with bf16 arithmetic (AVX512-BF16 or AMX)")
+@pytest.mark.skipif(not cpu_bf16_pays(), reason="needs a CPU whose bf16 is faster than its fp32 (AMX, AMD's AVX512-BF16)")
 def test_surgery_in_bf16_sees_each_edit(world, qa_with_nkb):
     # bf16 autocast keeps a bf16 copy of each weight that needs gradients for as long as its region lasts: a model
     # read that way would answer with its slots as they were before the edit.

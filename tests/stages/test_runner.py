@@ -63,5 +63,10 @@ def test_bf16_asked_of_a_cpu_without_it_is_said_before_anything_runs(monkeypatch
     (on_cpu,) = precision_notes([(name, config.model_copy(update={"device": "cpu"})) for name, config in runs])
     assert on_cpu.startswith("precision bf16 is asked of evaluate, inject,")
     assert precision_notes(runs) == []  # `auto` takes the GPU
+    on_the_cpu = [(name, config.model_copy(update={"device": "cpu"})) for name, config in runs]
     monkeypatch.setattr(train_module, "cpu_computes_bf16", lambda: True)
-    assert precision_notes(runs) == []
+    monkeypatch.setattr(train_module, "cpu_bf16_speedup", lambda: 0.57)  # AVX512-BF16 without AMX, an Intel Xeon
+    (slower,) = precision_notes(on_the_cpu)
+    assert "bf16 matrix products run at 0.57x its fp32 ones' speed" in slower and "run in fp32" in slower
+    monkeypatch.setattr(train_module, "cpu_bf16_speedup", lambda: 2.2)
+    assert precision_notes(on_the_cpu) == []
