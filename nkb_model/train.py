@@ -140,7 +140,7 @@ def cpu_computes_bf16() -> bool:
 # bf16 autocast on a CPU only where its products run at least this much faster than fp32's. Measured (bench.
 # profile_inject, the FFN's product): AMX 6-10x, the Zen 5 EPYC's AVX512-BF16 ~4x, the Zen 4's 2.2x; an Intel Xeon
 # with AVX512-BF16 and no AMX 0.6x, where the demo's bf16 steps ran 0.84 a second against fp32's 1.19 (journal,
-# 2026-12-06 (midday)). The margin keeps a machine from flipping between runs on timing noise.
+# 2026-12-06 (late morning)). The margin keeps a machine from flipping between runs on timing noise.
 BF16_MIN_SPEEDUP = 1.3
 
 
