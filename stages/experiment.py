@@ -209,8 +209,8 @@ class Experiment(StageConfig):
         + "; ".join(f"{key}: {what}" for key, (_, what) in RUN_SETTINGS.items()) + ")."))
     device: DeviceChoice = Field("auto", description="The device of every model stage; auto leaves each its own.")
     precision: PrecisionChoice = Field("auto", description=(
-        "The precision of every model stage (bf16: where the device computes it natively); auto leaves each its "
-        "own."))
+        "The precision of every model stage (bf16: where the device computes it faster than fp32); auto leaves "
+        "each its own."))
     shots: int = Field(0, ge=0, description=(
         "0: every QA row is fine-tuned on the train split, then asked (the paper's). K: a decoder-only base's rows "
         "are asked few-shot instead, K solved train questions in each prompt and no fine-tuning, as LLMs are "
