@@ -81,6 +81,8 @@ def test_bf16_on_a_cpu_only_where_it_computes_bf16_faster_than_fp32(monkeypatch)
         assert choose_device("cpu", "fp32").autocast_dtype is None
         assert choose_device("cpu", "auto").autocast_dtype is None  # a CPU's default stays fp32
     assert choose_device("cpu", "bf16").name == "cpu (fp32)"
+    with pytest.raises(ValueError, match="precision must be auto, fp32 or bf16"):
+        choose_device("cpu", "fp16")
 
 
 def test_bf16s_speed_over_fp32s_is_measured_once_a_process():
@@ -88,8 +90,6 @@ def test_bf16s_speed_over_fp32s_is_measured_once_a_process():
     speedup = cpu_bf16_speedup()
     assert 0.05 < speedup < 50  # a ratio of two timed products, not a flag
     assert cpu_bf16_speedup() is speedup
-    with pytest.raises(ValueError, match="precision must be auto, fp32 or bf16"):
-        choose_device("cpu", "fp16")
 
 
 def test_without_torchs_bf16_check_the_cpu_flags_decide(monkeypatch):

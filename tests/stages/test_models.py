@@ -468,7 +468,8 @@ def test_surgery_changes_answers_and_records_success_and_change_rates(world, qa_
     assert all(torch.equal(before[k], after[k]) for k in before)  # the stage undid every edit
 
 
-@pytest.mark.skipif(not cpu_bf16_pays(), reason="needs a CPU whose bf16 is faster than its fp32 (AMX, AMD's AVX512-BF16)")
+@pytest.mark.skipif(not cpu_bf16_pays(),
+                    reason="needs a CPU whose bf16 is faster than its fp32 (AMX, AMD's AVX512-BF16)")
 def test_surgery_in_bf16_sees_each_edit(world, qa_with_nkb):
     # bf16 autocast keeps a bf16 copy of each weight that needs gradients for as long as its region lasts: a model
     # read that way would answer with its slots as they were before the edit.

@@ -60,10 +60,10 @@ def test_bf16_asked_of_a_cpu_without_it_is_said_before_anything_runs(monkeypatch
     assert "run in fp32" in note
     assert precision_notes([(name, config.model_copy(update={"device": "cuda"})) for name, config in runs]) == []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU, but these stages asked for the CPU
-    (on_cpu,) = precision_notes([(name, config.model_copy(update={"device": "cpu"})) for name, config in runs])
+    on_the_cpu = [(name, config.model_copy(update={"device": "cpu"})) for name, config in runs]
+    (on_cpu,) = precision_notes(on_the_cpu)
     assert on_cpu.startswith("precision bf16 is asked of evaluate, inject,")
     assert precision_notes(runs) == []  # `auto` takes the GPU
-    on_the_cpu = [(name, config.model_copy(update={"device": "cpu"})) for name, config in runs]
     monkeypatch.setattr(train_module, "cpu_computes_bf16", lambda: True)
     monkeypatch.setattr(train_module, "cpu_bf16_speedup", lambda: 0.57)  # AVX512-BF16 without AMX, an Intel Xeon
     (slower,) = precision_notes(on_the_cpu)
