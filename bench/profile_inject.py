@@ -110,6 +110,7 @@ def prepared(wh, config, steps: int):
     from stages.inputs import one_corpus
     from stages.models import source_model
     from stages.training import TRAINING, after_injection_step, base_own_text, injection_batches, knowledge_segments
+    import torch
     from nkb_model.train import choose_device
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus), "steps": steps})
     base = source_model(wh, config.base_model)
@@ -126,7 +127,9 @@ def prepared(wh, config, steps: int):
     after = after_injection_step(wh, model, trained, tokenizer, config, base, device)
     return model, trained, batches, device, after, {
         "setup_load_seconds": round(loaded - started, 1),
-        "setup_batches_seconds": round(time.perf_counter() - loaded, 1), "precision": config.precision}
+        "setup_batches_seconds": round(time.perf_counter() - loaded, 1),
+        "precision": "bf16" if device.autocast_dtype == torch.bfloat16 else "fp32",  # chosen, not asked for
+        "precision_asked": config.precision}
 
 
 def profiled_steps(trained, batches, config, device, after, warmup: int, steps: int) -> dict:
