@@ -107,11 +107,11 @@ def cpu_of(cpuinfo: str) -> dict:
 
 def prepared(wh, config, steps: int):
     """The inject stage's own set-up of `config` (base, route, device, batches, the after-step hook), timed."""
+    import torch
+    from nkb_model.train import choose_device
     from stages.inputs import one_corpus
     from stages.models import source_model
     from stages.training import TRAINING, after_injection_step, base_own_text, injection_batches, knowledge_segments
-    import torch
-    from nkb_model.train import choose_device
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus), "steps": steps})
     base = source_model(wh, config.base_model)
     started = time.perf_counter()
