@@ -5,7 +5,7 @@ the inject stage sets it up, then a few of its steps under PyTorch's profiler, w
 
 Prints, and records as `metrics` rows in `bench/results/profile_inject`:
 - the machine: CPU model, the instruction sets bf16 matrix products can use (AVX512-BF16, AMX), PyTorch's CPU
-  capability and thread count;
+  capability and thread count; the precision the stage chose (`precision`) and the one asked for;
 - the set-up's seconds: the base loaded (and, with `own_text_weight`, the base's own text written), the blocks below
   the trained ones cached over the corpus;
 - the profiled steps (after `--warmup` steps, which also take the questions `qa_order: before` puts first): steps a
