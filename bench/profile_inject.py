@@ -107,7 +107,6 @@ def cpu_of(cpuinfo: str) -> dict:
 
 def prepared(wh, config, steps: int):
     """The inject stage's own set-up of `config` (base, route, device, batches, the after-step hook), timed."""
-    import torch
     from nkb_model.train import choose_device
     from stages.inputs import one_corpus
     from stages.models import source_model
@@ -128,8 +127,7 @@ def prepared(wh, config, steps: int):
     return model, trained, batches, device, after, {
         "setup_load_seconds": round(loaded - started, 1),
         "setup_batches_seconds": round(time.perf_counter() - loaded, 1),
-        "precision": "bf16" if device.autocast_dtype == torch.bfloat16 else "fp32",  # chosen, not asked for
-        "precision_asked": config.precision}
+        "precision": device.precision, "precision_asked": config.precision}
 
 
 def profiled_steps(trained, batches, config, device, after, warmup: int, steps: int) -> dict:

@@ -69,9 +69,14 @@ class Device:
         return CPU_BATCH_TOKENS if self.device.type == "cpu" else None
 
     @property
+    def precision(self) -> str:
+        """The precision chosen: bf16 or fp32."""
+        return "bf16" if self.autocast_dtype else "fp32"
+
+    @property
     def name(self) -> str:
         kind = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-        return f"{kind} ({'bf16' if self.autocast_dtype else 'fp32'})"
+        return f"{kind} ({self.precision})"
 
     def hold(self, model: nn.Module) -> nn.Module:
         """Move `model` to the device for training. Under bf16 its frozen parameters are stored in bf16: they never
@@ -158,10 +163,9 @@ def cpu_bf16_speedup() -> float:
     it slower than fp32."""
     inputs = {dtype: (torch.randn(256, 1024, dtype=dtype), torch.randn(1024, 2816, dtype=dtype))
               for dtype in (torch.float32, torch.bfloat16)}
-    best = {}
-    for dtype, (a, b) in inputs.items():
+    for a, b in inputs.values():
         a @ b  # oneDNN builds its kernel on the first call
-        best[dtype] = math.inf
+    best = dict.fromkeys(inputs, math.inf)
     for _ in range(5):
         for dtype, (a, b) in inputs.items():
             start = time.perf_counter()
