@@ -26,3 +26,15 @@ def warehouse_models(parser: argparse.ArgumentParser, home: str, names: list[str
         return wh, {name: find_model(wh, name) for name in names}
     except (ValueError, WarehouseError) as exc:
         parser.error(str(exc))
+
+
+def record(wh, name: str, figures: dict, config: dict) -> str:
+    """Record a benchmark's numeric figures (its other entries, and flags, left out) as `metrics` rows
+    `bench.<name>.<figure>` of a `bench-<name>` run in the warehouse `wh`; returns the run id."""
+    from warehouse import run_stage
+
+    def body(run):
+        for figure, value in figures.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                run.metric(f"bench.{name}.{figure}", value)
+    return run_stage(wh, f"bench-{name.replace('_', '-')}", config, "bench", body, force=True).run.run_id

@@ -209,21 +209,17 @@ def main(argv=None) -> int:
     result["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(result, indent=1))
 
-    from warehouse import Warehouse, run_stage
+    from bench import record
+    from warehouse import Warehouse
     models = [m for m in ("t5_base", "smollm2_135m") if m in result]
     flat = {f"{m}.{part}.{k}": v for m in models for part in ("inject", "finetune", "greedy")
-            if part in result[m] for k, v in result[m][part].items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if part in result[m] for k, v in result[m][part].items()}
     flat.update({f"{m}.paper_injection_hours": result[m]["paper_injection_hours"] for m in models
                  if "paper_injection_hours" in result[m]})
-    flat.update({f"tests.{k}": v for k, v in result["tests"].items() if isinstance(v, int)})
-
-    def body(run):
-        for metric, value in flat.items():
-            run.metric(f"bench.gpu.{metric}", value)
+    flat.update({f"tests.{k}": v for k, v in result["tests"].items()})
     config = {"steps": args.steps, "batch": batch, "only": args.only, "compile": args.compile,
               "frozen_fp32": args.frozen_fp32, "mode": args.mode, "parts": list(args.parts)}
-    run_stage(Warehouse(args.home), "bench-gpu", config, "bench", body, force=True)
+    record(Warehouse(args.home), "gpu", flat, config)
     tests = result["tests"]
     return 1 if tests.get("failed") or tests.get("error") or tests.get("returncode", 0) not in (0, 5) else 0
 

@@ -233,20 +233,17 @@ def main(argv=None) -> int:
         result["gpu"] = "skipped: no CUDA GPU on this machine"
     print(json.dumps(result, indent=1))
 
-    from warehouse import Warehouse, run_stage
+    from bench import record
+    from warehouse import Warehouse
     places = [w for w in result if w.startswith(("cpu", "gpu")) and isinstance(result[w], dict) and "nkb" in result[w]]
     flat = {f"{where}.{variant}.{k}": v for where in places
-            for variant in ("nkb", "nkb-a") for k, v in result[where][variant].items() if isinstance(v, (int, float))}
+            for variant in ("nkb", "nkb-a") for k, v in result[where][variant].items()}
     flat.update({f"{w}.nkb_over_nkb_a_step_time": result[w]["nkb_over_nkb_a_step_time"] for w in places})
     for where in ("cpu_smollm2_cached", "cpu_smollm2_cached_passage"):
         cached = result[where]
         flat.update({f"{where}.{path}.{k}": v for path in ("cached", "uncached") for k, v in cached[path].items()})
-        flat.update({f"{where}.{k}": v for k, v in cached.items() if isinstance(v, (int, float))})
-
-    def body(run):
-        for metric, value in flat.items():
-            run.metric(f"bench.inject.{metric}", value)
-    run_stage(Warehouse(args.home), "bench-inject", {"steps": args.steps, "size": args.size}, "bench", body, force=True)
+        flat.update({f"{where}.{k}": v for k, v in cached.items()})
+    record(Warehouse(args.home), "inject", flat, {"steps": args.steps, "size": args.size})
     return 0
 
 

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from bench.world import record
+from bench import record
 from stages import data
 from stages.configs import SampleWorldConfig
 from warehouse import Warehouse, file_digest, query, run_stage
@@ -121,8 +121,7 @@ def main(argv=None) -> int:
     figures["scan_overhead_pct"] = round(100 * (figures["scan_verified_s"] / figures["scan_unverified_s"] - 1), 1)
     figures["write_overhead_pct"] = round(100 * (figures["write_with_checksums_s"] /
                                                  figures["write_without_checksums_s"] - 1), 1)
-    figures["run_id"] = record(wh, "integrity", {k: v for k, v in figures.items() if isinstance(v, (int, float))},
-                               {"mb": args.mb, "people": args.people})
+    figures["run_id"] = record(wh, "integrity", figures, {"mb": args.mb, "people": args.people})
     print(json.dumps({"benchmark": "integrity", "cpus": os.cpu_count(), **figures}, indent=1))
     return 0
 

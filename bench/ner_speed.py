@@ -15,7 +15,8 @@ import time
 
 import pyarrow.compute as pc
 
-from bench.world import DEFAULT_HOME, record, scaled_world
+from bench import record
+from bench.world import DEFAULT_HOME, scaled_world
 from corpus import ner
 from corpus.segment import segment
 from stages.configs import SalientSpansConfig
@@ -56,8 +57,8 @@ def main(argv=None) -> int:
                "ours_words_per_s": round(words / ours_seconds, 1), "naive_words_per_s": round(words / naive_seconds, 1),
                "segments_with_identical_entities": round(same / len(texts), 4)}
     figures["speedup"] = round(figures["ours_words_per_s"] / figures["naive_words_per_s"], 2)
-    figures["run_id"] = record(wh, "ner", {k: v for k, v in figures.items() if isinstance(v, (int, float))},
-                               {"words": args.words, "n_process": 2, "batch_size": defaults.batch_size})
+    config = {"words": args.words, "n_process": 2, "batch_size": defaults.batch_size}
+    figures["run_id"] = record(wh, "ner", figures, config)
     print(json.dumps({"benchmark": "ner", **figures}, indent=1))
     return 0
 

@@ -52,8 +52,9 @@ def main(argv=None) -> int:
     if args.steps < 2 or args.warmup < 0:
         parser.error("--steps: at least 2 (a rate needs two step ends); --warmup: 0 or more")
 
+    from bench import record
     from bench.levers import route
-    from warehouse import Warehouse, WarehouseError, run_stage
+    from warehouse import Warehouse, WarehouseError
     try:
         wh = Warehouse(args.home, create=False)  # a mistyped --home: no warehouse there, not a new empty one
         _, inject, _ = route(wh, args.experiment, args.row, args.set)
@@ -67,12 +68,7 @@ def main(argv=None) -> int:
     result.update(ffn_matmul_speed(model, batches(args.warmup), device))
     result["step_gflop"] = round(step_flops(trained, batches, inject, device) / 1e9, 2)
     result["step_gflops"] = round(result["step_gflop"] * result["steps_per_second"], 1)  # beside matmul_gflops_*
-
-    def body(run):
-        for key, value in result.items():
-            if isinstance(value, (int, float)):
-                run.metric(f"bench.profile_inject.{key}", value)
-    run_stage(Warehouse(args.results), "bench-profile-inject", vars(args), "bench", body, force=True)
+    record(Warehouse(args.results), "profile_inject", result, vars(args))
     print(json.dumps(result, indent=1))
     return 0
 

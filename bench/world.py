@@ -7,7 +7,7 @@ from pathlib import Path
 
 from stages import data
 from stages.configs import IndexConfig, SampleWorldConfig
-from warehouse import Warehouse, run_stage
+from warehouse import Warehouse
 
 DEFAULT_HOME = Path("bench/results/world")
 
@@ -20,10 +20,3 @@ def scaled_world(home: str | os.PathLike = DEFAULT_HOME, people: int = 50_000) -
     data.build_index(wh, IndexConfig())
     return wh
 
-
-def record(wh: Warehouse, name: str, metrics: dict[str, float], config: dict) -> str:
-    """Record benchmark figures as `metrics` rows of a `bench-<name>` run; returns the run id."""
-    def body(run):
-        for metric, value in metrics.items():
-            run.metric(f"bench.{name}.{metric}", value)
-    return run_stage(wh, f"bench-{name}", config, "bench", body, force=True).run.run_id
