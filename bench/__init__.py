@@ -30,7 +30,8 @@ def warehouse_models(parser: argparse.ArgumentParser, home: str, names: list[str
 
 def record(wh, name: str, figures: dict, config: dict) -> str:
     """Record a benchmark's numeric figures (its other entries, and flags, left out) as `metrics` rows
-    `bench.<name>.<figure>` of a `bench-<name>` run in the warehouse `wh`; returns the run id."""
+    `bench.<name>.<figure>` of a `bench-<name>` run (its underscores as hyphens, the stage names' style) in the
+    warehouse `wh`; returns the run id."""
     from warehouse import run_stage
 
     def body(run):
