@@ -98,10 +98,14 @@ class NKBFeedForward(FeedForwardAddition):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:     # x: (batch, seq, d_model), already layer-normed
         out = self.base_layer(x)                              # (batch, seq, d_model)
+        return out + self.addition(x).to(out.dtype)
+
+    def addition(self, x: torch.Tensor) -> torch.Tensor:
+        """What the slots add to the FFN's output, (batch, seq, d_model), in the values' dtype."""
         weights = self.nkb_dropout(self.slot_weights(x))      # (batch, seq, slots)
         if weights.dtype != self.nkb_values.weight.dtype:     # T5's fp32-`wo` rule, for the values too
             weights = weights.to(self.nkb_values.weight.dtype)
-        return out + self.nkb_values(weights).to(out.dtype)
+        return self.nkb_values(weights)
 
 
 # ---- mounting --------------------------------------------------------------------------------

@@ -68,6 +68,21 @@ def test_the_drift_is_nothing_before_training_and_what_the_trained_ffns_add_afte
     assert moved == pytest.approx((top.pow(2).sum(-1).mean() / traffic.scale[1]).item(), rel=1e-4)
 
 
+def test_the_slots_drift_runs_none_of_the_base_ffn_it_is_their_addition(tokenizer, own):
+    _, traffic = own
+    model = tiny_llama(len(tokenizer))
+    mount_nkb(model, NKBConfig(layers=LAYERS, slots=8))
+    ffns = [get_ffn(model, name) for name in LAYERS]
+    calls = []
+    for ffn in ffns:
+        ffn.base_layer.register_forward_hook(lambda *_: calls.append(1))
+    full = sum(((ffn(traffic.inputs[:, b]) - traffic.writes[:, b]).pow(2).sum(-1).mean() / traffic.scale[b]).item()
+               for b, ffn in enumerate(ffns))
+    calls.clear()
+    assert drift(ffns, traffic.inputs, traffic.writes, traffic.scale).item() == pytest.approx(full, rel=1e-5)
+    assert not calls
+
+
 def test_each_step_has_its_own_rows_beside_its_batch_and_keeps_its_source_metric(own):
     _, traffic = own
     rows = Named(lambda step: {"input_ids": torch.full((4, 3), step), "labels": torch.zeros(4, 3)}, "ssm_loss")
