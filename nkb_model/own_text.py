@@ -93,7 +93,8 @@ def ffn_traffic(model: nn.Module, ids: torch.Tensor, layers: list[str], device: 
 
 def write_change(ffn: nn.Module, x: torch.Tensor, base_write: torch.Tensor) -> torch.Tensor:
     """ffn(x) − the base's write. Slots add to the base's FFN, which is frozen: their change is their addition
-    alone, and the base's FFN need not run again (on the demo, a tenth of the term's time; equal to rounding)."""
+    alone, and the base's FFN need not run again (about a third of the term's time at the demo's shapes; the same
+    drift to rounding)."""
     if isinstance(ffn, NKBFeedForward):
         return ffn.addition(x).float()
     return ffn(x).float() - base_write
