@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from bench.real_passages import EXPERIMENT, REAL_STEPS, main, read_oracle, split
+from bench.real_passages import (EXPERIMENT, REAL_CORPUS_TEMPLATE, REAL_STEPS, REAL_TEXT_SETTINGS, main, read_oracle,
+                                 split)
 from stages.experiment import SAMPLE_WORLD_SMOLLM2, Experiment
 
 
@@ -54,7 +55,7 @@ def test_a_line_without_its_passage_is_named(tmp_path):
         read_oracle(path)
 
 
-def test_the_experiment_keeps_the_demos_settings_and_reads_the_written_files(oracle, tmp_path, capsys):
+def test_the_experiment_keeps_the_demos_settings_but_real_texts_and_reads_the_written_files(oracle, tmp_path, capsys):
     out = tmp_path / "real"
     assert main([str(oracle), "--out", str(out), "--questions", "8", "--validation", "3", "--general", "4"]) == 0
     assert "5 train and 3 validation questions" in capsys.readouterr().out
@@ -62,6 +63,10 @@ def test_the_experiment_keeps_the_demos_settings_and_reads_the_written_files(ora
     demo = Experiment.load(SAMPLE_WORLD_SMOLLM2)
     assert experiment.stages["inject"].pop("steps") == REAL_STEPS
     demo.stages["inject"].pop("steps")
+    real_text = Experiment.load(REAL_CORPUS_TEMPLATE).stages["inject"]
+    for key in REAL_TEXT_SETTINGS:  # the real-corpus template's, where the demo's differ
+        assert experiment.stages["inject"][key] == real_text[key] != demo.stages["inject"].get(key)
+        demo.stages["inject"][key] = real_text[key]
     assert experiment.stages == demo.stages and experiment.rows == demo.rows and experiment.shots == demo.shots
     assert experiment.sample_world is None and experiment.probes is None
     assert [q.path for q in experiment.questions] == [str(out / "train.jsonl"), str(out / "validation.jsonl")]
