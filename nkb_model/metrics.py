@@ -54,3 +54,31 @@ def bootstrap_interval(groups: list[list[bool]], resamples: int = 2000, level: f
         means += hits[rng.integers(0, len(hits), size=(resamples, len(hits)))].mean(axis=1)
     low, high = np.percentile(100 * means / len(groups), [50 * (1 - level), 50 * (1 + level)])
     return float(low), float(high)
+
+
+def sign_test(gained: int, lost: int) -> float:
+    """The two-sided exact sign test's p of a model that answers `gained` questions another misses and misses `lost`
+    it answers, on the same questions (those both answer, or both miss, say nothing of which is better)."""
+    import math
+    n = gained + lost
+    tail = sum(math.comb(n, k) for k in range(min(gained, lost) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def seeds_intervals(trainings: list[list[bool]], reference: list[bool], resamples: int = 2000, level: float = 0.95,
+                    seed: int = 0) -> dict[str, tuple[float, float]]:
+    """Percentile bootstrap intervals, in %, of the mean EM of several trainings of one setting (seeds) on the same
+    questions (`mean`), and of that mean minus a reference's EM (`lead`, in points), the questions resampled with
+    replacement, the same draw for both. Each question counts as its share of right answers over the trainings: what
+    varies is which questions were drawn, not the seeds, which are all there are. A `lead` interval above 0 says the
+    setting answers more than the reference beyond what the questions' draw explains, where each training's own
+    interval may still touch the reference's."""
+    import numpy as np
+    if not trainings or any(len(t) != len(reference) for t in trainings):
+        raise ValueError(f"trainings of {sorted({len(t) for t in trainings})} questions against {len(reference)}")
+    share = np.asarray(trainings, dtype=float).mean(axis=0)
+    lead = share - np.asarray(reference, dtype=float)
+    draws = np.random.default_rng(seed).integers(0, len(reference), size=(resamples, len(reference)))
+    bounds = [50 * (1 - level), 50 * (1 + level)]
+    return {name: tuple(float(v) for v in np.percentile(100 * values[draws].mean(axis=1), bounds))
+            for name, values in (("mean", share), ("lead", lead))}

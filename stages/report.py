@@ -27,12 +27,16 @@ GENERATION_METRICS = ("rougeL", "bleu")
 GENERATION_ROWS = {r.label for r in REPORT_ROWS if r.generation}  # rows fine-tuned on the generation tasks
 
 
+def latest_evaluation(wh: Warehouse, model_name: str, split: str):
+    """The newest successful evaluate run whose answers are filed under `model_name` on `split`, or None."""
+    return next((run for run in list_runs(wh, stage="evaluate") if run.status == "success"
+                 and run.config.get("model_name") == model_name and run.config.get("split") == split), None)
+
+
 def latest_metrics(wh: Warehouse, model_name: str, split: str) -> list[dict]:
     """The metrics rows of the newest successful evaluation of a model."""
-    for run in list_runs(wh, stage="evaluate"):
-        if run.status == "success" and run.config.get("model_name") == model_name and run.config.get("split") == split:
-            return run_metrics(wh, run.run_id)
-    return []
+    run = latest_evaluation(wh, model_name, split)
+    return run_metrics(wh, run.run_id) if run else []
 
 
 def latest_scores(wh: Warehouse, model_name: str, split: str) -> dict[str, float]:

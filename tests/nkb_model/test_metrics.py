@@ -1,6 +1,6 @@
 import pytest
 
-from nkb_model.metrics import bootstrap_interval, exact_match, normalize_answer
+from nkb_model.metrics import bootstrap_interval, exact_match, normalize_answer, seeds_intervals, sign_test
 
 
 @pytest.mark.parametrize("prediction,gold,expected", [
@@ -53,3 +53,25 @@ def test_bootstrap_interval_brackets_the_rate_and_narrows_with_more_questions():
     average = bootstrap_interval([[True] * 10, [False] * 10])  # two datasets, weighed equally
     assert average == (50.0, 50.0)
     assert bootstrap_interval([[True, False] * 20], seed=1) == bootstrap_interval([[True, False] * 20], seed=1)
+
+
+def test_the_sign_test_matches_the_binomial_tails():
+    assert sign_test(9, 3) == pytest.approx(0.1460, abs=1e-4)  # 2 * P(X <= 3), X ~ Bin(12, 1/2)
+    assert sign_test(3, 9) == sign_test(9, 3)
+    assert sign_test(11, 3) == pytest.approx(0.0574, abs=1e-4)
+    assert sign_test(5, 5) == 1.0 and sign_test(0, 0) == 1.0
+    assert sign_test(10, 0) == pytest.approx(2 / 1024)
+
+
+def test_seeds_intervals_bracket_the_mean_and_clear_zero_only_for_a_lead_the_questions_carry():
+    reference = [True] * 6 + [False] * 194
+    # three trainings that each add the same 10 questions: the lead is 5 points on every draw of them
+    lead = [[True] * 16 + [False] * 184] * 3
+    found = seeds_intervals(lead, reference)
+    assert found["mean"][0] < 8.0 < found["mean"][1]
+    assert 0 < found["lead"][0] < 5.0 < found["lead"][1]
+    # trainings that gain some questions and lose as many: no lead
+    even = [[False] * 3 + [True] * 3 + [True] * 3 + [False] * 191] * 3
+    assert seeds_intervals(even, reference)["lead"][0] < 0 < seeds_intervals(even, reference)["lead"][1]
+    with pytest.raises(ValueError, match="trainings of \\[199\\] questions against 200"):
+        seeds_intervals([[True] * 199], reference)
