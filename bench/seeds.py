@@ -93,7 +93,7 @@ def compared(trainings: dict[str, dict[str, bool]], reference: dict[str, bool]) 
                      "outside_both": above or below,
                      "apart": interval[0] > ref_interval[1] or interval[1] < ref_interval[0]})
     pooled = seeds_intervals(hits, ref)
-    mean = sum(r["em"] for r in rows) / len(rows)
+    mean = 100 * sum(map(sum, hits)) / (len(hits) * len(questions))
     return {"questions": len(questions), "reference_em": round(reference_em, 2),
             "reference_interval": rounded(ref_interval), "trainings": rows,
             "outside_both": sum(r["outside_both"] for r in rows), "apart": sum(r["apart"] for r in rows),
