@@ -2,7 +2,7 @@
 lead, beyond one training's luck and the questions' draw?
 
     python -m bench.seeds --home real-nq/.nkb r6-qa07-seed0 r6-qa07-seed1 r6-qa07-seed2 [--shots 5] \
-        [--against base] [--against-shots 5] [--split validation]
+        [--against base] [--against-shots 5] [--against-documents 3] [--split validation]
 
 Reads each model's newest evaluation asked so (`bench.levers`' or the report's) from the warehouse's `predictions`.
 Prints, and records as `metrics` rows in `bench/results/seeds`:
@@ -30,6 +30,8 @@ def main(argv=None) -> int:
     parser.add_argument("--against", default="base", help="the reference model (the row the setting should beat)")
     parser.add_argument("--against-shots", type=int, default=None,
                         help="the reference's answers asked with this many examples (default: --shots)")
+    parser.add_argument("--against-documents", type=int, default=0,
+                        help="the reference asked with this many retrieved documents in its prompt (3: the rag row)")
     parser.add_argument("--split", default="validation", help="the questions' split")
     parser.add_argument("--results", default="bench/results/seeds", help="benchmark warehouse for the figures")
     args = parser.parse_args(argv)
@@ -38,12 +40,13 @@ def main(argv=None) -> int:
     try:
         wh = Warehouse(args.home, create=False)  # a mistyped --home: no warehouse there, not a new empty one
         reference = verdicts(wh, args.against, args.shots if args.against_shots is None else args.against_shots,
-                             args.split)
+                             args.split, args.against_documents)
         trainings = {m: verdicts(wh, m, args.shots, args.split) for m in args.models}
         result = compared(trainings, reference)
     except (ValueError, WarehouseError) as exc:
         parser.error(str(exc))
-    result = {"against": args.against, "shots": args.shots, "split": args.split, **result}
+    result = {"against": args.against, "against_documents": args.against_documents, "shots": args.shots,
+              "split": args.split, **result}
 
     from bench import record
     record(Warehouse(args.results), "seeds", flat(result), vars(args))
@@ -51,14 +54,14 @@ def main(argv=None) -> int:
     return 0
 
 
-def verdicts(wh, model: str, shots: int, split: str) -> dict[str, bool]:
-    """{question id: right} of `model`'s newest evaluation asked `shots`-shot on `split`; ValueError naming what
-    is missing."""
+def verdicts(wh, model: str, shots: int, split: str, documents: int = 0) -> dict[str, bool]:
+    """{question id: right} of `model`'s newest evaluation asked `shots`-shot (with `documents` retrieved ones in
+    its prompt) on `split`; ValueError naming what is missing."""
     import pyarrow.compute as pc
 
     from stages.names import answers_name
     from stages.report import latest_evaluation
-    name = answers_name(model, shots)
+    name = answers_name(model, shots, documents)
     run = latest_evaluation(wh, name, split)
     if run is None:
         raise ValueError(f"{model}: no successful evaluation asked {shots}-shot on the {split} split (answers filed "

@@ -24,6 +24,7 @@ def home(tmp_path):
     answered(wh, "nkb-seed0.5shot", [False] * 3 + [True] * 3 + [True] * 11 + [False] * 183)  # 11 gained, 3 lost
     answered(wh, "nkb-seed1.5shot", [True] * 6 + [True] * 2 + [False] * 192)                 # 2 gained
     answered(wh, "nkb-seed0", [True] * 200)                                                   # asked 0-shot
+    answered(wh, "base.3docs.5shot", [True] * 10 + [False] * 190)                             # the rag row
     return tmp_path / ".nkb"
 
 
@@ -45,6 +46,8 @@ def test_the_ways_of_asking_are_chosen_apart(home, tmp_path, capsys):
     assert main(["--home", str(home), "nkb-seed0", "--shots", "0", "--against-shots", "5",
                  "--results", str(tmp_path / "r")]) == 0
     assert json.loads(capsys.readouterr().out)["trainings"][0]["gained"] == 194
+    assert main(["--home", str(home), "nkb-seed0", "--against-documents", "3", "--results", str(tmp_path / "r")]) == 0
+    assert json.loads(capsys.readouterr().out)["reference_em"] == 5.0  # against retrieval in the prompt
 
 
 def test_a_model_never_asked_so_is_named(home, tmp_path, capsys):
