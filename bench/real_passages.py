@@ -5,9 +5,9 @@ with the Wikipedia passage NQ's annotators marked as holding its answer: `{quest
 hasanswer, isgold}], nq_annotated_gold}`). Of the questions whose passage holds an answer, a seeded draw of
 `--questions` is split into train and validation; their passages are the knowledge (each once), and passages of
 other questions are the general text (the held-out loss). The experiment file keeps every setting of the demo's
-(`experiments/sample-world-smollm2.yaml`) but its data, the injection's steps (`REAL_STEPS`) and the settings measured
-on real text, which it takes from the template for a real corpus (`experiments/example-causal-lm.yaml`,
-`REAL_TEXT_SETTINGS`).
+(`experiments/sample-world-smollm2.yaml`) but its data, the injection's steps (`REAL_STEPS` for ~600 passages, in
+proportion for other draws) and the settings measured on real text, which it takes from the template for a real
+corpus (`experiments/example-causal-lm.yaml`, `REAL_TEXT_SETTINGS`).
 
     python -m bench.real_passages nq-open-oracle.jsonl.gz --out real-nq
     nkb --home real-nq/.nkb pipeline real-nq/real-nq-smollm2.yaml
@@ -67,20 +67,28 @@ def documents(prefix: str, passages) -> list[dict]:
     return [{"id": f"{prefix}{i}", "title": title, "text": text} for i, (title, text) in enumerate(passages)]
 
 
-# The injection's steps on the real passages: those of docs/results.md's runs. The demo's own (1,400) are nine
-# passes over its smaller world's segments; 600 passages at 1,800 steps were already memorised without answers.
+# The injection's steps on the real passages: those of docs/results.md's runs, 1,800 for the default draw's ~600
+# passages. The demo's own (1,400) are nine passes over its smaller world's segments; 600 passages at 1,800 steps
+# were already memorised without answers. A larger draw gets steps in proportion (`steps_for`), so the passes over
+# the passages stay those measured: 796 passages, 2,400 steps (journal NT2).
 REAL_STEPS = 1800
+REAL_STEPS_PASSAGES = 600
 
 
-def experiment(template: Path) -> dict:
-    """The demo's experiment with the files written here in place of the sample world's, at `REAL_STEPS`, with the
+def steps_for(passages: int) -> int:
+    """`REAL_STEPS` scaled to a draw's passages, in hundreds."""
+    return max(100, int(round(REAL_STEPS * passages / REAL_STEPS_PASSAGES, -2)))
+
+
+def experiment(template: Path, steps: int) -> dict:
+    """The demo's experiment with the files written here in place of the sample world's, at `steps`, with the
     real-corpus template's `REAL_TEXT_SETTINGS`."""
     config = yaml.safe_load(template.read_text())
     for key in ("sample_world", "probes"):
         config.pop(key, None)
     real_text = yaml.safe_load(REAL_CORPUS_TEMPLATE.read_text())["stages"]["inject"]
     inject = config.setdefault("stages", {}).setdefault("inject", {})
-    inject.update({key: real_text[key] for key in REAL_TEXT_SETTINGS}, steps=REAL_STEPS)
+    inject.update({key: real_text[key] for key in REAL_TEXT_SETTINGS}, steps=steps)
     return {**config, "name": "real-nq-smollm2",
             "knowledge": [{"path": "passages.jsonl", "corpus": "nqwiki"}],
             "general": [{"path": "general.jsonl", "corpus": "general"}],
@@ -88,7 +96,7 @@ def experiment(template: Path) -> dict:
                           for s in ("train", "validation")]}
 
 
-def write(out: Path, parts: dict[str, list[dict]], template: Path) -> None:
+def write(out: Path, parts: dict[str, list[dict]], template: Path, steps: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in ("passages", "general"):
         (out / f"{name}.jsonl").write_text("".join(json.dumps(p) + "\n" for p in parts[name]))
@@ -97,7 +105,7 @@ def write(out: Path, parts: dict[str, list[dict]], template: Path) -> None:
             json.dumps({"id": f"{name}-{n}", "question": r["question"], "answers": r["answers"]}) + "\n"
             for n, r in enumerate(parts[name])))
     (out / EXPERIMENT).write_text(f"# Written by python -m bench.real_passages: {template.name}'s settings, real data\n"
-                                  + yaml.safe_dump(experiment(template), sort_keys=False))
+                                  + yaml.safe_dump(experiment(template, steps), sort_keys=False))
 
 
 def main(argv=None) -> int:
@@ -108,6 +116,9 @@ def main(argv=None) -> int:
     parser.add_argument("--validation", type=int, default=200, help="of them, the validation split")
     parser.add_argument("--general", type=int, default=300, help="other questions' passages as general text")
     parser.add_argument("--seed", type=int, default=0, help="the draw's seed")
+    parser.add_argument("--steps", type=int,
+                        help=f"the injection's steps (default: {REAL_STEPS} for {REAL_STEPS_PASSAGES} passages, "
+                             "in proportion to the draw's)")
     parser.add_argument("--template", type=Path, default=SAMPLE_WORLD_SMOLLM2,
                         help="the experiment whose settings it keeps (the real-text ones apart)")
     args = parser.parse_args(argv)
@@ -115,9 +126,10 @@ def main(argv=None) -> int:
         parts = split(read_oracle(args.oracle), args.questions, args.validation, args.general, args.seed)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
-    write(args.out, parts, args.template)
+    steps = args.steps or steps_for(len(parts["passages"]))
+    write(args.out, parts, args.template, steps)
     print(f"{len(parts['train'])} train and {len(parts['validation'])} validation questions, "
-          f"{len(parts['passages'])} passages, {len(parts['general'])} general passages: "
+          f"{len(parts['passages'])} passages, {len(parts['general'])} general passages, {steps} steps: "
           f"nkb --home {args.out}/.nkb pipeline {args.out / EXPERIMENT}")
     return 0
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.real_passages import (EXPERIMENT, REAL_CORPUS_TEMPLATE, REAL_STEPS, REAL_TEXT_SETTINGS, main, read_oracle,
-                                 split)
+                                 split, steps_for)
 from stages.experiment import SAMPLE_WORLD_SMOLLM2, Experiment
 
 
@@ -43,6 +43,18 @@ def test_questions_and_passages_are_split_without_overlap(oracle):
     assert again == parts
 
 
+def test_the_steps_follow_the_draws_passages_as_measured():
+    assert steps_for(598) == REAL_STEPS == 1800  # the default draw: docs/results.md's runs
+    assert steps_for(796) == 2400  # twice the questions (journal NT2): the same passes over the passages
+    assert steps_for(3) == 100
+
+
+def test_steps_asked_for_are_written(oracle, tmp_path):
+    out = tmp_path / "real"
+    assert main([str(oracle), "--out", str(out), "--questions", "8", "--validation", "3", "--steps", "250"]) == 0
+    assert Experiment.load(out / EXPERIMENT).stages["inject"]["steps"] == 250
+
+
 def test_asking_for_more_questions_than_answerable_ones_is_refused(oracle):
     with pytest.raises(ValueError, match="13 whose passage holds an answer"):
         split(read_oracle(oracle), questions=20, validation=5, general=0, seed=0)
@@ -61,7 +73,7 @@ def test_the_experiment_keeps_the_demos_settings_but_real_texts_and_reads_the_wr
     assert "5 train and 3 validation questions" in capsys.readouterr().out
     experiment = Experiment.load(out / EXPERIMENT)
     demo = Experiment.load(SAMPLE_WORLD_SMOLLM2)
-    assert experiment.stages["inject"].pop("steps") == REAL_STEPS
+    assert experiment.stages["inject"].pop("steps") == steps_for(8) == 100  # 8 passages: the floor
     demo.stages["inject"].pop("steps")
     real_text = Experiment.load(REAL_CORPUS_TEMPLATE).stages["inject"]
     for key in REAL_TEXT_SETTINGS:  # the real-corpus template's, where the demo's differ
