@@ -14,7 +14,10 @@ A model trained this way is saved as what changed, beside its base's folder as s
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -55,7 +58,8 @@ def mount_lora(model: nn.Module, layers: list[str], rank: int, alpha: float | No
     targets = ffn_map_names(model, layers)
     config = LoraConfig(r=rank, lora_alpha=alpha or rank, lora_dropout=0.0, target_modules=targets,
                         fan_in_fan_out=not isinstance(model.get_submodule(targets[0]), nn.Linear))  # GPT-2's Conv1D
-    return get_peft_model(model, config)
+    with _peft_quiet():
+        return get_peft_model(model, config)
 
 
 def train_ffn_maps(model: nn.Module, layers: list[str]) -> int:
@@ -79,7 +83,16 @@ def save_lora(wrapped, directory: str | Path) -> Path:
 def load_lora(model: nn.Module, directory: str | Path) -> nn.Module:
     """The model with the adapters of a `save_lora` folder merged into its maps: a plain model of its class."""
     from peft import PeftModel
-    return PeftModel.from_pretrained(model, str(directory)).merge_and_unload()
+    with _peft_quiet():
+        return PeftModel.from_pretrained(model, str(directory)).merge_and_unload()
+
+
+@contextlib.contextmanager
+def _peft_quiet() -> Iterator[None]:
+    """PEFT reads transformers' deprecated `is_gradient_checkpointing` itself: a warning no user can act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        yield
 
 
 def save_trained_maps(model: nn.Module, directory: str | Path) -> Path:

@@ -1,6 +1,8 @@
 """LoRA (through PEFT) and trained FFN maps on the blocks slots would be on: tiny random T5, GPT-2 and Llama-style
 models, real Hugging Face and PEFT modules on CPU."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -60,6 +62,15 @@ def test_lora_at_the_matched_rank_has_about_the_slots_count_and_merges_into_a_pl
     assert not any("lora" in n for n, _ in merged.named_modules())
     assert type(merged) is type(make(family))
     assert torch.allclose(logits(merged), expected, atol=1e-5)
+
+
+def test_lora_mounted_and_loaded_says_nothing_a_user_cannot_act_on(tmp_path):
+    """PEFT reads transformers' deprecated `is_gradient_checkpointing`; its FutureWarning reached every routes run."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        save_lora(mount_lora(make("llama"), MODELS["llama"][1], rank=2), tmp_path / "lora")
+        load_lora(make("llama"), tmp_path / "lora")
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
 
 
 @pytest.mark.parametrize("family", ["t5", "llama"])
