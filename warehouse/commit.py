@@ -29,7 +29,8 @@ from warehouse.fingerprint import code_version
 from warehouse.parquet import PartitionWriter, ShardTarget
 from warehouse.runs import RunRecord, StageResult, find_successful_run, insert_run, new_run_id, now
 from warehouse.schemas import PARQUET_TABLES
-from warehouse.store import PartitionRecord, Warehouse, check_partition
+from warehouse import journal
+from warehouse.store import PartitionRecord, Warehouse, WarehouseError, check_partition, stamp_committed
 
 
 class StagedRun:
@@ -179,23 +180,27 @@ class StagedRun:
     # -- commit / abort --
 
     def commit(self) -> None:
-        """Swap every staged file and folder in and record the run, all at once. Until the database commit has
-        succeeded each swap can be undone: if it fails (a full disk), the old files come back and the error is
-        raised, so a table never shows files that no committed run wrote."""
+        """Swap every staged file and folder in and record the run, all at once. The renames are written to a
+        journal first (`warehouse.journal`): if the database commit fails (a full disk), they are undone here and
+        the error raised; if the process is killed before it ends, the next writer undoes them. Either way a table
+        never shows files that no committed run wrote, and loses none that one did."""
         for shard_set in self._shard_sets:
             self._staged += shard_set.files()
+        for staged, _ in self._staged:
+            stamp_committed(staged)
         records = [PartitionRecord.of_file(final.parent.name, staged) for staged, final in self._staged]
-        undo: list[Callable[[], None]] = []
+        moves, written_down = [], None
         try:
             with self.wh.write_connection() as con:
-                self._swap_in(undo)
                 written = {(r.table, r.partition) for r in records}
                 removed = [(t, stem) for t, stem in self.wh.registry() for table, prefix in self._replaced
                            if t == table and stem.startswith(prefix) and (t, stem) not in written]
-                for table, stem in removed:
-                    old = self.wh.tables_dir / table / f"{stem}.parquet"
-                    if old.exists():
-                        self._set_aside(old, undo)
+                self._refuse_overtaken(con, [*written, *removed])
+                moves = self._moves(removed)
+                written_down = journal.write(self.wh.home, self.run_id, moves)
+                _on_step("journal written")
+                for move in moves:
+                    _rename(move)
                 self.wh.forget_partitions(con, removed)
                 self.wh.record_partitions(con, records)
                 if self._metrics:
@@ -203,12 +208,18 @@ class StagedRun:
                 self.record.status = "success"
                 self.record.finished_at = now()
                 insert_run(con, self.record, self.wh.home)
+                _on_step("run recorded")
+            _on_step("committed")
         except BaseException:
-            for step in reversed(undo):
-                with contextlib.suppress(OSError):
-                    step()
+            if written_down is not None:
+                for move in reversed(moves):
+                    with contextlib.suppress(OSError):
+                        move.undo()
+                written_down.unlink(missing_ok=True)
             self.record.status = "running"
             raise
+        written_down.unlink()
+        _on_step("journal cleared")
         self._cleanup()
         for folder in self._dropped:
             shutil.rmtree(folder, ignore_errors=True)
@@ -216,21 +227,42 @@ class StagedRun:
             shutil.rmtree(shard_set.directory, ignore_errors=True)
         _resume_marker(self.wh, self.record).unlink(missing_ok=True)
 
-    def _set_aside(self, path: Path, undo: list) -> Path:
-        """Move `path` into this run's staging area (gone with it at cleanup), undoably."""
-        aside = self._staging_path(path.with_name(path.name + ".replaced"))
-        path.rename(aside)
-        undo.append(lambda: aside.rename(path))
-        return aside
+    def _refuse_overtaken(self, con: duckdb.DuckDBPyConnection, partitions: list[tuple[str, str]]) -> None:
+        """Refuse to replace a partition another run committed after this one started: two runs writing the same
+        partition at once (two ingests of one corpus) would otherwise leave whichever committed last, and the
+        other's rows would vanish without a word."""
+        registry = self.wh.registry()
+        others = {registry[key].run_id: key for key in partitions if key in registry
+                  and registry[key].run_id != self.run_id}
+        if not others:
+            return
+        later = con.execute("SELECT run_id, stage, finished_at FROM runs WHERE run_id IN (SELECT unnest(?)) AND "
+                            "status = 'success' AND finished_at > ? ORDER BY finished_at",
+                            [list(others), self.record.started_at]).fetchall()
+        if later:
+            run_id, stage, finished = later[0]
+            table, partition = others[run_id]
+            raise WarehouseError(
+                f"{table}/{partition} was committed by run {run_id} ({stage}) at {finished:%H:%M:%S}, after this run "
+                f"started at {self.record.started_at:%H:%M:%S}: two runs wrote it at once, and this one's rows would "
+                "replace those unseen, so they are not committed. The other run's rows stand; rerun this stage to "
+                "make its own the table's")
 
-    def _swap_in(self, undo: list) -> None:
-        """Rename the staged files and folders into place, the ones they replace set aside; `undo` gets the way
-        back of each step."""
+    def _moves(self, removed: list[tuple[str, str]]) -> list[journal.Move]:
+        """The renames of this commit: each staged file or folder into place, what it replaces set aside into this
+        run's staging area (gone with it at cleanup), and the partitions it removes set aside."""
+        moves = []
         for staged, final in [*self._staged, *self._published]:
-            if final.exists():
-                self._set_aside(final, undo)
-            staged.rename(final)
-            undo.append(lambda staged=staged, final=final: final.rename(staged))
+            aside = self._aside(final) if os.path.lexists(final) else None
+            moves.append(journal.Move(str(staged), str(final), aside))
+        for table, stem in removed:
+            old = self.wh.tables_dir / table / f"{stem}.parquet"
+            if os.path.lexists(old):
+                moves.append(journal.Move(None, str(old), self._aside(old)))
+        return moves
+
+    def _aside(self, path: Path) -> str:
+        return str(self._staging_path(path.with_name(path.name + ".replaced")))
 
     def abort(self, error: BaseException) -> None:
         """Drop what this run staged — except finished shards, which a rerun with the same inputs resumes from —
@@ -303,6 +335,22 @@ class ShardSet:
     def files(self) -> list[tuple[Path, Path]]:
         """(staged, final) for every finished shard."""
         return [(p, self.run.wh.partition_path(self.table, p.stem)) for p in sorted(self.directory.glob("*.parquet"))]
+
+
+# Called with the name of each step of a commit as it is passed: a test kills its process there (`kill -9` at every
+# point of a commit, tests/warehouse/test_commit_kill.py).
+_on_step: Callable[[str], None] = lambda step: None
+
+
+def _rename(move: journal.Move) -> None:
+    """Make one move of a commit: what is at `final` set aside, then the staged file or folder into its place."""
+    final = Path(move.final)
+    if move.aside is not None:
+        final.rename(move.aside)
+        _on_step(f"set aside {final.name}")
+    if move.staged is not None:
+        Path(move.staged).rename(final)
+        _on_step(f"renamed {final.name}")
 
 
 def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerprint: str,
@@ -395,7 +443,9 @@ def _drop_other_resumes(wh: Warehouse, stage: str) -> None:
 def _sweep_stale_staging(wh: Warehouse) -> None:
     """Remove staging folders of runs that were killed before they could clean up.
 
-    A staging folder whose writer process is still alive is left alone."""
+    A staging folder whose writer process is still alive is left alone, and so is what a commit that was cut short
+    set aside, until its journal has been read (`Warehouse.recover`)."""
+    wh.recover()
     parents = [*wh.tables_dir.iterdir(), wh.files_dir, *wh.files_dir.iterdir()]
     for stale in (p / ".staging" for p in parents):
         if stale.is_dir():

@@ -200,12 +200,16 @@ NATIVE_TABLES: dict[str, str] = {
             rows BIGINT,
             bytes BIGINT,
             sha256 VARCHAR,
-            footer_sha256 VARCHAR             -- the footer's digest, for files whose pages carry checksums
+            footer_sha256 VARCHAR,            -- the footer's digest, for files whose pages carry checksums
+            mtime BIGINT,                     -- its modification time (s) as committed: what the plain CLI checks
+            damaged VARCHAR                   -- why `nkb check` found its bytes changed (NULL: it did not)
         )""",
 }
 
 # What a warehouse made by an earlier version lacks, added when it is next written (each statement idempotent).
-NATIVE_MIGRATIONS = ["ALTER TABLE partitions ADD COLUMN IF NOT EXISTS footer_sha256 VARCHAR"]
+NATIVE_MIGRATIONS = ["ALTER TABLE partitions ADD COLUMN IF NOT EXISTS footer_sha256 VARCHAR",
+                     "ALTER TABLE partitions ADD COLUMN IF NOT EXISTS mtime BIGINT",
+                     "ALTER TABLE partitions ADD COLUMN IF NOT EXISTS damaged VARCHAR"]
 
 # Views derived from the Parquet tables, created after them.
 DERIVED_VIEWS: dict[str, str] = {
@@ -238,12 +242,3 @@ def duckdb_type(arrow_type: pa.DataType) -> str:
     if pa.types.is_list(arrow_type):
         return duckdb_type(arrow_type.value_type) + "[]"
     return _DUCKDB_TYPES[arrow_type]
-
-
-def empty_select(schema: pa.Schema, failing_with: str | None = None) -> str:
-    """A typed, row-less SELECT, so a table with no Parquet files yet still has its columns. `failing_with`: one
-    that fails with that message when read (a damaged table: DESCRIBE still shows its columns)."""
-    cols = ", ".join(f'CAST(NULL AS {duckdb_type(f.type)}) AS "{f.name}"' for f in schema)
-    if failing_with is None:
-        return f"SELECT {cols} WHERE false"
-    return f"SELECT {cols} WHERE error('{failing_with.replace(chr(39), chr(39) * 2)}')"

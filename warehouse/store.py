@@ -31,7 +31,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -40,9 +40,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from warehouse import journal
 from warehouse.fingerprint import file_digest, footer_digest
 from warehouse.parquet import CHECKED_PARQUET, LINEAGE_FINGERPRINT, LINEAGE_RUN_ID, PAGE_CHECKSUMS
-from warehouse.schemas import DERIVED_VIEWS, NATIVE_MIGRATIONS, NATIVE_TABLES, PARQUET_TABLES, empty_select
+from warehouse.schemas import DERIVED_VIEWS, NATIVE_MIGRATIONS, NATIVE_TABLES, PARQUET_TABLES
+from warehouse.views import COMMITTED_MTIME_LAG, empty_select, failing_select, guarded_view, sql_literal
 
 DEFAULT_HOME = ".nkb"
 # Written so the plain `duckdb` CLI from PyPI (duckdb-cli 1.5.x) can open the file.
@@ -73,19 +75,31 @@ class PartitionRecord:
     bytes: int
     sha256: str
     footer_sha256: str | None = None  # None: the file's pages carry no checksums (written before they did)
+    mtime: int | None = None  # its modification time in whole seconds (None: registered before it was recorded)
+    damaged: str | None = None  # why `nkb check` found its bytes changed since; None: they are as committed
 
     @classmethod
     def of_file(cls, table: str, path: Path) -> "PartitionRecord":
-        """The record of a finished file: its lineage (from the footer), rows, size and digests."""
+        """The record of a finished file: its lineage (from the footer), rows, size, digests and time."""
         meta = pq.read_metadata(path)
         lineage = meta.metadata or {}
         checked = PAGE_CHECKSUMS.encode() in lineage
+        stat = path.stat()
         return cls(table, path.stem, lineage.get(LINEAGE_RUN_ID.encode(), b"").decode(),
-                   lineage.get(LINEAGE_FINGERPRINT.encode(), b"?").decode(), meta.num_rows, path.stat().st_size,
-                   file_digest(path), footer_digest(path) if checked else None)
+                   lineage.get(LINEAGE_FINGERPRINT.encode(), b"?").decode(), meta.num_rows, stat.st_size,
+                   file_digest(path), footer_digest(path) if checked else None, int(stat.st_mtime))
 
 
-_COLUMNS = ("table_name", "partition", "run_id", "inputs_fingerprint", "rows", "bytes", "sha256", "footer_sha256")
+_COLUMNS = ("table_name", "partition", "run_id", "inputs_fingerprint", "rows", "bytes", "sha256", "footer_sha256",
+            "mtime", "damaged")
+
+
+def stamp_committed(path: Path) -> None:
+    """Set a file about to be committed to a modification time `COMMITTED_MTIME_LAG` whole seconds back, the time
+    its record keeps: any later write then changes it, which the plain CLI's views check (`warehouse.views`)."""
+    stat = path.stat()
+    seconds = time.time_ns() // 1_000_000_000 - COMMITTED_MTIME_LAG
+    os.utime(path, ns=(stat.st_atime_ns, seconds * 1_000_000_000))
 
 
 _NO_EXTENSIONS = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
@@ -143,6 +157,8 @@ class Warehouse:
         self._cached_registry: tuple[tuple, dict] | None = None
         self._write_registry: dict | None = None  # the open write's own view of the registry, until it changes it
         self._lock_held: tuple | None = None  # (file, exclusive) while this object holds warehouse.lock
+        self.adopted: list[PartitionRecord] = []  # what `adopt` registered
+        self.refused: list[tuple[Path, str]] = []  # files adoption left out, and why
         if self.home.exists() and not self.home.is_dir():
             raise WarehouseError(f"{self.home} is a file, not a warehouse directory (see --home or $NKB_HOME)")
         if not self.db_path.exists() and not adopt and (left := self._files_on_disk()):
@@ -168,7 +184,6 @@ class Warehouse:
                                  "it works (nkb tables, sql, runs, report, check); stages need a writable --home")
         for d in (self.tables_dir, self.files_dir, *(self.tables_dir / name for name in PARQUET_TABLES)):
             d.mkdir(exist_ok=True)
-        self.adopted: list[PartitionRecord] = []
         if adopt:  # registered before the views are made, which would report each file as foreign
             self.adopted = self.adopt_files()
         elif not self.db_path.exists() or not self._views_point_here():
@@ -244,6 +259,7 @@ class Warehouse:
         with self._attached() as con:
             for ddl in [*NATIVE_TABLES.values(), *NATIVE_MIGRATIONS]:
                 con.execute(ddl)
+            self._finish_cut_commits(con)
             con.execute("BEGIN TRANSACTION")
             self._writing, self._write_registry = con, None
             try:
@@ -260,7 +276,21 @@ class Warehouse:
             with contextlib.suppress(duckdb.Error):
                 con.execute("CHECKPOINT wh")
         if not self._views_point_here():
-            self.views_marker.write_text(str(self.home))
+            with contextlib.suppress(OSError):  # committed already; the next write tries again
+                self.views_marker.write_text(str(self.home))
+
+    def recover(self) -> None:
+        """Finish or undo the commits of processes killed in the middle of one (`warehouse.journal`), where the
+        warehouse can be written; before anything reads its files or sweeps staging folders."""
+        if self._writing is None and journal.pending(self.home) and self.writable:
+            self._refresh()
+
+    def _finish_cut_commits(self, con: duckdb.DuckDBPyConnection) -> None:
+        def committed(run_id: str) -> bool:
+            return con.execute("SELECT count(*) FROM runs WHERE run_id = ? AND status = 'success'",
+                               [run_id]).fetchone()[0] > 0
+        for line in journal.recover(self.home, committed):
+            print(f"note: {line}", file=sys.stderr)
 
     @contextlib.contextmanager
     def read_connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -291,7 +321,7 @@ class Warehouse:
         with self.lock(exclusive=True):
             con = duckdb.connect(":memory:", config=_NO_EXTENSIONS)
             try:
-                con.execute(f"ATTACH '{_sql_str(self.db_path)}' AS wh (STORAGE_VERSION '{STORAGE_VERSION}')")
+                con.execute(f"ATTACH {sql_literal(self.db_path)} AS wh (STORAGE_VERSION '{STORAGE_VERSION}')")
                 con.execute("USE wh")
                 yield con
             finally:
@@ -303,20 +333,39 @@ class Warehouse:
         return any(p.exists() and (p.stat().st_size > 0 or p.suffix != ".wal") for p in logs)
 
     def _refresh_views(self, con: duckdb.DuckDBPyConnection) -> None:
-        """A view per Parquet table over its registered files (a foreign file stays out of it); the view of a table
-        with a damaged or missing file fails with the line that names it (the duckdb CLI shows it as it is)."""
+        """A view per Parquet table over its registered files (a foreign file stays out of it) that checks, when
+        read, what `warehouse.views` says; the view of a table with a damaged or missing file fails with the line
+        that names it (the duckdb CLI shows it as it is). A file whose time alone moved (copied without its
+        times, touched) is hashed whole: its new time is registered where its bytes are as committed."""
+        self._register_times(con)
+        registry = self.registry()
         for name, schema in PARQUET_TABLES.items():
             files, damaged = self.table_files(name)
             if damaged:
-                body = empty_select(schema, failing_with=str(damaged[0]))
+                body = failing_select(schema, str(damaged[0]))
             elif files:
-                listed = ", ".join(f"'{_sql_str(f)}'" for f in files)
-                body = f"SELECT * FROM read_parquet([{listed}], union_by_name = true)"
+                listed = [(f, registry[(name, f.stem)]) for f in files]
+                body = guarded_view(schema, [(f, r.run_id, r.bytes, r.mtime) for f, r in listed], self.db_path)
             else:
                 body = empty_select(schema)
             con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {body}')
         for name, body in DERIVED_VIEWS.items():
             con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {body}')
+
+    def _register_times(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Register the present time of each intact file whose time differs from its record's (its bytes hashed
+        whole, once per process for a given time); one whose bytes differ is registered as damaged."""
+        changed = []
+        for (table, stem), record in self.registry().items():
+            path = self.tables_dir / table / f"{stem}.parquet"
+            with contextlib.suppress(OSError):
+                seconds = int(path.stat().st_mtime)
+                if record.mtime is not None and seconds != record.mtime and not record.damaged:
+                    changed.append((seconds, _why_damaged(path, record, whole=True), table, stem))
+        if changed:
+            con.executemany("UPDATE partitions SET mtime = ?, damaged = ? WHERE table_name = ? AND partition = ?",
+                            changed)
+            self._write_registry = None
 
     # ---- the partition registry --------------------------------------------------------------
 
@@ -326,6 +375,7 @@ class Warehouse:
             if self._write_registry is None:
                 self._write_registry = _registry_rows(self._writing)
             return self._write_registry
+        self.recover()
         if self._cached_registry is None or self._cached_registry[0] != self._db_state():
             with self.read_connection() as con:
                 try:
@@ -344,8 +394,7 @@ class Warehouse:
 
     def record_partitions(self, con: duckdb.DuckDBPyConnection, records: Iterable[PartitionRecord]) -> None:
         """Register committed files (replacing what their partitions held), on the open write connection."""
-        rows = [(r.table, r.partition, r.run_id, r.inputs_fingerprint, r.rows, r.bytes, r.sha256, r.footer_sha256)
-                for r in records]
+        rows = [astuple(r) for r in records]
         self.forget_partitions(con, [(r[0], r[1]) for r in rows])
         if rows:
             con.executemany(f"INSERT INTO partitions ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
@@ -376,7 +425,11 @@ class Warehouse:
                 continue
             with contextlib.suppress(OSError, pa.ArrowException):
                 record = PartitionRecord.of_file(table, path)
-                if record.run_id in succeeded or any_run and record.run_id:
+                if not (record.run_id in succeeded or any_run and record.run_id):
+                    continue
+                if why := _pages_fail(path):
+                    self.refused.append((path, why))
+                else:
                     adopted[(table, path.stem)] = record
         return adopted
 
@@ -390,9 +443,11 @@ class Warehouse:
 
     def check_files(self) -> list[tuple[Path, str, PartitionRecord | None]]:
         """Every table file that is not what its run committed: (path, what is wrong, its record or None for a
-        file no run wrote). Reads every byte: `nkb check`."""
+        file no run wrote). Reads every byte: `nkb check`. Where the warehouse can be written, the registry learns
+        what it found: a damaged file's table then fails in the plain CLI too, even where the damage kept the
+        file's size and time; a file found intact again (restored, or only touched) reads again."""
         registry = self.registry()
-        problems = []
+        problems, learnt = [], []
         for table in PARQUET_TABLES:
             on_disk = {p.stem: p for p in (self.tables_dir / table).glob("*.parquet")}
             for stem, path in sorted(on_disk.items()):
@@ -400,40 +455,60 @@ class Warehouse:
                 why = "no run of this warehouse wrote it" if record is None else _why_damaged(path, record, whole=True)
                 if why:
                     problems.append((path, why, record))
+                if record is not None and (why or None) != record.damaged:
+                    learnt.append((why, table, stem))
             problems += [(self.tables_dir / table / f"{stem}.parquet", "it is missing", record)
                          for (t, stem), record in sorted(registry.items()) if t == table and stem not in on_disk]
+        if learnt and self.writable:
+            with self.write_connection() as con:
+                con.executemany("UPDATE partitions SET damaged = ? WHERE table_name = ? AND partition = ?", learnt)
+                self._write_registry = None
         return problems
 
-    def quarantine(self, problems: Iterable[tuple[Path, str, PartitionRecord | None]]) -> Path:
+    def quarantine(self, problems: Iterable[tuple[Path, str, PartitionRecord | None]]) -> Path | None:
         """Move table files (`check_files`'s problems) into a new folder `quarantine/<time>/`, keeping their place
         under the home, and forget them: every table then reads without them, and a stage that needs them finds
         them missing and rebuilds them. Nothing is overwritten: each call has a folder of its own, whose
-        `moved.json` lists what was moved and why (what `unrebuilt` reads). Returns the folder."""
-        problems = list(problems)
-        aside = _new_folder(self.home / "quarantine" / time.strftime("%Y%m%dT%H%M%S"))
-        moved = [{"file": str(path.relative_to(self.home)), "why": why, "run_id": record.run_id if record else None}
-                 for path, why, record in problems]
-        (aside / "moved.json").write_text(json.dumps(moved, indent=1))
+        `moved.json` lists what it moved and why (what `unrebuilt` reads). Under the exclusive lock throughout, so
+        that of two repairs at once the second finds done what the first did. Returns the folder, or None where
+        nothing was left to move."""
         with self.write_connection() as con:
-            for path, _, _ in problems:
+            registry = self.registry()
+            aside = _new_folder(self.home / "quarantine" / time.strftime("%Y%m%dT%H%M%S"))
+            moved = []
+            for path, why, record in problems:
+                key = (path.parent.name, path.stem)
                 if os.path.lexists(path):  # a link is moved as the link it is, dangling or not
                     target = aside / path.relative_to(self.home)
                     target.parent.mkdir(parents=True, exist_ok=True)
+                    written_by = _written_by(path)
                     path.rename(target)
-                self.forget_partitions(con, [(path.parent.name, path.stem)])
+                elif key in registry:  # registered and gone: only its registry row goes
+                    written_by = None
+                else:  # another repair has moved it
+                    continue
+                self.forget_partitions(con, [key])
+                moved.append({"file": str(path.relative_to(self.home)), "why": why,
+                              "run_id": record.run_id if record else None} |
+                             ({"written_by": written_by} if written_by and record and written_by != record.run_id
+                              else {}))
+            if not moved:
+                aside.rmdir()
+                return None
+            (aside / "moved.json").write_text(json.dumps(moved, indent=1))
         return aside
 
     def unrebuilt(self) -> list[dict]:
         """Committed files `quarantine` moved aside whose partitions no run has written again since: the data the
-        tables now lack ({file, why, run_id, folder}), oldest move first."""
+        tables now lack ({file, why, run_id, folder}), each as its latest move left it."""
         registry = self.registry()
         missing = {}
-        for manifest in sorted((self.home / "quarantine").glob("*/moved.json")):
+        for manifest in sorted((self.home / "quarantine").glob("*/moved.json"), key=_move_order):
             with contextlib.suppress(OSError, ValueError):
                 for entry in json.loads(manifest.read_text()):
                     path = Path(entry["file"])
                     if entry.get("run_id") and (path.parent.name, path.stem) not in registry:
-                        missing.setdefault(entry["file"], entry | {"folder": str(manifest.parent)})
+                        missing[entry["file"]] = entry | {"folder": str(manifest.parent)}
         return list(missing.values())
 
     def damaged(self, path: Path, why: str, record: PartitionRecord) -> DamagedFileError:
@@ -470,7 +545,7 @@ class Warehouse:
             if record is None:
                 _report_once(f"{path}: no run of this warehouse wrote this file, so it is not read "
                              "(`nkb check --repair` moves it aside)")
-            elif why := _why_damaged(path, record):
+            elif why := _why_damaged(path, record) or record.damaged:
                 damaged.append(self.damaged(path, why, record))
             else:
                 files.append(path)
@@ -489,12 +564,16 @@ class Warehouse:
         return files
 
     def read_error(self, table: str, files: list[Path], exc: BaseException) -> BaseException:
-        """What a failed read of `files` says: the damaged file it met (found by digest), else the error itself."""
+        """What a failed read of `files` says: the damaged file it met (found by digest, or by reading its pages),
+        else the error itself."""
         registry = self.registry()
-        for path in files:
-            record = registry.get((table, path.stem))
+        records = [(path, registry.get((table, path.stem))) for path in files]
+        for path, record in records:
             if record is not None and file_digest(path) != record.sha256:
                 return self.damaged(path, "its bytes differ from what was written", record)
+        for path, record in records:  # as committed, yet unreadable: registered as it was found (adopted)
+            if record is not None and (why := _pages_fail(path)):
+                return self.damaged(path, why, record)
         return exc
 
     def read(self, table: str, columns: list[str] | None = None, filter=None,
@@ -539,10 +618,11 @@ class Warehouse:
 
 
 def _registry_rows(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], PartitionRecord]:
-    try:
-        rows = con.execute(f"SELECT {', '.join(_COLUMNS)} FROM partitions").fetchall()
-    except duckdb.BinderException:  # read-only, made before the last column was added (a writer adds it)
-        rows = [(*r, None) for r in con.execute(f"SELECT {', '.join(_COLUMNS[:-1])} FROM partitions").fetchall()]
+    present = {r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = 'partitions' "
+                                         "AND database_name = current_database()").fetchall()}
+    # read-only, made before the last columns were added (a writer adds them): those read as NULL
+    columns = ", ".join(c if c in present else f"NULL AS {c}" for c in _COLUMNS)
+    rows = con.execute(f"SELECT {columns} FROM partitions").fetchall()
     return {(r[0], r[1]): PartitionRecord(*r) for r in rows}
 
 
@@ -570,6 +650,31 @@ def _why_damaged(path: Path, record: PartitionRecord, whole: bool = False) -> st
     return None if same else "its bytes differ from what was written"
 
 
+def _pages_fail(path: Path) -> str | None:
+    """Why a file's pages cannot be read as written (a page whose checksum fails, a footer that does not parse), or
+    None: every page read, each checksum verified. Reads the whole file, a row group at a time."""
+    try:
+        source = pq.ParquetFile(path, page_checksum_verification=True)
+        for group in range(source.num_row_groups):
+            source.read_row_group(group)
+    except (OSError, pa.ArrowException) as exc:
+        return f"its pages cannot be read as written ({str(exc).splitlines()[0][:120]})"
+    return None
+
+
+def _written_by(path: Path) -> str | None:
+    """The run a table file's footer names as its writer, if it can be read."""
+    with contextlib.suppress(OSError, pa.ArrowException):
+        return (pq.read_metadata(path).metadata or {}).get(LINEAGE_RUN_ID.encode(), b"").decode() or None
+    return None
+
+
+def _move_order(manifest: Path) -> tuple[str, int]:
+    """Quarantine folders in the order they were made: by time, then `-2`, `-3`, ... made within one second."""
+    stamp, _, n = manifest.parent.name.partition("-")
+    return stamp, int(n) if n.isdigit() else 1
+
+
 def _new_folder(base: Path) -> Path:
     """`base`, or `base-2`, `base-3`, ... : the first that did not exist, made now (two callers never share one)."""
     for n in range(1, 10_000):
@@ -581,7 +686,3 @@ def _new_folder(base: Path) -> Path:
         except FileExistsError:
             continue
     raise WarehouseError(f"cannot make a new folder beside {base}")
-
-def _sql_str(value) -> str:
-    """A value quoted for use inside a single-quoted SQL string literal."""
-    return str(value).replace("'", "''")

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -326,6 +327,36 @@ def test_repair_says_which_tables_lack_the_data_it_moved_until_a_run_rebuilds_it
     assert [e["file"] for e in Warehouse(wh.home).unrebuilt()] == ["tables/documents/c.parquet"]
     ingest(Warehouse(wh.home))
     assert Warehouse(wh.home).unrebuilt() == []
+
+
+def test_after_two_rounds_of_damage_and_repair_the_latest_move_is_named(wh):
+    documents_file(wh).write_bytes(b"garbage")
+    fresh = Warehouse(wh.home)
+    first = fresh.quarantine(fresh.check_files())
+    ingest(fresh, fp="fp2")  # rebuilt by another run, damaged again, moved again
+    documents_file(wh).write_bytes(b"garbage again")
+    fresh = Warehouse(wh.home)
+    second = fresh.quarantine(fresh.check_files())
+    rebuilt_by = json.loads((second / "moved.json").read_text())[0]["run_id"]
+    [entry] = Warehouse(wh.home).unrebuilt()
+    assert first != second and entry["folder"] == str(second) and entry["run_id"] == rebuilt_by
+
+
+def test_two_repairs_at_once_move_each_file_once_and_leave_no_empty_folder(wh):
+    documents_file(wh).write_bytes(b"garbage")
+    first, second = Warehouse(wh.home), Warehouse(wh.home)
+    problems = [first.check_files(), second.check_files()]  # both found it before either moved it
+    moved = first.quarantine(problems[0])
+    assert second.quarantine(problems[1]) is None
+    assert [p.name for p in (wh.home / "quarantine").iterdir()] == [moved.name]
+    assert [e["file"] for e in json.loads((moved / "moved.json").read_text())] == ["tables/documents/c.parquet"]
+
+
+def test_runs_limit_refuses_a_negative_count_in_one_line(wh):
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "--home", str(wh.home), "runs", "--limit", "-1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--limit: takes a whole number, 0 or more" in out.stderr
+    assert "Binder" not in out.stderr and "Traceback" not in out.stderr
 
 
 @pytest.mark.slow
