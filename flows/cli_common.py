@@ -182,10 +182,12 @@ def write_output(path: str, data: str | bytes | typing.Callable[[str], None]) ->
 
 
 def emit(text: str, output: str | None) -> None:
+    """`text` into the file `output`, or on standard output; ended by one newline either way."""
+    text = text if text.endswith("\n") else text + "\n"
     if output:
-        write_output(output, text if text.endswith("\n") else text + "\n")
+        write_output(output, text)
     else:
-        print(text)
+        sys.stdout.write(text)
 
 
 def program() -> str:

@@ -11,21 +11,35 @@ import sys
 from pathlib import Path
 
 from flows.cli_common import emit, home_flag, output_format, program, write_output
-from warehouse import Warehouse, WarehouseError, list_runs, query, row_counts
-from warehouse.sql import FORMATTERS
+from warehouse import Warehouse, WarehouseError, list_runs, row_counts
+from warehouse.sql import FORMATTERS, WRITERS, query_stream
 
 
 def cmd_sql(args) -> int:
-    table = query(Warehouse(args.home, create=False), args.query, timeout=_sql_timeout(args.timeout))
     fmt = output_format(args)
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
-        if not args.output:
-            raise ValueError("--format parquet writes a file: give it with --output FILE.parquet")
-        write_output(args.output, lambda partial: pq.write_table(table, partial))
-        return 0
-    emit(FORMATTERS[fmt](table), args.output)
+    if fmt == "parquet" and not args.output:
+        raise ValueError("--format parquet writes a file: give it with --output FILE.parquet")
+    wh = Warehouse(args.home, create=False)
+    with query_stream(wh, args.query, timeout=_sql_timeout(args.timeout)) as (schema, batches):
+        if fmt == "parquet":
+            write_output(args.output, lambda partial: _write_parquet(schema, batches, partial))
+        elif args.output:
+            write_output(args.output, lambda partial: _write_text(WRITERS[fmt], schema, batches, partial))
+        else:
+            WRITERS[fmt](schema, batches, sys.stdout)
     return 0
+
+
+def _write_parquet(schema, batches, path: str) -> None:
+    import pyarrow.parquet as pq
+    with pq.ParquetWriter(path, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+
+
+def _write_text(writer, schema, batches, path: str) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as out:
+        writer(schema, batches, out)
 
 
 def _sql_timeout(given: float | None) -> float | None:
@@ -55,6 +69,17 @@ def _timeout_option(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--timeout ")) from None
 
 
+def _count_option(text: str) -> int:
+    """A whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"takes a whole number, 0 or more (0: all), not {text!r}")
+    return value
+
+
 def cmd_check(args) -> int:
     """Compare every table file with what its run committed; with --repair, move the bad ones aside; with --adopt,
     register the files a lost warehouse.duckdb no longer lists."""
@@ -65,7 +90,8 @@ def cmd_check(args) -> int:
     if args.adopt:
         print(f"registered {len(wh.adopted)} table file{'s' * (len(wh.adopted) != 1)} as they are now" + "".join(
             f"\n  {r.table}/{r.partition}.parquet ({r.rows} rows, run {r.run_id})" for r in wh.adopted))
-    problems = wh.check_files()
+    refused = dict(wh.refused)  # adoption left them out: they stay files no run wrote, for the reason it found
+    problems = [(path, refused.get(path, why), record) for path, why, record in wh.check_files()]
     for path, why, record in problems:
         if record is None:
             fix = "no run needs it; " + ("moved aside" if args.repair else "`nkb check --repair` moves it aside")
@@ -75,7 +101,8 @@ def cmd_check(args) -> int:
     if problems and args.repair:
         aside = wh.quarantine(problems)
         print(f"\nMoved what was there to {aside} (nothing deleted; moved.json lists it); each table reads without "
-              "it now. Rerunning the pipeline (or the commands above) rebuilds what is missing.")
+              "it now. Rerunning the pipeline (or the commands above) rebuilds what is missing." if aside else
+              "\nNothing left to move: another --repair moved it meanwhile.")
     lacking = wh.unrebuilt()
     if lacking:
         print(f"\nNot rebuilt since --repair moved {'it' if len(lacking) == 1 else 'them'} aside, so "
@@ -168,17 +195,17 @@ def cmd_report(args) -> int:
         intervals = interval_table(wh, rows)
         if intervals is not None:
             print("\nEM with 95 % bootstrap intervals (each row's validation questions resampled 2,000 times)")
-            print(FORMATTERS[fmt](intervals))
+            print(FORMATTERS[fmt](intervals), end="")
         generation = generation_table(wh)
         if generation is not None:
             print("\nGeneral generation after fine-tuning on each task (ROUGE-L F1 % / SacreBLEU; beam search)")
-            print(FORMATTERS[fmt](generation))
+            print(FORMATTERS[fmt](generation), end="")
         surgery = surgery_table(wh)
         if surgery is not None:
             print("\nKnowledge surgery, one slot edited per wrong first answer token (the paper's Table 8; strength: "
                   "the edit's length over the residual stream's at that step; mean_lambda: the paper's λ applied; "
                   "success and change rate in %)")
-            print(FORMATTERS[fmt](surgery))
+            print(FORMATTERS[fmt](surgery), end="")
         edits = edits_summary(wh)
         if edits:
             print(f"\nBatch edit {edits['model']}: {edits['edits']} facts changed together; "
@@ -188,7 +215,7 @@ def cmd_report(args) -> int:
         if refresh is not None:
             print(f"\nThe last refresh: models rebuilt since report {refresh[0]} (EM %, before and after; probe: "
                   "unseen wordings; questions newly right and newly wrong)")
-            print(FORMATTERS[fmt](refresh[1]))
+            print(FORMATTERS[fmt](refresh[1]), end="")
     return 0
 
 
@@ -225,7 +252,7 @@ def add_commands(sub) -> None:
 
     runs = sub.add_parser("runs", help="list stage runs, newest first", description="List stage runs, newest first.")
     runs.add_argument("--stage", help="only runs of this stage")
-    runs.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50; 0: all)")
+    runs.add_argument("--limit", type=_count_option, default=50, help="at most this many runs (default 50; 0: all)")
     runs.add_argument("--format", choices=list(FORMATTERS), default="table", help=fmt_help)
     runs.set_defaults(func=cmd_runs)
     rep = sub.add_parser("report", help="print the latest report (the paper's Table 3)",

@@ -18,19 +18,22 @@ import datetime as dt
 import decimal
 import io
 import json
+import math
 import re
 import sys
 import threading
+import textwrap
 import time
-from typing import Iterator
+from typing import Iterable, Iterator, TextIO
 
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 
 from warehouse.parquet import CHECKED_PARQUET
-from warehouse.schemas import DERIVED_VIEWS, NATIVE_TABLES, PARQUET_TABLES, empty_select
+from warehouse.schemas import DERIVED_VIEWS, NATIVE_TABLES, PARQUET_TABLES
 from warehouse.store import DAMAGED_HINT, DamagedFileError, Warehouse
+from warehouse.views import failing_select
 
 _LEADING_COMMENTS = re.compile(r"^(\s|--[^\n]*(\n|$)|/\*.*?\*/)*", re.S)
 _EXPLAIN = re.compile(r"^EXPLAIN\b", re.I)
@@ -93,7 +96,7 @@ def sandbox(wh: Warehouse) -> Iterator[duckdb.DuckDBPyConnection]:
             for name, schema in PARQUET_TABLES.items():  # a foreign file is reported and left out
                 files, damaged = wh.table_files(name)
                 if damaged:  # the table fails in one line when read (and only then)
-                    con.execute(f'CREATE TEMP VIEW "{name}" AS {empty_select(schema, failing_with=str(damaged[0]))}')
+                    con.execute(f'CREATE TEMP VIEW "{name}" AS {failing_select(schema, str(damaged[0]))}')
                 else:
                     con.register(name, ds.dataset([str(f) for f in files], schema=schema, format=CHECKED_PARQUET)
                                  if files else schema.empty_table())
@@ -133,47 +136,75 @@ def _damaged_line(exc: BaseException) -> str:
 
 
 def query(wh: Warehouse, sql: str, timeout: float | None = None) -> pa.Table:
-    """Run read-only SQL against the warehouse; the last statement's result as an Arrow table.
+    """Run read-only SQL against the warehouse; the last statement's result as an Arrow table."""
+    with query_stream(wh, sql, timeout) as (schema, batches):
+        return pa.Table.from_batches(list(batches), schema)
 
-    The query runs on a worker thread while this one waits, so that Ctrl-C (KeyboardInterrupt) and `timeout`
-    (seconds) stop it at once: DuckDB does not see a signal while it computes."""
+
+@contextlib.contextmanager
+def query_stream(wh: Warehouse, sql: str, timeout: float | None = None,
+                 batch_rows: int = 10_000) -> Iterator[tuple[pa.Schema, Iterator[pa.RecordBatch]]]:
+    """Run read-only SQL against the warehouse; the last statement's result as its schema and a stream of record
+    batches, fetched as they are asked for, so that memory does not grow with the result.
+
+    Each fetch runs on a worker thread while this one waits, so that Ctrl-C (KeyboardInterrupt) and `timeout`
+    (seconds, for the whole query) stop it at once: DuckDB does not see a signal while it computes."""
     statements = check_read_only(sql)
+    deadline = time.monotonic() + timeout if timeout else None
     with sandbox(wh) as con:
-        try:
-            return _interruptible(con, lambda: _run_statements(con, statements), timeout)
-        except duckdb.PermissionException as exc:
-            raise ReadOnlyError(f"refused: `nkb sql` sees only the warehouse's tables and views, no other files "
-                                f"({str(exc).splitlines()[0]})") from None
-        except duckdb.CatalogException as exc:
-            path = _MISSING_FILE_TABLE.search(str(exc))
-            if path:  # FROM 'file.csv': with file access off DuckDB looks for a table of that name
-                raise ReadOnlyError(f"refused: `nkb sql` sees only the warehouse's tables and views, and "
-                                    f"{path.group(1)!r} is a file") from None
-            raise
-        except (duckdb.IOException, duckdb.InvalidInputException, duckdb.InternalException) as exc:
-            if DAMAGED_HINT in str(exc):  # a table whose file was found damaged or missing before the query
-                raise DamagedFileError(_damaged_line(exc)) from None
-            stream = _FAILED_STREAM.search(str(exc))
-            if stream:  # a page that failed its checksum: the table's file that differs, by digest
-                table = stream.group(1)
-                raise wh.read_error(table, wh.partition_files(table, strict=False), exc) from None
-            damaged = next(((path, why, rec) for path, why, rec in wh.check_files() if rec is not None), None)
-            if damaged:
-                raise wh.damaged(*damaged) from None
-            raise
+        def fetched(work):
+            try:
+                return _interruptible(con, work, deadline, timeout)
+            except duckdb.Error as exc:
+                raise _named(wh, exc) from None
+
+        reader = fetched(lambda: _run_statements(con, statements, batch_rows))
+        pending = iter(reader)
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            while (batch := fetched(lambda: next(pending, None))) is not None:
+                yield batch
+
+        yield reader.schema, batches()
 
 
-def _run_statements(con: duckdb.DuckDBPyConnection, statements: list[str]) -> pa.Table:
+def _named(wh: Warehouse, exc: duckdb.Error) -> Exception:
+    """What a failed query says: a refusal in the sandbox's words, or the damaged file it met, named; else DuckDB's
+    own error."""
+    if isinstance(exc, duckdb.PermissionException):
+        return ReadOnlyError(f"refused: `nkb sql` sees only the warehouse's tables and views, no other files "
+                             f"({str(exc).splitlines()[0]})")
+    if isinstance(exc, duckdb.CatalogException):
+        path = _MISSING_FILE_TABLE.search(str(exc))
+        if path:  # FROM 'file.csv': with file access off DuckDB looks for a table of that name
+            return ReadOnlyError(f"refused: `nkb sql` sees only the warehouse's tables and views, and "
+                                 f"{path.group(1)!r} is a file")
+        return exc
+    if isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException, duckdb.InternalException)):
+        if DAMAGED_HINT in str(exc):  # a table whose file was found damaged or missing before the query
+            return DamagedFileError(_damaged_line(exc))
+        stream = _FAILED_STREAM.search(str(exc))
+        if stream:  # a page that failed its checksum: the table's file that differs, by digest
+            table = stream.group(1)
+            error = wh.read_error(table, wh.partition_files(table, strict=False), exc)
+            return error if isinstance(error, Exception) else exc
+        damaged = next(((path, why, rec) for path, why, rec in wh.check_files() if rec is not None), None)
+        if damaged:
+            return wh.damaged(*damaged)
+    return exc
+
+
+def _run_statements(con: duckdb.DuckDBPyConnection, statements: list[str], batch_rows: int) -> pa.RecordBatchReader:
     for st in statements[:-1]:
         con.execute(st).fetchall()  # finished, so that the connection takes the next one
-    return con.sql(statements[-1]).to_arrow_table()
+    return con.sql(statements[-1]).to_arrow_reader(batch_rows)
 
 
 class QueryTimeout(ValueError):
     """The query ran longer than its --timeout."""
 
 
-def _interruptible(con: duckdb.DuckDBPyConnection, work, timeout: float | None):
+def _interruptible(con: duckdb.DuckDBPyConnection, work, deadline: float | None, timeout: float | None):
     done = threading.Event()
     outcome: dict = {}
 
@@ -186,7 +217,6 @@ def _interruptible(con: duckdb.DuckDBPyConnection, work, timeout: float | None):
             done.set()
 
     threading.Thread(target=run, name="nkb-sql", daemon=True).start()
-    deadline = None if not timeout else time.monotonic() + timeout
     try:
         # Event.wait, not Thread.join: a KeyboardInterrupt inside join() can leave the thread marked as ended.
         while not done.wait(0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic()))):
@@ -205,13 +235,14 @@ def _interruptible(con: duckdb.DuckDBPyConnection, work, timeout: float | None):
 
 
 def _plain(value):
-    """A JSON-ready Python value: lists stay lists, times become ISO strings."""
+    """A JSON-ready Python value: lists stay lists, times become ISO strings, a whole DECIMAL (HUGEINT) an exact
+    integer."""
     if isinstance(value, (dt.datetime, dt.date, dt.time)):
         return value.isoformat()
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
     if isinstance(value, decimal.Decimal):
-        return float(value)
+        return int(value) if value == value.to_integral_value() else float(value)
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, list):
@@ -221,10 +252,23 @@ def _plain(value):
     return value
 
 
-def to_json(table: pa.Table) -> str:
-    """An array of row objects; list columns are JSON arrays."""
-    rows = [{k: _plain(v) for k, v in row.items()} for row in table.to_pylist()]
-    return json.dumps(rows, ensure_ascii=False, indent=1)
+# JSON has no number for these; ProtoBuf's JSON mapping writes them as these strings, which is what readers expect.
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def _json_ready(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return _NON_FINITE[str(value)]
+    if isinstance(value, list):
+        return [_json_ready(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    return value
+
+
+def _rows(batch: pa.RecordBatch) -> Iterator[tuple]:
+    """A batch's rows as tuples, column by position (two columns of one name both kept)."""
+    return zip(*(column.to_pylist() for column in batch.columns))
 
 
 def _cell(value) -> str:
@@ -238,34 +282,70 @@ def _cell(value) -> str:
     return str(value)
 
 
-def to_csv(table: pa.Table) -> str:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(table.column_names)
-    for row in table.to_pylist():
-        writer.writerow([_cell(row[c]) for c in table.column_names])
-    return buf.getvalue()
+def write_json(schema: pa.Schema, batches: Iterable[pa.RecordBatch], out: TextIO) -> None:
+    """An array of row objects, a row at a time; list columns are JSON arrays. Strict JSON: NaN and the infinities
+    are the strings "NaN", "Infinity" and "-Infinity"."""
+    out.write("[")
+    first = True
+    for batch in batches:
+        for row in _rows(batch):
+            item = {name: _json_ready(_plain(v)) for name, v in zip(schema.names, row)}
+            text = json.dumps(item, ensure_ascii=False, indent=1, allow_nan=False)
+            out.write(("\n" if first else ",\n") + textwrap.indent(text, " "))
+            first = False
+    out.write("]\n" if first else "\n]\n")
 
 
-def to_text_table(table: pa.Table, max_width: int = 60) -> str:
-    """An aligned plain-text table; cells wider than `max_width` are cut with '…'."""
-    names = table.column_names
-    rows = []
-    for row in table.to_pylist():
-        cells = []
-        for c in names:
-            text = _cell(row[c]).replace("\n", " ")
-            cells.append(text if len(text) <= max_width else text[: max_width - 1] + "…")
-        rows.append(cells)
-    numeric = [pa.types.is_integer(t) or pa.types.is_floating(t) for t in table.schema.types]
-    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
-
-    def line(cells):
-        return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric)).rstrip()
-
-    out = [line(names), line(["-" * w for w in widths])] + [line(r) for r in rows]
-    out.append(f"({table.num_rows} row{'s' if table.num_rows != 1 else ''})")
-    return "\n".join(out)
+def write_csv(schema: pa.Schema, batches: Iterable[pa.RecordBatch], out: TextIO) -> None:
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(schema.names)
+    for batch in batches:
+        writer.writerows([_cell(v) for v in row] for row in _rows(batch))
 
 
-FORMATTERS = {"table": to_text_table, "csv": to_csv, "json": to_json}
+def write_text_table(schema: pa.Schema, batches: Iterable[pa.RecordBatch], out: TextIO, max_width: int = 60) -> None:
+    """An aligned plain-text table; cells wider than `max_width` are cut with '…'. Columns take the widths of the
+    first batch, so that rows stream out: a wider cell later on pushes its row's next cells along."""
+    numeric = [pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) for t in schema.types]
+
+    def cells(row) -> list[str]:
+        texts = [_cell(v).replace("\n", " ") for v in row]
+        return [t if len(t) <= max_width else t[: max_width - 1] + "…" for t in texts]
+
+    widths, rows = None, 0
+    for batch in batches:
+        lines = [cells(row) for row in _rows(batch)]
+        if widths is None:
+            widths = _widths(schema.names, lines)
+            out.write(_line(schema.names, widths, numeric) + "\n" + _line(["-" * w for w in widths], widths, numeric)
+                      + "\n")
+        out.writelines(_line(line, widths, numeric) + "\n" for line in lines)
+        rows += len(lines)
+    if widths is None:
+        widths = _widths(schema.names, [])
+        out.write(_line(schema.names, widths, numeric) + "\n" + _line(["-" * w for w in widths], widths, numeric) + "\n")
+    out.write(f"({rows} row{'s' if rows != 1 else ''})\n")
+
+
+def _widths(names: list[str], lines: list[list[str]]) -> list[int]:
+    return [max([len(n)] + [len(line[i]) for line in lines]) for i, n in enumerate(names)]
+
+
+def _line(cells: list[str], widths: list[int], numeric: list[bool]) -> str:
+    return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric)).rstrip()
+
+
+WRITERS = {"table": write_text_table, "csv": write_csv, "json": write_json}
+
+
+def _as_text(writer):
+    def render(table: pa.Table, **options) -> str:
+        out = io.StringIO()
+        writer(table.schema, table.to_batches(), out, **options)
+        return out.getvalue()
+    render.__doc__ = f"A whole table as {writer.__name__} writes it, as text."
+    return render
+
+
+to_json, to_csv, to_text_table = (_as_text(WRITERS[fmt]) for fmt in ("json", "csv", "table"))
+FORMATTERS = {fmt: _as_text(writer) for fmt, writer in WRITERS.items()}
