@@ -6,7 +6,9 @@ repeated under new ids), then measured, each figure the best of a few runs (the 
 - the check before each read (`Warehouse.table_files`: each file's size and footer digest) against hashing every
   byte (`file_digest`: what checking the registry's SHA-256 on every read would cost);
 - a full scan through `nkb sql` (`SELECT count(*), sum(length(text)) FROM documents`) with pages verified, as the
-  warehouse reads, and the same scan with verification off, as before; and `count(*)` through `nkb sql`.
+  warehouse reads, and the same scan with verification off, as before; and `count(*)` through `nkb sql`;
+- the same scan and `count(*)` through the plain duckdb CLI, on the view (which checks the file's size and time
+  first) and on a bare read_parquet of the file.
 Prints JSON and records `metrics` rows.
 
     python -m bench.integrity [--mb 2000]
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -94,6 +97,23 @@ def scan_seconds(path: Path, schema: pa.Schema, verify: bool) -> float:
     return seconds
 
 
+def cli_scan_seconds(wh: Warehouse, path: Path) -> dict:
+    """The scan and `count(*)` through the plain duckdb CLI on the warehouse's view (its checks: the database it is
+    read from, each file's size and time) and on a bare read_parquet of the same file, each the best of 3 runs of
+    the CLI process; {} where the CLI is not installed."""
+    cli = shutil.which("duckdb") or str(Path(sys.executable).parent / "duckdb")
+    if not os.path.exists(cli):
+        return {}
+
+    def seconds(sql: str) -> float:
+        return round(best_of(3, lambda: subprocess.run([cli, str(wh.db_path), "-c", sql], check=True,
+                                                       capture_output=True)), 3)
+    bare = f"(SELECT * FROM read_parquet('{path}'))"
+    return {"cli_view_scan_s": seconds(SCAN), "cli_bare_scan_s": seconds(SCAN.replace("documents", bare)),
+            "cli_view_count_s": seconds("SELECT count(*) FROM documents"),
+            "cli_bare_count_s": seconds(f"SELECT count(*) FROM {bare}")}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=2000, help="size of the documents table to build, in MB")
@@ -118,6 +138,7 @@ def main(argv=None) -> int:
     figures["nkb_sql_scan_s"] = round(best_of(3, lambda: query(Warehouse(wh.home), SCAN)), 2)
     figures["nkb_sql_count_s"] = round(best_of(3, lambda: query(Warehouse(wh.home), "SELECT count(*) FROM documents")),
                                        3)
+    figures.update(cli_scan_seconds(wh, path))
     figures["scan_overhead_pct"] = round(100 * (figures["scan_verified_s"] / figures["scan_unverified_s"] - 1), 1)
     figures["write_overhead_pct"] = round(100 * (figures["write_with_checksums_s"] /
                                                  figures["write_without_checksums_s"] - 1), 1)
