@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Literal, Optional
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from corpus.files import is_pattern
 from nkb_model.architectures import DEFAULT_ARCH
@@ -44,8 +44,8 @@ BUILT_ROWS = {r.key for r in REPORT_ROWS if r.built_here}  # rows that only a ba
 ENCODER_ROWS = {r.key for r in REPORT_ROWS if r.needs_encoder}
 PROMPT_ROWS = {r.key for r in REPORT_ROWS if r.needs_prompt}
 # What `nkb demo --full` sets over the sample world's file: every row of the paper's Tables 3 and 4 that applies
-# (rows emptied: the default, every row the base allows).
-FULL_DEMO = ["rows=", "generation_rows=base,base+nkb,base+nkb-a"]
+# (rows unset: the default, every row the base allows).
+FULL_DEMO = ["rows=null", "generation_rows=base,base+nkb,base+nkb-a"]
 
 
 def arch_demo(arch: str) -> list[str]:
@@ -229,6 +229,15 @@ class Experiment(StageConfig):
         "longest train question, at least the lowest train question's), the base elsewhere. It keeps what the base "
         "knew of everything the knowledge does not mention; a knowledge that mentions nearly everything (Wikipedia) "
         "routes nearly everything to the slots."))
+
+    @field_validator("rows", "generation_rows")
+    @classmethod
+    def _names_a_row(cls, rows: Optional[list], info: ValidationInfo):
+        # Left out (None) means every row that applies; an empty list is a user's mistake, not that default
+        if rows == []:
+            raise ValueError(f"[] names no row to train: leave {info.field_name} out (or null) for every row that "
+                             "applies, or name the rows")
+        return rows
 
     @model_validator(mode="after")
     def _routed_needs_the_main_row(self):

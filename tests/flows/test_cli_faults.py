@@ -228,3 +228,14 @@ def test_ctrl_c_during_torchs_import_waits_for_it_and_then_interrupts():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[2], preexec_fn=hears_ctrl_c)
     assert done.stdout.startswith("interrupted after the import <class 'torch.nn.modules.linear.Linear'>"), done.stderr
+
+
+def test_an_empty_rows_list_is_refused_before_anything_runs(capsys, tmp_path):
+    """Issue 100: `--set rows=[]` exited 0 after training every row the plan knows."""
+    experiment = Path(__file__).resolve().parents[2] / "experiments" / "sample-world.yaml"
+    home = str(tmp_path / "wh")
+    started = time.monotonic()
+    for argv in (["pipeline", str(experiment)], ["demo"]):
+        code, _, err = run_cli(capsys, "--home", home, *argv, "--set", "rows=[]")
+        assert code == 1 and "rows: [] names no row to train" in err and len(err.strip().splitlines()) == 1, err
+    assert time.monotonic() - started < 10 and not Path(home).exists()

@@ -438,3 +438,19 @@ def test_an_injection_on_augmented_wordings_plans_them_and_their_spans_after_the
     with pytest.raises(ExperimentError, match="stages.augment.methods: permute leaves out paraphrase"):
         plan_of(Experiment.load(SAMPLE_WORLD_SMOLLM2, ["stages.inject.augmented=paraphrase",
                                                        "stages.augment.methods=permute"]))
+
+
+@pytest.mark.parametrize("key", ["rows", "generation_rows"])
+def test_an_empty_rows_list_is_refused_naming_the_key_not_read_as_every_row(tmp_path, key):
+    """Issue 100: `rows: []` trained every row the plan knows (transformer, large, NKB-a, kformer, concat)."""
+    refused = rf"{key}: \[\] names no row to train: leave {key} out \(or null\) for every row that applies"
+    with pytest.raises(ExperimentError, match=rf"^mine.yaml: {refused}"):
+        Experiment.parse(MINIMAL | {key: []}, "mine.yaml")
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(MINIMAL) + f"{key}: []\n")
+    with pytest.raises(ExperimentError, match=refused):
+        Experiment.load(tmp_path / "mine.yaml")
+    for value in ("[]", ""):  # `--set rows=` empties the list as `rows=[]` does
+        with pytest.raises(ExperimentError, match=refused):
+            Experiment.load(SAMPLE_WORLD, [f"{key}={value}"])
+    assert getattr(Experiment.load(SAMPLE_WORLD, [f"{key}=null"]), key) is None  # the default: every row
+    assert Experiment.load(SAMPLE_WORLD, FULL_DEMO).rows is None
