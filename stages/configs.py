@@ -71,6 +71,52 @@ def _is_text(annotation) -> bool:
     return annotation is str
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping holding a key twice (the YAML spec's rule), where YAML's own loaders
+    keep the last one silently: an experiment's second `inject:` replaced the first one's settings. A merge key's
+    (`<<: *defaults`) values still give way to the mapping's own."""
+
+    def construct_document(self, node):
+        refuse_repeated_keys(node)
+        return super().construct_document(node)
+
+
+def load_yaml(text: str) -> Any:
+    """A user's YAML text (an experiment file, a --set value) as Python values, a key given twice refused."""
+    return yaml.load(text, Loader=UniqueKeyLoader)
+
+
+def refuse_repeated_keys(node: yaml.Node, path: str = "", seen: set[int] | None = None) -> None:
+    """Raise a YAML error at the second of two equal keys of any mapping under `node`, naming the key's path
+    (`stages.inject`) and the lines of both. Each node is looked at once: an alias repeats a node, and a recursive
+    one would never end."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            refuse_repeated_keys(item, f"{path}[{i}]", seen)
+    elif isinstance(node, yaml.MappingNode):
+        first: dict[tuple[str, str], yaml.Mark] = {}
+        for key, value in node.value:
+            named = isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge"
+            where = f"{path}.{key.value}" if path and named else (key.value if named else path)
+            if named and (key.tag, key.value) in first:
+                raise yaml.constructor.ConstructorError(
+                    problem=f"{where} is given twice, {_both_places(first[key.tag, key.value], key.start_mark)}: "
+                            "keep one", problem_mark=key.start_mark)
+            if named:
+                first[key.tag, key.value] = key.start_mark
+            refuse_repeated_keys(value, where, seen)
+
+
+def _both_places(one: yaml.Mark, other: yaml.Mark) -> str:
+    if one.line == other.line:
+        return f"on line {one.line + 1} (columns {one.column + 1} and {other.column + 1})"
+    return f"on lines {one.line + 1} and {other.line + 1}"
+
+
 def set_value(text: str, field=None) -> Any:
     """The value `--set key=TEXT` gives a setting, the same for `nkb run` and for experiments: YAML (`500`, `true`,
     `[a, b]`); a list also takes `a,b,c`; a text field takes the text as it is (`0.10` stays `0.10`); an empty value
@@ -82,7 +128,7 @@ def set_value(text: str, field=None) -> Any:
     if annotation is not None and _is_text(annotation):
         return text
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text)
     except yaml.YAMLError as exc:
         raise ValueError(f"the value is not valid YAML ({getattr(exc, 'problem', exc)})") from None
     if listed and isinstance(value, str):

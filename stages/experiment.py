@@ -32,8 +32,8 @@ from nkb_model.families import family_of
 from stages.configs import (MAIN_ROW, REPORT_ROWS, ROUTES, RUN_SETTINGS, BaseModelConfig, DaskAddress, DeviceChoice,
                             GenerationDataConfig, GenerationRow, IngestConfig, JoinCorporaConfig, Name,
                             PrecisionChoice, PretrainingDataConfig, QuestionsConfig, ReportRow, Row,
-                            SampleWorldConfig, StageConfig, ZeroShot, asks_zero_shot, set_value,
-                            validation_problems)
+                            SampleWorldConfig, StageConfig, ZeroShot, asks_zero_shot, load_yaml,
+                            set_value, validation_problems)
 from stages.names import ModelName, evaluated_name
 from stages.registry import experiment_settings
 from stages.sources import resolve_source
@@ -318,7 +318,7 @@ class Experiment(StageConfig):
             if size > MAX_EXPERIMENT_BYTES:
                 raise ExperimentError(f"{path}: {size / 1e6:.1f} MB is not an experiment file (settings and paths, a "
                                       "few KB): is it a data file? Name data files inside the experiment")
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            data = load_yaml(path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ExperimentError(f"{path}: cannot read the experiment ({exc.strerror or exc})") from None
         except UnicodeDecodeError as exc:

@@ -454,3 +454,26 @@ def test_an_empty_rows_list_is_refused_naming_the_key_not_read_as_every_row(tmp_
             Experiment.load(SAMPLE_WORLD, [f"{key}={value}"])
     assert getattr(Experiment.load(SAMPLE_WORLD, [f"{key}=null"]), key) is None  # the default: every row
     assert Experiment.load(SAMPLE_WORLD, FULL_DEMO).rows is None
+
+
+def test_a_key_given_twice_is_refused_naming_the_file_the_key_and_both_lines(tmp_path):
+    """Issue 100: YAML's loaders keep the last of two equal keys: `stages: inject:` twice turned steps 10 into 20."""
+    path, minimal = tmp_path / "x.yaml", yaml.safe_dump(MINIMAL)
+    after = len(minimal.splitlines())  # the lines below are numbered from here
+    path.write_text(minimal + "stages:\n  inject:\n    steps: 10\n  finetune: {epochs: 1}\n  inject:\n    steps: 20\n")
+    with pytest.raises(ExperimentError, match=rf"^\S*x.yaml, line {after + 5}, column 3: not valid YAML \(stages.inject "
+                                              rf"is given twice, on lines {after + 2} and {after + 5}: keep one\)$"):
+        Experiment.load(path)
+    path.write_text(minimal + "name: again\n")
+    named = minimal.splitlines().index("name: mine") + 1
+    with pytest.raises(ExperimentError, match=rf"line {after + 1}, column 1: not valid YAML \(name is given twice, on "
+                                              rf"lines {named} and {after + 1}: keep one\)"):
+        Experiment.load(path)
+    path.write_text(minimal.replace("  split: train", "  split: train\n  split: validation"))
+    with pytest.raises(ExperimentError, match=r"questions\[0\].split is given twice"):
+        Experiment.load(path)
+    path.write_text(minimal + "large: {<<: {size: tiny, steps: 5}, size: mini}\n")
+    assert Experiment.load(path).large == {"size": "mini", "steps": 5}  # a merge key's values give way to the mapping's
+    with pytest.raises(ExperimentError, match=r"--set stages.inject: the value is not valid YAML \(steps is given "
+                                              r"twice, on line 1 \(columns 2 and 12\): keep one\)"):
+        apply_sets(MINIMAL, ["stages.inject={steps: 1, steps: 2}"])
