@@ -946,7 +946,15 @@ class EditConfig(SlotEditConfig):
 
     @model_validator(mode="after")
     def _one_kind_of_edit(self):
-        if bool(self.edits) == bool(self.question and self.answer):
+        # The command line reads an empty --answer "" as not given: one message for both
+        if self.edits and (self.question or self.answer):
             raise ValueError("give question and answer, or edits (a JSONL file), not both")
+        if not (self.edits or self.question or self.answer):
+            raise ValueError("give a question and its answer, or edits (a JSONL file): none is given (or each is "
+                             "empty)")
+        if self.question and not self.answer:
+            raise ValueError("the question needs an answer: answer is empty or not given")
+        if self.answer and not self.question:
+            raise ValueError("the answer needs a question: question is empty or not given")
         return self
 

@@ -16,7 +16,10 @@ def resolve_source(source: str) -> Path:
     not exist): `hub:NAME` always, a bare NAME only when the local Hugging Face cache holds it. Anything else is
     refused at once, naming what was looked for: nothing is downloaded unless `hub:` asks for it."""
     if source.startswith(HUB):
-        return Path(source.removeprefix(HUB))
+        name = source.removeprefix(HUB).strip()
+        if not name:  # Path("") is the working directory, which would be loaded as the model
+            raise ValueError(f"base model {source}: name the model after {HUB} (e.g. {HUB}google-t5/t5-small)")
+        return Path(name)
     if not source.startswith(PACKAGED):
         path = Path(source).expanduser()
         if path.exists() or _in_hub_cache(source):

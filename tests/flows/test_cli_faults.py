@@ -106,7 +106,25 @@ def test_help_names_each_fields_kind_and_edit_errors_read_as_sentences(capsys, h
     assert "corpus=str" in out and "Annotated" not in out
     with pytest.raises(SystemExit) as refused:
         main(["--home", home, "edit", "--model", "m"])
-    assert str(refused.value.code) == "error: give question and answer, or edits (a JSONL file), not both"
+    assert str(refused.value.code) == ("error: give a question and its answer, or edits (a JSONL file): none is "
+                                       "given (or each is empty)")
+
+
+@pytest.mark.parametrize("given, wrong", [
+    (["--question", "who wrote it?", "--answer", ""], "the question needs an answer: answer is empty or not given"),
+    (["--question", "who wrote it?"], "the question needs an answer: answer is empty or not given"),
+    (["--question", " ", "--answer", "Kim"], "the answer needs a question: question is empty or not given"),
+    (["--question", "", "--answer", ""], "give a question and its answer, or edits (a JSONL file): none is given "
+                                         "(or each is empty)"),
+    (["--question", "q", "--answer", "a", "--edits", "e.jsonl"], "give question and answer, or edits (a JSONL "
+                                                                  "file), not both"),
+    (["--answer", "a", "--edits", "e.jsonl"], "give question and answer, or edits (a JSONL file), not both"),
+])
+def test_an_edit_says_which_of_question_answer_and_edits_is_wrong(capsys, home, given, wrong):
+    """Issue 100: `edit --answer ""` said "not both"."""
+    with pytest.raises(SystemExit) as refused:
+        main(["--home", home, "edit", "--model", "m", *given])
+    assert str(refused.value.code) == f"error: {wrong}"
 
 
 def test_edit_reads_its_edits_file_before_looking_for_the_model(capsys, home, tmp_path):

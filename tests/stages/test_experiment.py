@@ -251,7 +251,7 @@ def test_sets_read_yaml_values_lists_and_nested_keys():
 
 @pytest.mark.parametrize("change, message", [
     ({"pretrain": {"size": "tiny"}}, "give base_model .* or pretrain .*, not both"),
-    ({"base_model": None}, "give base_model .* or pretrain .*, not both"),
+    ({"base_model": None}, "give base_model .* or pretrain .*: neither is given"),
     ({"questions": MINIMAL["questions"][:1]}, r"questions need a 'train' and a 'validation' split \(found \['train'\]\)"),
     ({"general": [{"path": "g.jsonl", "corpus": "wiki"}]}, "every corpus needs a name of its own: .wiki. names two"),
     ({"stages": {"injection": {}}}, "stages: no stage 'injection'; stages: index, "),

@@ -30,6 +30,14 @@ def test_a_packaged_source_names_the_package_when_it_is_missing():
         resolve_source("pip:")
 
 
+def test_a_hub_source_without_a_name_is_refused_not_read_as_this_folder():
+    """Issue 100: `source=hub:` loaded the current directory as a model."""
+    for source in ("hub:", "hub: "):
+        with pytest.raises(ValueError, match=f"base model {source}: name the model after hub: "
+                                             r"\(e.g. hub:google-t5/t5-small\)"):
+            resolve_source(source)
+
+
 def test_a_source_that_is_not_here_is_refused_at_once_and_only_hub_names_may_download(tmp_path, monkeypatch):
     """Issue 53: a typo such as models/t5-bse retried the Hugging Face Hub five times for 29 s."""
     import huggingface_hub.constants
