@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from stages.model_card import model_card
 from stages.models import model_lineage, source_model
@@ -31,10 +34,7 @@ def export_model(wh: Warehouse, name: str, target: Path, adapter: bool = False) 
     if hasattr(model, "kformer"):
         raise ValueError(f"model {name!r} is a Kformer model: it reads retrieved documents at run time, which stock "
                          "transformers cannot do; it has no export")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # A staging folder of a name no one else has: one that happens to be there (the user's) is never touched.
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.nkb-export-", dir=target.parent))
-    try:
+    with staged_folder(target) as staging:
         if adapter:
             _write_adapter(model, info, name, staging)
         else:
@@ -42,12 +42,45 @@ def export_model(wh: Warehouse, name: str, target: Path, adapter: bool = False) 
         tokenizer.save_pretrained(staging)
         card = model_card(wh, info, model_lineage(wh, info), exported=not adapter, adapter=adapter)
         (staging / "README.md").write_text(card)
+    return target
+
+
+@contextlib.contextmanager
+def staged_folder(target: Path) -> Iterator[Path]:
+    """A new folder beside `target` to write an export into, which becomes `target` (absent, or an empty folder)
+    when the block ends, or is removed if it fails: the export is there whole or not at all. Its folders and files
+    get the modes the user's umask gives a new folder and file (the staging folder is made 0700 and safetensors
+    writes 0600), and a user's empty `target` keeps its own mode."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # A staging folder of a name no one else has: one that happens to be there (the user's) is never touched.
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.nkb-export-", dir=target.parent))
+    try:
+        yield staging
+        _give_new_modes(staging, stat.S_IMODE(target.stat().st_mode) if target.exists() else None)
         if target.exists():
             target.rmdir()
         os.replace(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return target
+
+
+def _give_new_modes(folder: Path, own_mode: int | None) -> None:
+    """Give `folder`, and the folders and files in it, the modes a new folder and file get here; `folder` itself
+    `own_mode` where given."""
+    folder_mode, file_mode = _new_modes()
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(folder_mode if path.is_dir() else file_mode)
+    folder.chmod(folder_mode if own_mode is None else own_mode)
+
+
+def _new_modes() -> tuple[int, int]:
+    """(folder mode, file mode) that this process's umask gives a new folder and file. The umask is read by setting
+    it, once: to the strictest for that instant, so that a file another thread makes meanwhile is never more open
+    than its umask allows."""
+    umask = os.umask(0o077)
+    os.umask(umask)
+    return 0o777 & ~umask, 0o666 & ~umask
 
 
 def _write_adapter(model, info: dict, name: str, folder: Path) -> None:

@@ -3,6 +3,8 @@
 import csv
 import io
 import json
+import os
+import stat
 from types import SimpleNamespace
 from pathlib import Path
 
@@ -840,6 +842,10 @@ def test_export_stages_in_a_folder_of_its_own_and_a_full_disk_is_one_line(world,
     export_model(world, "base+nkb", tmp_path / "export")
     assert (users / "mine.txt").read_text() == "keep"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".export.partial", "export"]
+    umask = os.umask(0o077)
+    os.umask(umask)  # issue 100: the folder was 0700 and model.safetensors 0600 whatever the umask
+    assert [stat.S_IMODE((tmp_path / "export" / name).stat().st_mode) for name in ("", "model.safetensors")] == [
+        0o777 & ~umask, 0o666 & ~umask]
     with small_disk(tmp_path / "disk", "3m") as disk:
         filler = fill(disk, 200)
         capsys.readouterr()
