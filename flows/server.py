@@ -159,6 +159,17 @@ def _create_pools(api_url: str) -> None:
                                                              concurrency_limit=limit))
 
 
+def _require_prefect_yaml(project: Path) -> None:
+    """Refuse a project folder without prefect.yaml before anything starts: Prefect would find that out only when
+    deploying, after the server had come up."""
+    if (project / "prefect.yaml").is_file():
+        return
+    ours = Path(__file__).resolve().parents[1]  # the checkout this module runs from
+    hint = f" (this installation's: --project {ours})" if (ours / "prefect.yaml").is_file() else ""
+    raise ServerError(f"{project} has no prefect.yaml (the deployments to start): give --project the folder that "
+                      f"holds it{hint}")
+
+
 def up(project: Path, port: int = 4200, home: str | None = None, directory: Path | None = None,
        extra_env: dict[str, str] | None = None, log=print, timeout: float = 180) -> ServerState:
     """Start the server, create the pools, deploy everything, start the workers; return the state.
@@ -166,6 +177,7 @@ def up(project: Path, port: int = 4200, home: str | None = None, directory: Path
     directory: where state and logs go (default PROJECT/.prefect); extra_env: more settings for the
     server and workers (e.g. a faster scheduler loop in tests)."""
     project, directory = _locate(project, directory)
+    _require_prefect_yaml(project)
     existing = ServerState.load(project, directory)
     if existing and existing.running("server"):
         raise ServerError(f"a server started from {project} already runs at {existing.url}; "

@@ -257,3 +257,17 @@ def test_an_empty_rows_list_is_refused_before_anything_runs(capsys, tmp_path):
         code, _, err = run_cli(capsys, "--home", home, *argv, "--set", "rows=[]")
         assert code == 1 and "rows: [] names no row to train" in err and len(err.strip().splitlines()) == 1, err
     assert time.monotonic() - started < 10 and not Path(home).exists()
+
+
+def test_server_up_without_a_prefect_yaml_is_refused_before_anything_starts(capsys, tmp_path):
+    """Issue 100: it started a server, then printed Prefect's raw deploy failure."""
+    import socket
+    with socket.socket() as probe:  # a port no one listens on: the old code started a server there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    code, _, err = run_cli(capsys, "server", "up", "--project", str(tmp_path), "--port", str(port))
+    ours = Path(__file__).resolve().parents[2]
+    assert code == 1 and err == (f"error: {tmp_path} has no prefect.yaml (the deployments to start): give --project "
+                                 f"the folder that holds it (this installation's: --project {ours})\n"), err
+    assert list(tmp_path.iterdir()) == [] and time.monotonic() - started < 5  # no state, no server
