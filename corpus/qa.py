@@ -251,6 +251,17 @@ def read_triviaqa(path: str | os.PathLike) -> Iterator[Question]:
                        answers, where)
 
 
+# ---- repeated questions ----------------------------------------------------------------------
+
+def repeated_questions(questions: Iterable[Question]) -> dict[str, list[str]]:
+    """The questions a file asks more than once (case and spacing aside: the same question to a reader), each as
+    first worded, with the places it occurs, in file order."""
+    places: dict[str, list[Question]] = {}
+    for q in questions:
+        places.setdefault(" ".join(q.question.casefold().split()), []).append(q)
+    return {found[0].question: [q.where for q in found] for found in places.values() if len(found) > 1}
+
+
 # ---- answer-length filter ------------------------------------------------------------------
 
 def answer_tokens(answer: str) -> int:

@@ -211,6 +211,7 @@ def load_questions(wh: Warehouse, config: QuestionsConfig, force: bool = False) 
         if not read:
             raise InputFileError(path, None, "no questions found")
         refuse_repeated_ids(path, read, "question")
+        warn_of_repeated_questions(path, read)
         kept, dropped = qa.filter_long_answers(read, config.max_answer_tokens)
         run.write("questions", f"{config.dataset}.{config.split}", {
             "question_id": [qa.make_question_id(config.dataset, config.split, q.local_id) for q in kept],
@@ -222,6 +223,17 @@ def load_questions(wh: Warehouse, config: QuestionsConfig, force: bool = False) 
                 "seconds": time.perf_counter() - started}
 
     return declared.run(wh, body, force=force)
+
+
+def warn_of_repeated_questions(path: str, read: list[qa.Question]) -> None:
+    """Say when a file asks a question more than once. The copies are kept: each is a line of the user's file and
+    may be meant (two wordings that differ in case), but a copy counts twice in an EM and in a train split."""
+    repeated = qa.repeated_questions(read)
+    if repeated:
+        question, places = next(iter(repeated.items()))
+        print(f"warning: {path}: {len(repeated)} question{'s' if len(repeated) > 1 else ''} occur"
+              f"{'' if len(repeated) > 1 else 's'} more than once, each copy kept and counted (e.g. {question!r} on "
+              f"{', '.join(places)}); remove the copies if they are not meant", file=sys.stderr)
 
 
 def load_generation_data(wh: Warehouse, config: GenerationDataConfig, force: bool = False) -> StageResult:

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from corpus.errors import InputFileError
-from corpus.qa import Question, filter_long_answers, parse_target_value, read_questions
+from corpus.qa import Question, filter_long_answers, parse_target_value, read_questions, repeated_questions
 
 
 @pytest.mark.parametrize("value,expected", [
@@ -168,3 +168,11 @@ def test_headqa_official_layout_exams_hold_their_questions_under_data(tmp_path):
     path.write_text(json.dumps({"version": "1.0", "language": "en", "exams": {"Cuaderno_2099_1_X": exam}}))
     assert [(q.local_id, q.answers) for q in read_questions(path, "headqa")] == [
         ("Cuaderno_2099_1_X-1", ("The kidney.",))]
+
+
+def test_repeated_questions_are_found_with_their_places_case_and_spacing_aside():
+    asked = [Question("1", "Who wrote it?", ("a",), "line 1"), Question("2", "where?", ("b",), "line 2"),
+             Question("3", "who  wrote it?", ("a",), "line 3"), Question("4", "Who wrote it?", ("c",), "line 4"),
+             Question("5", "Where?", ("b",), "line 5"), Question("6", "when?", ("d",), "line 6")]
+    assert repeated_questions(asked) == {"Who wrote it?": ["line 1", "line 3", "line 4"], "where?": ["line 2", "line 5"]}
+    assert repeated_questions(asked[:2]) == {}

@@ -243,6 +243,19 @@ def test_interleaved_ingests_leave_exactly_the_last_committed_writers_rows(tmp_p
         assert _corpus_x(wh) == expected[k], f"step {step}"
 
 
+def test_a_question_file_asking_a_question_more_than_once_is_kept_as_it_is_with_a_warning(tmp_path, wh, capsys):
+    """Issue 100: a question three times in a validation file was counted three times without a word. The copies
+    are kept (each is a question of the file, and may be meant), and the warning names them."""
+    path = tmp_path / "dev.jsonl"
+    path.write_text('{"question": "who?", "answer": ["1"]}\n{"question": "what?", "answer": ["2"]}\n' * 3
+                    + '{"question": "when?", "answer": ["3"]}\n')
+    config = QuestionsConfig(path=str(path), format="nq_open", dataset="d", split="validation")
+    assert data.load_questions(wh, config).value["questions"] == 7
+    err = capsys.readouterr().err
+    assert err == (f"warning: {path}: 2 questions occur more than once, each copy kept and counted (e.g. 'who?' on "
+                   "line 1, line 3, line 5); remove the copies if they are not meant\n")
+
+
 def test_repeated_question_ids_are_named_with_both_places(tmp_path, wh):
     path = tmp_path / "q.jsonl"
     path.write_text('{"id": "a", "question": "x?", "answers": ["1"]}\n{"id": "b", "question": "y?", "answers": ["2"]}\n'
