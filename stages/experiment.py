@@ -252,11 +252,15 @@ class Experiment(StageConfig):
         return self
 
     @model_validator(mode="after")
-    def _consistent(self):
+    def _one_base(self):
         if self.base_model is None and self.pretrain is None:
             raise ValueError("give base_model (a Hugging Face T5) or pretrain (a small T5 built here): neither is given")
         if self.base_model is not None and self.pretrain is not None:
             raise ValueError("give base_model (a Hugging Face T5) or pretrain (a small T5 built here), not both")
+        return self
+
+    @model_validator(mode="after")
+    def _consistent(self):
         if self.base_model and self.rows and BUILT_ROWS & set(self.rows):
             raise ValueError(f"rows {sorted(BUILT_ROWS & set(self.rows))} need a base built here (pretrain), "
                              "not base_model")
