@@ -26,7 +26,9 @@ from typing import Any, Iterable, Literal, Optional
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from corpus import qa
 from corpus.files import is_pattern
+from corpus.sample_world import WorldFiles, split_sizes
 from nkb_model.architectures import DEFAULT_ARCH
 from nkb_model.families import family_of
 from stages.configs import (MAIN_ROW, REPORT_ROWS, ROUTES, RUN_SETTINGS, BaseModelConfig, DaskAddress, DeviceChoice,
@@ -76,6 +78,9 @@ class ExperimentError(ValueError):
 # An experiment file holds settings and paths: a few KB. A larger one is a data file given by mistake, which would
 # otherwise travel whole as a flow parameter (a 50 MB one ended in a Prefect 422 echoing it).
 MAX_EXPERIMENT_BYTES = 1_000_000
+# A train file is counted against shots before the first stage only up to this size: about 2 s of reading (NQ-open's
+# 9 MB: 0.3 s). A larger one is checked once loaded, before the first model stage (`stages.inputs.require_shots`).
+MAX_COUNTED_BYTES = 64_000_000
 
 
 def _refuse_repeats(key: str, entries: list, what: str) -> None:
@@ -363,7 +368,8 @@ class Experiment(StageConfig):
 
     def require_files(self, world_dir: Path | None = None) -> None:
         """Refuse, before the first stage runs, an experiment whose input files are not all there (naming every
-        one). Files in the sample world's folder are left out: its first stage writes them."""
+        one), or whose shots outnumber the questions of a train file. Files in the sample world's folder are left
+        out (its first stage writes them); its settings say how many questions they will hold."""
         entries = [(f"{name}[{i}]", e.path) for name in ("knowledge", "general", "questions", "generation")
                    for i, e in enumerate(getattr(self, name))]
         entries += [(name, getattr(self, name)) for name in ("probes", "facts", "edits")]
@@ -377,6 +383,35 @@ class Experiment(StageConfig):
                 missing.append(f"base_model: {str(exc).removeprefix('base model ')}")
         if missing:
             raise ExperimentError(f"experiment {self.name}: no such file for {'; '.join(missing)} (nothing was run)")
+        self._require_train_questions_for_shots(world_dir)
+
+    def _require_train_questions_for_shots(self, world_dir: Path | None) -> None:
+        """Refuse shots above the questions the train file of a dataset the rows are asked on holds: the warehouse
+        knows its train split only once loaded, after every data stage has run."""
+        if not self.shots:
+            return
+        evaluate = self.stages.get("evaluate", {})
+        asked = evaluate.get("datasets") or {q.dataset for q in self.questions
+                                             if q.split == evaluate.get("split", "validation")}
+        for i, entry in enumerate(self.questions):
+            held = self._questions_held(entry, world_dir) if entry.split == "train" and entry.dataset in asked else None
+            if held is not None and held < self.shots:
+                raise ExperimentError(
+                    f"experiment {self.name}: shots={self.shots} draws {self.shots} solved examples for each question "
+                    f"from dataset {entry.dataset}'s train split, which questions[{i}] ({Path(entry.path).name}) fills "
+                    f"with {held} questions: lower shots (nothing was run)")
+
+    def _questions_held(self, entry: QuestionsConfig, world_dir: Path | None) -> Optional[int]:
+        """How many questions `entry`'s file holds, where that is cheap to know: a sample-world file's from the
+        world's settings, a file on disk up to MAX_COUNTED_BYTES by reading it; else None."""
+        world = {str(path): (dataset, split) for root in (Path("{sample_world}"), world_dir) if root
+                 for dataset, splits in WorldFiles.at(root).questions.items() for split, path in splits.items()}
+        if self.sample_world and entry.path in world:
+            return split_sizes(self.sample_world.people, self.sample_world.validation_share)[world[entry.path]]
+        path = Path(entry.path)
+        if entry.path.startswith("{sample_world}") or not path.is_file() or path.stat().st_size > MAX_COUNTED_BYTES:
+            return None
+        return sum(1 for _ in qa.read_questions(path, entry.format))
 
     def with_world(self, world_dir: Path) -> "Experiment":
         """'{sample_world}' in the paths replaced by the generated world's folder."""

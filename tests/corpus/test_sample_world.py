@@ -4,7 +4,7 @@ import re
 
 from corpus.documents import read_documents
 from corpus.qa import read_questions
-from corpus.sample_world import DATASETS, PROBE_WORDINGS, QUESTION_WORDINGS, WorldFiles, generate
+from corpus.sample_world import DATASETS, PROBE_WORDINGS, QUESTION_WORDINGS, WorldFiles, generate, split_sizes
 
 
 def load_facts(files: WorldFiles) -> list[dict]:
@@ -115,6 +115,15 @@ def test_each_dataset_gets_a_third_of_the_facts_split_by_the_validation_share(tm
         counts[(f["dataset"], f["split"])] = counts.get((f["dataset"], f["split"]), 0) + 1
     # 12 people x 5 facts = 20 per dataset, a quarter of them for validation
     assert counts == {(d, s): 5 if s == "validation" else 15 for d in DATASETS for s in ("train", "validation")}
+
+
+def test_the_size_of_each_split_is_known_from_the_settings_before_the_world_is_written(tmp_path):
+    """What an experiment checks its shots against before the sample-world stage has run."""
+    for people, share in ((7, 0.5), (13, 0.3)):  # 35 and 65 facts: the datasets' shares differ by one
+        files = generate(tmp_path / f"w{people}", seed=2, people=people, background_people=0, validation_share=share)
+        written = {(d, s): sum(1 for _ in read_questions(path, DATASETS[d]))
+                   for d, splits in files.questions.items() for s, path in splits.items()}
+        assert split_sizes(people, share) == written
 
 
 def test_edits_change_validation_facts_to_a_wrong_answer_of_their_kind(world_dir):

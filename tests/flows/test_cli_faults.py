@@ -271,3 +271,12 @@ def test_server_up_without_a_prefect_yaml_is_refused_before_anything_starts(caps
     assert code == 1 and err == (f"error: {tmp_path} has no prefect.yaml (the deployments to start): give --project "
                                  f"the folder that holds it (this installation's: --project {ours})\n"), err
     assert list(tmp_path.iterdir()) == [] and time.monotonic() - started < 5  # no state, no server
+
+
+def test_shots_beyond_the_train_split_are_refused_before_the_first_stage(capsys, tmp_path):
+    """Issue 100: `shots=1000` was refused only after six data stages ran (~14 s)."""
+    home = str(tmp_path / "wh")
+    started = time.monotonic()
+    code, _, err = run_cli(capsys, "--home", home, "demo", "--set", "shots=1000")
+    assert code == 1 and "shots=1000 draws 1000 solved examples" in err and "(nothing was run)" in err, err
+    assert len(err.strip().splitlines()) == 1 and time.monotonic() - started < 10 and not Path(home).exists()

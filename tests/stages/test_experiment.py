@@ -477,3 +477,26 @@ def test_a_key_given_twice_is_refused_naming_the_file_the_key_and_both_lines(tmp
     with pytest.raises(ExperimentError, match=r"--set stages.inject: the value is not valid YAML \(steps is given "
                                               r"twice, on line 1 \(columns 2 and 12\): keep one\)"):
         apply_sets(MINIMAL, ["stages.inject={steps: 1, steps: 2}"])
+
+
+def test_shots_beyond_what_a_train_file_holds_are_refused_before_anything_runs(tmp_path):
+    """Issue 100: shots=1000 was refused only after six data stages ran. The sample world's split sizes follow from
+    its settings; a user's train file is counted."""
+    refused = r"experiment {}: shots=1000 draws 1000 solved examples .* dataset nq's train split, which questions\[0\] " \
+              r"\(train.jsonl\) fills with {} questions: lower shots \(nothing was run\)"
+    smollm2 = Experiment.load(SAMPLE_WORLD_SMOLLM2, ["shots=1000"])
+    with pytest.raises(ExperimentError, match=refused.format("sample-world-smollm2", 67)):  # 80 people
+        smollm2.require_files()
+    with pytest.raises(ExperimentError, match=refused.format("sample-world-smollm2", 67)):  # as the flow checks it
+        smollm2.with_world(tmp_path / "world").require_files(tmp_path / "world")
+    Experiment.load(SAMPLE_WORLD_SMOLLM2, ["shots=67"]).require_files()
+    for entry in MINIMAL["knowledge"] + MINIMAL["questions"]:
+        (tmp_path / entry["path"]).write_text('{"question": "who?", "answer": ["Kim"]}\n' * 3)
+    (tmp_path / "nq.train.jsonl").rename(tmp_path / "train.jsonl")
+    mine = MINIMAL | {"questions": [dict(MINIMAL["questions"][0], path="train.jsonl"), MINIMAL["questions"][1]],
+                      "shots": 1000}
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(mine))
+    with pytest.raises(ExperimentError, match=refused.format("mine", 3)):
+        Experiment.load(tmp_path / "mine.yaml").require_files()
+    Experiment.load(tmp_path / "mine.yaml", ["shots=3"]).require_files()
+    Experiment.load(tmp_path / "mine.yaml", ["shots=1000", "stages.evaluate.datasets=other"]).require_files()
