@@ -29,7 +29,7 @@ from warehouse.fingerprint import code_version
 from warehouse.parquet import PartitionWriter, ShardTarget
 from warehouse.runs import RunRecord, StageResult, find_successful_run, insert_run, new_run_id, now
 from warehouse.schemas import PARQUET_TABLES
-from warehouse import journal
+from warehouse.journal import Move, write_journal
 from warehouse.store import PartitionRecord, Warehouse, WarehouseError, check_partition, stamp_committed
 
 
@@ -197,7 +197,7 @@ class StagedRun:
                            if t == table and stem.startswith(prefix) and (t, stem) not in written]
                 self._refuse_overtaken(con, [*written, *removed])
                 moves = self._moves(removed)
-                written_down = journal.write(self.wh.home, self.run_id, moves)
+                written_down = write_journal(self.wh.home, self.run_id, moves)
                 _on_step("journal written")
                 for move in moves:
                     _rename(move)
@@ -248,17 +248,17 @@ class StagedRun:
                 "replace those unseen, so they are not committed. The other run's rows stand; rerun this stage to "
                 "make its own the table's")
 
-    def _moves(self, removed: list[tuple[str, str]]) -> list[journal.Move]:
+    def _moves(self, removed: list[tuple[str, str]]) -> list[Move]:
         """The renames of this commit: each staged file or folder into place, what it replaces set aside into this
         run's staging area (gone with it at cleanup), and the partitions it removes set aside."""
         moves = []
         for staged, final in [*self._staged, *self._published]:
             aside = self._aside(final) if os.path.lexists(final) else None
-            moves.append(journal.Move(str(staged), str(final), aside))
+            moves.append(Move(str(staged), str(final), aside))
         for table, stem in removed:
             old = self.wh.tables_dir / table / f"{stem}.parquet"
             if os.path.lexists(old):
-                moves.append(journal.Move(None, str(old), self._aside(old)))
+                moves.append(Move(None, str(old), self._aside(old)))
         return moves
 
     def _aside(self, path: Path) -> str:
@@ -342,7 +342,7 @@ class ShardSet:
 _on_step: Callable[[str], None] = lambda step: None
 
 
-def _rename(move: journal.Move) -> None:
+def _rename(move: Move) -> None:
     """Make one move of a commit: what is at `final` set aside, then the staged file or folder into its place."""
     final = Path(move.final)
     if move.aside is not None:

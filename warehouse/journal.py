@@ -42,7 +42,7 @@ class Move:
             final.rename(staged)  # a new partition or folder, with nothing before it
 
 
-def write(home: Path, run_id: str, moves: Iterable[Move]) -> Path:
+def write_journal(home: Path, run_id: str, moves: Iterable[Move]) -> Path:
     """Write the journal of a commit about to make `moves`, durably, and return its path."""
     folder = home / FOLDER
     folder.mkdir(exist_ok=True)
@@ -57,7 +57,7 @@ def write(home: Path, run_id: str, moves: Iterable[Move]) -> Path:
     return path
 
 
-def pending(home: Path) -> list[Path]:
+def pending_commits(home: Path) -> list[Path]:
     """Journals of commits that did not finish (their process is gone; the caller holds the exclusive lock, so
     no live process is in the middle of one), oldest first."""
     folder = home / FOLDER
@@ -67,11 +67,11 @@ def pending(home: Path) -> list[Path]:
     return sorted((p for p in folder.glob("*.json") if not p.name.endswith(mine)), key=lambda p: p.stat().st_mtime)
 
 
-def recover(home: Path, committed: Callable[[str], bool]) -> list[str]:
+def recover_commits(home: Path, committed: Callable[[str], bool]) -> list[str]:
     """Finish or undo each commit a killed process left (`committed(run_id)`: whether its run row is recorded);
     returns what was done, a line each."""
     done = []
-    for path in pending(home):
+    for path in pending_commits(home):
         try:
             entry = json.loads(path.read_text())
         except ValueError:  # cut before its rename: no move was made

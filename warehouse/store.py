@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from warehouse import journal
+from warehouse.journal import pending_commits, recover_commits
 from warehouse.fingerprint import file_digest, footer_digest
 from warehouse.parquet import CHECKED_PARQUET, LINEAGE_FINGERPRINT, LINEAGE_RUN_ID, PAGE_CHECKSUMS
 from warehouse.schemas import DERIVED_VIEWS, NATIVE_MIGRATIONS, NATIVE_TABLES, PARQUET_TABLES
@@ -282,14 +282,14 @@ class Warehouse:
     def recover(self) -> None:
         """Finish or undo the commits of processes killed in the middle of one (`warehouse.journal`), where the
         warehouse can be written; before anything reads its files or sweeps staging folders."""
-        if self._writing is None and journal.pending(self.home) and self.writable:
+        if self._writing is None and pending_commits(self.home) and self.writable:
             self._refresh()
 
     def _finish_cut_commits(self, con: duckdb.DuckDBPyConnection) -> None:
         def committed(run_id: str) -> bool:
             return con.execute("SELECT count(*) FROM runs WHERE run_id = ? AND status = 'success'",
                                [run_id]).fetchone()[0] > 0
-        for line in journal.recover(self.home, committed):
+        for line in recover_commits(self.home, committed):
             print(f"note: {line}", file=sys.stderr)
 
     @contextlib.contextmanager
