@@ -3,6 +3,7 @@ it writes. Models live under `files/models/<name>-<fingerprint>/` (see `nkb_mode
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from dataclasses import dataclass
@@ -27,14 +28,46 @@ def model_present(run: RunRecord) -> bool:
 
 
 def find_model(wh: Warehouse, name: str) -> Path:
-    """The directory of the newest model called `name`, or `name` itself if it is a model directory."""
+    """The directory of the model called `name` that a stage run last built or chose (`select_model`), else of the
+    newest one of that name, or `name` itself if it is a model directory."""
     if (Path(name) / "config.json").exists():
         return Path(name)
+    selected = _selected(wh, name)
+    if selected is not None:
+        return selected
     for run in list_runs(wh):
         if STAGES.get(run.stage) and STAGES[run.stage].publishes_model and run.status == "success" \
                 and model_present(run) and read_info(run.checkpoint)["name"] == name:
             return Path(run.checkpoint)
     raise ValueError(f"no model named {name!r}; train it first (nkb run base-model / inject / finetune)")
+
+
+def select_model(wh: Warehouse, run: RunRecord) -> None:
+    """Record that later stages reading the model `run` published by name read this one: the run built it now, or
+    was skipped because it had built it before. The newest model of a name is not always the one a plan stands for:
+    back at an earlier setting, a skipped fine-tuning stands for its earlier model while a later setting's is newer,
+    and the evaluation after it read the later one."""
+    if not (wh.leader and model_present(run)):
+        return
+    name = read_info(run.checkpoint)["name"]
+    pointer = _pointer(wh, name)
+    partial = pointer.with_name(f".{pointer.name}.{run.run_id}.partial")
+    partial.write_text(json.dumps({"run_id": run.run_id, "folder": str(Path(run.checkpoint).relative_to(wh.home))
+                                   if Path(run.checkpoint).is_relative_to(wh.home) else run.checkpoint}))
+    partial.replace(pointer)
+
+
+def _pointer(wh: Warehouse, name: str) -> Path:
+    return wh.files_dir / "models" / f"{name}.selected.json"
+
+
+def _selected(wh: Warehouse, name: str) -> Path | None:
+    """The folder `select_model` last recorded for `name`, if it is still there and still that model."""
+    try:
+        folder = wh.home / json.loads(_pointer(wh, name).read_text())["folder"]
+        return folder if (folder / INFO).exists() and read_info(folder)["name"] == name else None
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 @dataclass(frozen=True)

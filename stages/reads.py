@@ -119,5 +119,9 @@ class Declared:
         """`body` run atomically as this stage, or skipped when the same inputs already succeeded
         (`warehouse.run_stage`'s `options`: device, still_valid, resumable)."""
         record = self.config.model_dump() if self.record is None else self.record
-        return run_stage(wh, self.stage, record, self.fingerprint, body, force=force, writes=STAGES[self.stage].writes,
-                         **options)
+        result = run_stage(wh, self.stage, record, self.fingerprint, body, force=force,
+                           writes=STAGES[self.stage].writes, **options)
+        if STAGES[self.stage].publishes_model and result.run.checkpoint:
+            from stages.models import select_model  # what later stages read by this model's name
+            select_model(wh, result.run)
+        return result

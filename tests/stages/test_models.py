@@ -942,3 +942,32 @@ def test_the_routed_row_answers_with_the_slots_where_a_text_matches_the_knowledg
     without = report.report(world, ReportConfig(base="llama", nkb="llama+nkb", asked=[2], probes=probes, **none))
     assert "routing" not in without.run.outputs
     assert [r["model"] for r in report.report_rows(world) if r["dataset"] == "average"] == ["base", "base+NKB"]
+
+
+def test_back_at_an_earlier_setting_the_skipped_stages_model_is_the_one_read_by_name(tmp_path):
+    """Fine-tuned with seed 0, then 1, then 0 again: the third run is skipped (its model is there), and what reads
+    `m.qa` next must read seed 0's model, not the newer seed 1's (an evaluation had read the newest of a name)."""
+    import json as json_
+
+    from nkb_model.checkpoint import INFO
+    from stages import reads
+    from stages.configs import FinetuneConfig
+    from stages.models import find_model, model_dir, model_present
+    from warehouse import Warehouse
+
+    wh = Warehouse(tmp_path / "wh")
+
+    def finetuned(seed: int):
+        declared = reads.Declared("finetune", FinetuneConfig(model="m", seed=seed), [])
+        target = model_dir(wh, "m.qa", declared.fingerprint)
+
+        def body(run):
+            run.publish_folder(target, lambda d: (d / INFO).write_text(json_.dumps({"name": "m.qa", "seed": seed})))
+            run.record.checkpoint = str(target)
+        return declared.run(wh, body, still_valid=model_present)
+
+    seeds = [finetuned(0), finetuned(1)]
+    assert json_.loads((find_model(wh, "m.qa") / INFO).read_text())["seed"] == 1
+    again = finetuned(0)
+    assert again.skipped and again.run.run_id == seeds[0].run.run_id
+    assert json_.loads((find_model(Warehouse(wh.home), "m.qa") / INFO).read_text())["seed"] == 0
