@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,13 @@ _classes: dict[str, object] = {}
 _kept_loggers: list[object] = []
 
 
-# Lucene maps index files with sun.misc.Unsafe; these keep JDK 25 from warning about it on stderr.
-_JVM_OPTIONS = ("--enable-native-access=ALL-UNNAMED", "--sun-misc-unsafe-memory-access=allow", "-Xss8m")
+# Lucene maps index files with sun.misc.Unsafe; the first two keep JDK 25 from warning about it on stderr.
+# -Xrs leaves SIGINT and SIGTERM to Python: the JVM's own handler answered Ctrl-C by exiting the process from a Java
+# thread, whose exit tore down torch under the training still running (a SIGSEGV in at::autocast::clear_cache),
+# with no failed run recorded. A crash report, should the JVM ever write one, goes to the temporary folder, not the
+# user's working directory.
+_JVM_OPTIONS = ("--enable-native-access=ALL-UNNAMED", "--sun-misc-unsafe-memory-access=allow", "-Xss8m", "-Xrs",
+                f"-XX:ErrorFile={Path(tempfile.gettempdir()) / 'nkb-jvm-crash-%p.log'}")
 
 
 def _jar_dir() -> Path:

@@ -131,18 +131,23 @@ def _set_value(fields: dict, key: str, value: str, command: str):
         raise SystemExit(f"error: --set {key}: {exc}") from None
 
 
-def parse_sets(config: type, pairs: list[str], command: str):
-    """`config` from `--set key=value` pairs. Errors name the field and `command`, whose --help lists them."""
+def set_values(config: type, pairs: list[str], command: str) -> dict[str, typing.Any]:
+    """The values `--set key=value` pairs give `config`'s fields. Errors name the field and `command`, whose --help
+    lists them."""
     values: dict[str, typing.Any] = {}
-    fields = config.model_fields
     for pair in pairs:
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not sep:
             raise SystemExit(f"error: --set expects key=value, got {pair!r}")
-        values[key] = _set_value(fields, key, value, command)
+        values[key] = _set_value(config.model_fields, key, value, command)
+    return values
+
+
+def parse_sets(config: type, pairs: list[str], command: str, over: dict[str, typing.Any] | None = None):
+    """`config` from `--set key=value` pairs, over the values `over` (an experiment's) where given."""
     try:
-        return config.model_validate(values)
+        return config.model_validate((over or {}) | set_values(config, pairs, command))
     except ValidationError as exc:
         problems = "; ".join(validation_problems(exc))
         raise SystemExit(f"error: invalid config for `{command}`: {problems}\n(see `{command} --help`)") from None

@@ -21,23 +21,40 @@ def cmd_run(args) -> int:
     from stages.registry import STAGES
     from stages.runner import dispatch, summarize
     stage = STAGES[args.stage]
-    config = parse_sets(stage.config, args.set or [], f"nkb run {stage.name}")
-    ready_to_run([(stage.name, config)])
-    started = time.perf_counter()
+    command = f"nkb run {stage.name}"
+    if args.experiment:  # the experiment's runs of this stage, each with --set over its settings, rerun
+        configs, force = [parse_sets(stage.config, args.set or [], command, over=c.model_dump(exclude_unset=True))
+                          for c in experiment_runs(args.experiment, stage.name, args.home)], True
+    else:
+        configs, force = [parse_sets(stage.config, args.set or [], command)], args.force
+    ready_to_run([(stage.name, config) for config in configs])
     wh = Warehouse(args.home)  # refused here if it cannot be written, before Prefect starts
-    if args.prefect or os.environ.get("PREFECT_API_URL") or getattr(config, "dask", None):
-        prepare_environment(wh.home)
-        from flows.flows import STAGE_FLOWS
-        with local_flow_settings():
-            row = STAGE_FLOWS[stage.name](config, str(wh.home), args.force)
-    else:
-        row = summarize(stage.name, dispatch(stage.name, wh, config, args.force), time.perf_counter() - started)
-    if row["skipped"]:
-        print(f"{stage.name}: skipped, inputs unchanged since run {row['run_id']} (use --force to rerun)")
-    else:
-        details = ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("stage", "run_id", "skipped", "written"))
-        print(f"{stage.name}: run {row['run_id']} done: {details}")
+    for config in configs:
+        started = time.perf_counter()
+        if args.prefect or os.environ.get("PREFECT_API_URL") or getattr(config, "dask", None):
+            prepare_environment(wh.home)
+            from flows.flows import STAGE_FLOWS
+            with local_flow_settings():
+                row = STAGE_FLOWS[stage.name](config, str(wh.home), force)
+        else:
+            row = summarize(stage.name, dispatch(stage.name, wh, config, force), time.perf_counter() - started)
+        subject = f" {row['for']}" if row.get("for") else ""
+        if row["skipped"]:
+            print(f"{stage.name}{subject}: skipped, inputs unchanged since run {row['run_id']} (use --force to rerun)")
+        else:
+            details = ", ".join(f"{k}={v}" for k, v in row.items()
+                                if k not in ("stage", "for", "run_id", "skipped", "written"))
+            print(f"{stage.name}{subject}: run {row['run_id']} done: {details}")
     return 0
+
+
+def experiment_runs(path: str, stage: str, home: str | None) -> list:
+    """The configs of an experiment's runs of `stage`, as its pipeline makes them (one per row for a model stage)."""
+    from stages.experiment import Experiment
+    from stages.inputs import world_dir
+    from stages.runner import picked
+    experiment = Experiment.load(path).with_world(world_dir(Warehouse(home)))
+    return [config for _, config in picked(experiment.plan(), only=[stage])]
 
 
 def ready_to_run(runs) -> None:
@@ -70,6 +87,14 @@ def cmd_demo(args) -> int:
     return run_experiment(experiment, args, export=True)
 
 
+def _stage_list(text: str) -> list[str]:
+    """`--only`'s stage names, comma-separated."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("names no stage: give STAGE[,STAGE...]")
+    return names
+
+
 def _routes(args) -> list[str]:
     """`--routes` as the setting it stands for, set before the experiment is checked (zero_shot may name them)."""
     return ["routes=true"] if args.routes else []
@@ -100,8 +125,9 @@ def export_and_check(wh: Warehouse, name: str, folder) -> None:
 def run_experiment(experiment, args, export: bool = False) -> int:
     """Run an experiment's plan through the pipeline flow, then say what ran and where the results are."""
     home = resolve_home(args.home)
+    from stages.runner import picked
     experiment.require_files()  # before Prefect starts (the flow checks both again, for runs from the UI)
-    ready_to_run(experiment.plan(args.models))
+    ready_to_run(picked(experiment.plan(args.models), args.only, args.start))
     wh = Warehouse(home)  # a warehouse that cannot be written is refused here, not by Prefect's own state
     prepare_environment(home)
     from flows.flows import pipeline
@@ -109,7 +135,8 @@ def run_experiment(experiment, args, export: bool = False) -> int:
     from stages.names import evaluated_name
     started = time.perf_counter()
     with local_flow_settings():
-        rows = pipeline(experiment=experiment, home=str(home), force=args.force, train_models=args.models)
+        rows = pipeline(experiment=experiment, home=str(home), force=args.force, train_models=args.models,
+                        only=args.only, start=args.start)
     seconds = time.perf_counter() - started
     print(f"\nExperiment {experiment.name} finished in {seconds:.0f} s. Stages:")
     width = max((len(r["for"]) for r in rows), default=0)
@@ -204,6 +231,11 @@ def add_commands(sub) -> None:
             "and those blocks' own FFN maps (base+ft); what the experiment built is reused"))
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help=experiment_help)
         p.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")
+        p.add_argument("--only", type=_stage_list, metavar="STAGE[,STAGE...]", help=(
+            "rerun only these stages, with the experiment's settings, forced (every run of each: `--only evaluate` "
+            "evaluates every row); the others are not run"))
+        p.add_argument("--from", dest="start", metavar="STAGE", help="rerun this stage and every one after it in "
+                       "the experiment's plan, forced; the ones before are not run")
         p.add_argument("--models", action=argparse.BooleanOptionalAction, default=True, help=models_help)
         p.set_defaults(func=func)
 
@@ -213,7 +245,10 @@ def add_commands(sub) -> None:
     for stage in STAGES.values():
         p = stage_sub.add_parser(stage.name, help=stage.summary, description=stage.summary,
                                  epilog=config_epilog(stage.config), formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config field (repeatable)")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a config field (repeatable); with "
+                       "--experiment, over the experiment's settings")
+        p.add_argument("--experiment", metavar="FILE", help="run the stage as this experiment's pipeline runs it (its "
+                       "settings, each of its runs of the stage: every row's for a model stage), forced")
         p.add_argument("--force", action="store_true", help="rerun even if the same inputs already succeeded")
         p.add_argument("--prefect", action="store_true",
                        help="run as a Prefect flow run even without a configured server "

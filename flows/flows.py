@@ -19,7 +19,7 @@ from stages.data import ingest_part, ner_shard
 from stages.experiment import Experiment, ExperimentError
 from stages.inputs import require_shots, world_dir
 from stages.registry import STAGES, Stage, run_subject
-from stages.runner import dispatch, require_devices, summarize
+from stages.runner import dispatch, picked, require_devices, summarize
 from warehouse import Warehouse, resolve_home
 
 
@@ -133,7 +133,7 @@ def load_experiment(experiment: Optional[Experiment], experiment_file: Optional[
       log_prints=True)
 def pipeline(experiment: Optional[Experiment] = None, experiment_file: Optional[str] = None,
              home: Optional[str] = None, force: bool = False, train_models: bool = True,
-             dispatch: bool = False) -> list[dict]:
+             dispatch: bool = False, only: Optional[list[str]] = None, start: Optional[str] = None) -> list[dict]:
     """Run an experiment's plan: ingest its corpora, load its QA and generation files, index the knowledge corpus,
     retrieve the top documents per question, find their salient spans, and (with `train_models`) build or bring in
     the base, inject the NKB, fine-tune and evaluate every row, report, analyse and edit the slots.
@@ -146,12 +146,16 @@ def pipeline(experiment: Optional[Experiment] = None, experiment_file: Optional[
         force: Rerun every stage even when its inputs are unchanged.
         train_models: Also build the models, fine-tune, evaluate and report; off: the data stages only.
         dispatch: Run GPU-pool stages through their deployments (needs a worker on the `gpu` pool: `nkb server up`).
+        only: Rerun only these stages (every run of each: `evaluate` evaluates every row), with the experiment's
+            settings, forced; the others are not run.
+        start: Rerun this stage and every one after it, forced; the ones before are not run.
     """
     tidy_run_logs()
     world = world_dir(Warehouse(home))
     chosen = load_experiment(experiment, experiment_file).with_world(world)
     chosen.require_files(world)
-    plan = chosen.plan(train_models)
+    plan = picked(chosen.plan(train_models), only, start)
+    force = force or bool(only or start)  # what a user names to rerun reruns
     require_devices(plan, frozenset({"gpu"}) if dispatch else frozenset())
     first_model = next((i for i, (name, _) in enumerate(plan) if STAGES[name].pool == "gpu"), None)
     rows = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -219,10 +220,31 @@ def load_questions(wh: Warehouse, config: QuestionsConfig, force: bool = False) 
             "question": [q.question for q in kept], "answers": [list(q.answers) for q in kept]})
         for name, value in (("questions", len(kept)), ("filtered_long_answers", dropped)):
             run.metric(name, value, dataset=config.dataset, split=config.split)
+        if dropped:  # said beside the count in the log line, which lists the run's outputs
+            run.output("dropped", f"{dropped} (answers over {config.max_answer_tokens} tokens)")
+        if config.split != "train" and (margin := em_margin(len(kept))) > SMALL_SPLIT_MARGIN:
+            print(f"note: {path}: {len(kept)} {config.split} questions give an EM a 95 % interval of about "
+                  f"±{margin:.0f} points: a lead of {SMALL_SPLIT_MARGIN} points cannot be told from noise "
+                  f"(about {questions_for(SMALL_SPLIT_MARGIN)} questions can)", file=sys.stderr)
         return {"dataset": config.dataset, "split": config.split, "questions": len(kept), "filtered": dropped,
                 "seconds": time.perf_counter() - started}
 
     return declared.run(wh, body, force=force)
+
+
+# A split whose EM interval is wider than this (half its width, in points) cannot tell a lead of this size from
+# noise: `load_questions` says so.
+SMALL_SPLIT_MARGIN = 10
+
+
+def em_margin(questions: int, em: float = 0.5) -> float:
+    """Half the width of an EM's 95 % interval over `questions` questions, in points, at the widest (EM 50 %)."""
+    return 100 * 1.96 * math.sqrt(em * (1 - em) / max(questions, 1))
+
+
+def questions_for(margin: float) -> int:
+    """The fewest questions whose EM interval is at most ±`margin` points wide."""
+    return math.ceil((1.96 * 50 / margin) ** 2)
 
 
 def warn_of_repeated_questions(path: str, read: list[qa.Question]) -> None:

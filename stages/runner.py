@@ -130,3 +130,24 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def picked(plan: list[tuple[str, StageConfig]], only: list[str] | None = None,
+           start: str | None = None) -> list[tuple[str, StageConfig]]:
+    """The part of an experiment's plan to rerun: every run of the stages `only` names (each evaluation of every
+    row for `evaluate`), or every run from the first of stage `start` on; the whole plan when neither is given.
+    A name the plan lacks is refused, naming the plan's stages in order."""
+    if only and start:
+        raise ValueError("give --only or --from, not both")
+    stages = list(dict.fromkeys(name for name, _ in plan))
+    for name in [*(only or []), *([start] if start else [])]:
+        if name not in stages:
+            known = "" if name in STAGES else " (no stage has that name)"
+            raise ValueError(f"stage {name!r}{known} is not in this experiment's plan; its stages, in order: "
+                             f"{', '.join(stages)}")
+    if only:
+        return [(name, config) for name, config in plan if name in only]
+    if start:
+        return plan[next(i for i, (name, _) in enumerate(plan) if name == start):]
+    return plan
+

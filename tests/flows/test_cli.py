@@ -199,3 +199,41 @@ def test_pipeline_routes_adds_the_fields_routes_to_the_experiments_rows(capsys, 
     assert code != 0 and "zero_shot names rows the experiment does not have" in err
     assert run_cli(capsys, "--home", home, "pipeline", "experiments/sample-world-smollm2.yaml", "--routes",
                    "--set", zero_shot)[0] == 0
+
+
+def _tiny_experiment_file(tmp_path):
+    """The tiny sample-world experiment as a user's file (its data stages run in seconds)."""
+    import yaml
+
+    from stages.experiment import SAMPLE_WORLD, apply_sets
+    from tests.experiments import TINY_SETS
+    data = apply_sets(yaml.safe_load(open(SAMPLE_WORLD)), TINY_SETS)  # the same settings, written into the file
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _runs_of(capsys, home) -> list[dict]:
+    return json.loads(run_cli(capsys, "--home", home, "runs", "--format", "json", "--limit", "0")[1])
+
+
+@pytest.mark.slow
+def test_one_stage_of_an_experiment_reruns_alone_with_the_experiments_settings(capsys, home, tmp_path):
+    experiment = str(_tiny_experiment_file(tmp_path))
+    assert run_cli(capsys, "--home", home, "pipeline", experiment, "--no-models")[0] == 0
+    before = _runs_of(capsys, home)
+    assert run_cli(capsys, "--home", home, "pipeline", experiment, "--no-models", "--only", "retrieve")[0] == 0
+    new = _runs_of(capsys, home)[: len(_runs_of(capsys, home)) - len(before)]
+    assert [r["stage"] for r in new] == ["retrieve"] and new[0]["status"] == "success"
+    # --from: the stage and every one after it, no earlier one
+    count = len(_runs_of(capsys, home))
+    assert run_cli(capsys, "--home", home, "pipeline", experiment, "--no-models", "--from", "retrieve")[0] == 0
+    new = _runs_of(capsys, home)[: len(_runs_of(capsys, home)) - count]
+    assert sorted(r["stage"] for r in new) == ["retrieve", "salient-spans"]
+    # nkb run STAGE --experiment: its settings (its corpus), --set over them, forced
+    code, out, _ = run_cli(capsys, "--home", home, "run", "retrieve", "--experiment", experiment, "--set", "k=5")
+    assert code == 0 and "retrieve corpus sampleworld" in out and "done" in out, out
+    latest = _runs_of(capsys, home)[0]
+    assert latest["stage"] == "retrieve" and latest["config"]["k"] == 5 and latest["config"]["corpus"] == "sampleworld"
+    code, _, err = run_cli(capsys, "--home", home, "pipeline", experiment, "--no-models", "--only", "inject")
+    assert code == 1 and "stage 'inject' is not in this experiment's plan; its stages, in order: sample-world" in err

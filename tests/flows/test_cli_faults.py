@@ -2,6 +2,7 @@
 is wrong and what to do, and changes nothing."""
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -280,3 +281,42 @@ def test_shots_beyond_the_train_split_are_refused_before_the_first_stage(capsys,
     code, _, err = run_cli(capsys, "--home", home, "demo", "--set", "shots=1000")
     assert code == 1 and "shots=1000 draws 1000 solved examples" in err and "(nothing was run)" in err, err
     assert len(err.strip().splitlines()) == 1 and time.monotonic() - started < 10 and not Path(home).exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_injection_after_lucene_exits_130_records_the_run_and_leaves_no_crash_report(tmp_path):
+    """The pipeline has searched Lucene (the JVM is in the process) and is injecting when Ctrl-C comes: the JVM
+    once took the signal and exited the process from a Java thread under the training, a SIGSEGV and a JVM crash
+    report in the user's folder."""
+    import yaml
+
+    from stages.experiment import SAMPLE_WORLD, apply_sets
+    from tests.experiments import TINY_SETS
+    experiment = tmp_path / "tiny.yaml"
+    experiment.write_text(yaml.safe_dump(apply_sets(yaml.safe_load(open(SAMPLE_WORLD)),
+                                                    TINY_SETS + ["stages.inject.steps=100000"])))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    home = tmp_path / "wh"
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "--home", str(home), "pipeline", str(experiment)],
+                            cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=hears_ctrl_c, env=os.environ | {"NKB_PROGRESS": "1",
+                                                                        "PYTHONPATH": str(Path.cwd())})
+    output = []
+    try:
+        for line in proc.stdout:  # until the injection's steps are under way
+            output.append(line)
+            if line.startswith("inject base+nkb:"):  # its progress bar: the steps have begun
+                break
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    text = "".join(output) + rest
+    assert proc.returncode == 130, text[-3000:]
+    assert "interrupted; the warehouse is unchanged by the unfinished stage" in text
+    assert "fatal error" not in text and "SIGSEGV" not in text and "Traceback" not in text
+    assert list(workdir.iterdir()) == []  # no hs_err_pid*.log, nothing else
+    failed = [r for r in __import__("warehouse").list_runs(Warehouse(home)) if r.status == "failed"]
+    assert [r.stage for r in failed] == ["inject"] and "KeyboardInterrupt" in failed[0].error

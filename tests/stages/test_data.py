@@ -94,6 +94,28 @@ def test_questions_stage_reports_filtered_answers(tmp_path, wh):
     assert metrics == [{"metric": "filtered_long_answers", "value": 1.0}, {"metric": "questions", "value": 1.0}]
 
 
+def test_dropped_questions_are_named_in_the_runs_outputs_and_a_tiny_validation_split_is_warned_of(tmp_path, wh,
+                                                                                                     capsys):
+    path = tmp_path / "q.jsonl"
+    lines = [f'{{"question": "q{i}?", "answer": ["a{i}"]}}' for i in range(5)] + [
+        '{"question": "long?", "answer": ["a b c d e f"]}']
+    path.write_text("\n".join(lines) + "\n")
+    result = data.load_questions(wh, QuestionsConfig(path=str(path), format="nq_open", dataset="d",
+                                                     split="validation"))
+    assert result.run.outputs == {"questions": 5, "dropped": "1 (answers over 5 tokens)"}
+    err = capsys.readouterr().err
+    assert "5 validation questions give an EM a 95 % interval of about ±44 points" in err
+    assert "a lead of 10 points cannot be told from noise (about 97 questions can)" in err
+    assert data.em_margin(97) <= data.SMALL_SPLIT_MARGIN < data.em_margin(96)
+
+
+def test_a_validation_split_of_a_hundred_questions_is_not_warned_of(tmp_path, wh, capsys):
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(f'{{"question": "q{i}?", "answer": ["a{i}"]}}\n' for i in range(100)))
+    data.load_questions(wh, QuestionsConfig(path=str(path), format="nq_open", dataset="d", split="validation"))
+    assert "interval" not in capsys.readouterr().err
+
+
 def _truncated_bz2(tmp_path, world):
     data = world.knowledge_dump.read_bytes()
     path = tmp_path / "cut.xml.bz2"
