@@ -255,7 +255,7 @@ class SampleWorld:
         dealt = rng.sample(facts, k=len(facts))
         for d, dataset in enumerate(DATASETS):
             mine = dealt[d::len(DATASETS)]
-            n_validation = _validation_questions(len(mine), validation_share)
+            n_validation = round(validation_share * len(mine))
             for k, f in enumerate(mine):
                 f.dataset, f.split = dataset, "validation" if k < n_validation else "train"
         counters: dict[tuple[str, str], int] = {}
@@ -524,23 +524,6 @@ class _Lexicon:
 
 
 _MOVABLE = {"modest", "many", "later", "native"}
-
-
-def _validation_questions(facts: int, validation_share: float) -> int:
-    """How many of a dataset's `facts` its validation split asks (the rest: its train split)."""
-    return round(validation_share * facts)
-
-
-def split_sizes(people: int, validation_share: float = 0.5) -> dict[tuple[str, str], int]:
-    """The questions each (dataset, split) of a world of `people` holds, known before the world is written: every
-    person's facts dealt to the datasets in turn, each dataset's split by `validation_share`."""
-    facts = people * len(RELATIONS)
-    sizes = {}
-    for d, dataset in enumerate(DATASETS):
-        dealt = len(range(d, facts, len(DATASETS)))
-        validation = _validation_questions(dealt, validation_share)
-        sizes[dataset, "train"], sizes[dataset, "validation"] = dealt - validation, validation
-    return sizes
 
 
 def _plain(wikitext_sentence: str) -> str:

@@ -28,7 +28,8 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 
 from corpus import qa
 from corpus.files import is_pattern
-from corpus.sample_world import WorldFiles, split_sizes
+from corpus.sample_world import WorldFiles
+from corpus.sample_world_sizes import split_sizes
 from nkb_model.architectures import DEFAULT_ARCH
 from nkb_model.families import family_of
 from stages.configs import (MAIN_ROW, REPORT_ROWS, ROUTES, RUN_SETTINGS, BaseModelConfig, DaskAddress, DeviceChoice,

@@ -4,7 +4,8 @@ import re
 
 from corpus.documents import read_documents
 from corpus.qa import read_questions
-from corpus.sample_world import DATASETS, PROBE_WORDINGS, QUESTION_WORDINGS, WorldFiles, generate, split_sizes
+from corpus.sample_world import DATASETS, PROBE_WORDINGS, QUESTION_WORDINGS, WorldFiles, generate
+from corpus.sample_world_sizes import split_sizes
 
 
 def load_facts(files: WorldFiles) -> list[dict]:

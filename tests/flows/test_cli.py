@@ -35,7 +35,7 @@ def test_run_ingest_then_skip(capsys, home, tmp_path):
     path = tmp_path / "wiki.jsonl"
     path.write_text('{"id": "a", "title": "A", "text": "Ada."}\n')
     code, out, _ = run_cli(capsys, "--home", home, "run", "ingest", "--set", f"path={path}")
-    assert code == 0 and "ingest: run ingest-" in out and "documents=1" in out
+    assert code == 0 and "ingest corpus wiki: run ingest-" in out and "documents=1" in out
     code, out, _ = run_cli(capsys, "--home", home, "run", "ingest", "--set", f"path={path}")
     assert code == 0 and "skipped" in out
     code, out, _ = run_cli(capsys, "--home", home, "run", "ingest", "--set", f"path={path}", "--force")
