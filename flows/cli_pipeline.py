@@ -125,10 +125,17 @@ def export_and_check(wh: Warehouse, name: str, folder) -> None:
 def run_experiment(experiment, args, export: bool = False) -> int:
     """Run an experiment's plan through the pipeline flow, then say what ran and where the results are."""
     home = resolve_home(args.home)
+    from stages.inputs import world_dir
     from stages.runner import picked
     experiment.require_files()  # before Prefect starts (the flow checks both again, for runs from the UI)
-    ready_to_run(picked(experiment.plan(args.models), args.only, args.start))
+    plan = picked(experiment.plan(args.models), args.only, args.start)
+    ready_to_run(plan)
     wh = Warehouse(home)  # a warehouse that cannot be written is refused here, not by Prefect's own state
+    print_plan(wh, [(name, config) for name, config in picked(
+        experiment.with_world(world_dir(wh)).plan(args.models), args.only, args.start)],
+        args.force or bool(args.only or args.start))
+    if args.plan:
+        return 0
     prepare_environment(home)
     from flows.flows import pipeline
     from stages.configs import MAIN_ROW
@@ -173,6 +180,35 @@ def run_experiment(experiment, args, export: bool = False) -> int:
     plots = [plot, *sorted((wh.files_dir / "analysis").glob("*.png"))[-1:]]
     print("\nPlots:\n" + "\n".join(f"  {p}" for p in plots if p.exists()))
     return code
+
+
+def print_plan(wh: Warehouse, plan, force: bool) -> None:
+    """Every run of `plan` in order: run or skip, why, and the time each run should take here (`stages.plan`)."""
+    from stages.plan import plan_steps
+    steps = plan_steps(wh, plan, force)
+    runs = [s for s in steps if s.action == "run"]
+    known = [s.seconds for s in runs if s.seconds is not None]
+    unknown = len(runs) - len(known)
+    total = ", and ".join(([f"about {duration(sum(known))} here"] if known else [])
+                          + ([f"{unknown} with no earlier run here to time {'it' if unknown == 1 else 'them'} by"]
+                             if unknown else [])) or "nothing to time"
+    print(f"Plan: {len(runs)} of {len(steps)} runs to run ({total}); `--plan` shows this and runs nothing")
+    width = max(len(f"{s.stage} {s.subject}") for s in steps)
+    for s in steps:
+        cost = f"  ~{duration(s.seconds)} ({s.basis})" if s.seconds is not None else ""
+        print(f"  {s.action:<5} {f'{s.stage} {s.subject}':<{width}}  {s.why}{cost}")
+    failing = [s for s in steps if s.action == "fails"]
+    if failing:
+        raise ValueError(f"{failing[0].stage} {failing[0].subject}: {failing[0].why}")
+    print(flush=True)
+
+
+def duration(seconds: float) -> str:
+    """45 s, 12 min, 1 h 40 min."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
 
 
 # What the end of a run suggests querying, by the table each reads: only tables the run filled are suggested.
@@ -237,6 +273,10 @@ def add_commands(sub) -> None:
         p.add_argument("--from", dest="start", metavar="STAGE", help="rerun this stage and every one after it in "
                        "the experiment's plan, forced; the ones before are not run")
         p.add_argument("--models", action=argparse.BooleanOptionalAction, default=True, help=models_help)
+        p.add_argument("--plan", action="store_true", help=(
+            "print the plan and stop: every stage run in order, whether it runs or is skipped and why (the setting "
+            "that changed, or 'unchanged since run ...'), and how long each run should take here, from this "
+            "warehouse's earlier runs; nothing runs or is written (a pipeline prints the same plan as it starts)"))
         p.set_defaults(func=func)
 
     run = sub.add_parser("run", help="run one stage", description="Run one stage with its config; "

@@ -702,6 +702,12 @@ class EvaluateConfig(AskingStageConfig):
     max_new_tokens: Optional[int] = Field(None, ge=1, description="Longest output in tokens; default 24 for QA "
                                                                   "answers, 64 for generation tasks.")
 
+    def model_name(self) -> str:
+        """The name its answers are filed under, the model's and how it was asked (`base+nkb.5shot`): what the
+        report, `nkb runs` and the logs call this evaluation."""
+        from stages.names import answers_name
+        return answers_name(self.model, self.shots, self.documents)
+
 
 @dataclass(frozen=True)
 class Route:

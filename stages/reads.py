@@ -11,6 +11,8 @@ reads is said the same way everywhere, so two stages that read the same thing fi
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -18,7 +20,7 @@ from typing import Any, Callable, Iterable
 from stages.configs import StageConfig
 from stages.inputs import AUGMENTED, PRETRAINING, corpus_lineage, partition_family, span_partitions
 from stages.registry import STAGES
-from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, run_stage
+from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, reusable_run, run_stage
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,28 @@ def mark(*values: str) -> Read:
     return Read(values)
 
 
+class Planned(Exception):
+    """What a stage's run would be, raised by `Declared.run` under `planning()` in place of running it."""
+
+    def __init__(self, declared: Declared, reused):
+        super().__init__(declared.stage)
+        self.declared, self.reused = declared, reused  # reused: the earlier run it would be skipped for, or None
+
+
+_planning = contextvars.ContextVar("planning", default=False)
+
+
+@contextlib.contextmanager
+def planning():
+    """Stage functions called inside declare their run and raise `Planned`: nothing runs and nothing is written (a
+    plan before a pipeline, `nkb pipeline FILE --plan`)."""
+    token = _planning.set(True)
+    try:
+        yield
+    finally:
+        _planning.reset(token)
+
+
 @dataclass
 class Declared:
     """A stage run as declared: its config, what it reads, and what it adds to its config's identity."""
@@ -109,17 +133,29 @@ class Declared:
     identity: dict[str, Any] = field(default_factory=dict)
     record: dict[str, Any] | None = None  # the config as the run row records it; default the config's fields
 
+    @property
+    def recorded(self) -> dict[str, Any]:
+        """The config as the run row records it."""
+        return self.config.model_dump() if self.record is None else self.record
+
+    @property
+    def lineage(self) -> list[str]:
+        """What stands for each thing the run reads, in order."""
+        return [part for read in self.reads for part in read.lineage]
+
     @functools.cached_property
     def fingerprint(self) -> str:
         rules = STAGES[self.stage].rules
         return fingerprint(self.stage, self.config.identity() | self.identity | ({"rules": rules} if rules else {}),
-                           [part for read in self.reads for part in read.lineage])
+                           self.lineage)
 
     def run(self, wh: Warehouse, body: Callable[[StagedRun], Any], force: bool = False, **options) -> StageResult:
         """`body` run atomically as this stage, or skipped when the same inputs already succeeded
         (`warehouse.run_stage`'s `options`: device, still_valid, resumable)."""
-        record = self.config.model_dump() if self.record is None else self.record
-        result = run_stage(wh, self.stage, record, self.fingerprint, body, force=force,
+        if _planning.get():
+            raise Planned(self, None if force else reusable_run(wh, self.stage, self.fingerprint,
+                                                                options.get("still_valid")))
+        result = run_stage(wh, self.stage, self.recorded, self.fingerprint, body, force=force,
                            writes=STAGES[self.stage].writes, **options)
         if STAGES[self.stage].publishes_model and result.run.checkpoint:
             from stages.models import select_model  # what later stages read by this model's name

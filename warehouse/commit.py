@@ -365,10 +365,9 @@ def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerpr
     code they are written again (the run's output `not_resumed` says whose were dropped). `writes`: the tables the
     stage declared; writing another fails the run.
     """
-    if not force:
-        previous = find_successful_run(wh, stage, inputs_fingerprint)
-        if previous is not None and outputs_intact(wh, previous) and (still_valid is None or still_valid(previous)):
-            return StageResult(run=previous, skipped=True)
+    previous = None if force else reusable_run(wh, stage, inputs_fingerprint, still_valid)
+    if previous is not None:
+        return StageResult(run=previous, skipped=True)
     run = RunRecord(run_id=new_run_id(stage), stage=stage, status="running", inputs_fingerprint=inputs_fingerprint,
                     config=config, code_version=code_version(), started_at=now(), host=socket.gethostname(),
                     device=device)
@@ -396,6 +395,16 @@ def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerpr
         staged.abort(exc)
         raise
     return StageResult(run=run, skipped=False, value=value)
+
+
+def reusable_run(wh: Warehouse, stage: str, inputs_fingerprint: str,
+                 still_valid: Callable[[RunRecord], bool] | None = None) -> RunRecord | None:
+    """The earlier run a run of `stage` with these inputs is skipped for: one that succeeded on the same inputs and
+    whose rows the tables still hold (and that `still_valid` does not veto); None when the run must run."""
+    previous = find_successful_run(wh, stage, inputs_fingerprint)
+    if previous is not None and outputs_intact(wh, previous) and (still_valid is None or still_valid(previous)):
+        return previous
+    return None
 
 
 def outputs_intact(wh: Warehouse, run: RunRecord) -> bool:

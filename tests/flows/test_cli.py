@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 
@@ -220,8 +221,17 @@ def _runs_of(capsys, home) -> list[dict]:
 @pytest.mark.slow
 def test_one_stage_of_an_experiment_reruns_alone_with_the_experiments_settings(capsys, home, tmp_path):
     experiment = str(_tiny_experiment_file(tmp_path))
-    assert run_cli(capsys, "--home", home, "pipeline", experiment, "--no-models")[0] == 0
+    code, out, _ = run_cli(capsys, "--home", home, "pipeline", experiment, "--no-models", "--plan")
+    assert code == 0 and out.startswith("Plan: 16 of 16 runs to run (16 with no earlier run here to time them by)")
+    assert "  run   sample-world" in out and _runs_of(capsys, home) == []  # --plan runs nothing
+    code, out, _ = run_cli(capsys, "--home", home, "pipeline", experiment, "--no-models")
+    assert code == 0 and out.startswith("Plan: 16 of 16 runs to run")  # the plan, printed as the pipeline starts
     before = _runs_of(capsys, home)
+    code, out, _ = run_cli(capsys, "--home", home, "pipeline", experiment, "--no-models", "--plan",
+                           "--set", "stages.retrieve.k=2")
+    assert code == 0 and out.startswith("Plan: 2 of 16 runs to run (about ") and _runs_of(capsys, home) == before
+    assert re.search(r"  run   retrieve corpus sampleworld +k 3 → 2  ~\d+ s \(run retrieve-", out), out
+    assert re.search(r"  skip  index corpus sampleworld +unchanged since run index-", out), out
     assert run_cli(capsys, "--home", home, "pipeline", experiment, "--no-models", "--only", "retrieve")[0] == 0
     new = _runs_of(capsys, home)[: len(_runs_of(capsys, home)) - len(before)]
     assert [r["stage"] for r in new] == ["retrieve"] and new[0]["status"] == "success"
