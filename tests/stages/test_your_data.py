@@ -1,0 +1,61 @@
+"""docs/your-data.md and the files it shows: each block is the file it names, the experiment loads and plans, its data
+stages run and say what the page says they say, and the templates hold the settings measured on real passages."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stages.experiment import Experiment
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "your-data.md"
+EXAMPLE = ROOT / "experiments" / "your-data" / "experiment.yaml"
+SHOWN = re.compile(r"<!-- file: (?P<path>[^,]+?)(?:, first (?P<lines>\d+) lines)? -->\n```\w*\n(?P<text>.*?)```",
+                   re.S)
+
+
+def test_every_block_of_the_page_is_the_file_it_names():
+    blocks = list(SHOWN.finditer(PAGE.read_text()))
+    assert len(blocks) == 3
+    for block in blocks:
+        lines = (ROOT / block["path"]).read_text().splitlines(keepends=True)
+        expected = "".join(lines[:int(block["lines"])] if block["lines"] else lines)
+        assert block["text"] == expected, f"docs/your-data.md's block of {block['path']} differs from the file"
+
+
+def test_the_example_loads_and_plans_both_rows_few_shot_and_zero_shot():
+    experiment = Experiment.load(str(EXAMPLE))
+    evaluations = [config.model_name() for name, config in experiment.plan() if name == "evaluate"]
+    assert evaluations == ["base.5shot", "base", "base+nkb.5shot", "base+nkb"]
+
+
+def test_the_template_for_a_real_corpus_holds_the_settings_measured_on_real_passages():
+    """bench.real_passages' experiment (the demo's settings, the three measured on real text from the template) is
+    where the template's figures come from; the template and the small example must ask the same, the steps aside
+    (sized to a corpus) and the blocks (given as shares of the depth, the same blocks on SmolLM2's 30)."""
+    from bench.real_passages import REAL_TEXT_SETTINGS
+    from stages.experiment import SAMPLE_WORLD_SMOLLM2
+    demo = yaml.safe_load(SAMPLE_WORLD_SMOLLM2.read_text())["stages"]
+    template = yaml.safe_load((ROOT / "experiments" / "example-causal-lm.yaml").read_text())["stages"]
+    example = yaml.safe_load(EXAMPLE.read_text())["stages"]
+    measured = {k: v for k, v in demo["inject"].items() if k not in ("steps", "layers", "warmup_steps")}
+    measured |= {k: template["inject"][k] for k in REAL_TEXT_SETTINGS}
+    for stages in (template, example):
+        assert stages["salient-spans"] == demo["salient-spans"] == {"max_words": 15}
+        assert {k: v for k, v in stages["inject"].items() if k in measured} == measured
+        assert stages["inject"]["layers"] == ["decoder.33%", "decoder.47%", "decoder.67%"]
+    assert template["inject"]["warmup_steps"] == demo["inject"]["warmup_steps"]
+    assert yaml.safe_load((ROOT / "experiments" / "example-causal-lm.yaml").read_text())["precision"] == "bf16"
+
+
+@pytest.mark.slow
+def test_the_examples_data_stages_run_and_say_the_small_split(tmp_path, capsys):
+    from flows.cli import main
+    home = str(tmp_path / "wh")
+    assert main(["--home", home, "pipeline", str(EXAMPLE), "--no-models"]) == 0
+    err = capsys.readouterr().err
+    width = re.search(r"questions-validation.jsonl: 8 validation questions give an EM a 95 % interval of about "
+                      r"±(\d+) points", err)
+    assert width and f"about ±{width[1]} points" in PAGE.read_text(), err
