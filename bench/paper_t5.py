@@ -97,21 +97,20 @@ def figures_of(home: Path) -> dict:
     """The figures the warehouse's tables hold now (the last pipeline run's, made then or skipped as unchanged): each
     row's EM per dataset and on average, base+NKB's interval, probe and held-out loss, the generation scores and
     surgery at strength 0.5."""
-    from stages.report import em_intervals, generation_table, report_rows, report_table
+    from stages.report import generation_table, report_rows, report_table
     from warehouse import Warehouse, query
     wh = Warehouse(home, create=False)
-    rows = report_rows(wh)
-    table = {r["model"]: r for r in report_table(wh, rows).to_pylist()}
+    table = {(r["model"], r["dataset"]): r for r in report_table(report_rows(wh), digits=True).to_pylist()}
     out = {}
     for model in ROWS:
-        out[f"em_{model}"] = table[model]["EM average"]
+        out[f"em_{model}"] = table[model, "average"]["em"]
         for dataset in DATASETS:
-            out[f"em_{model}_{dataset}"] = table[model][f"EM {dataset}"]
+            out[f"em_{model}_{dataset}"] = table[model, dataset]["em"]
     out["lead"] = round(out[f"em_{MAIN}"] - out["em_base"], 1)
-    low, high = em_intervals(wh, rows).get((MAIN, "average"), (None, None))
-    out |= {"em_low": round(low, 1), "em_high": round(high, 1), "probe_unseen": table[MAIN]["probe EM"],
-            "probe_seen": table[MAIN]["probe EM, seen wording"], "heldout_base": table["base"]["held-out loss"],
-            "heldout_nkb": table[MAIN]["held-out loss"]}
+    main = table[MAIN, "average"]
+    out |= {"em_low": main["em_low"], "em_high": main["em_high"], "probe_unseen": main["probe_em"],
+            "probe_seen": main["probe_seen_em"], "heldout_base": table["base", "average"]["heldout_loss"],
+            "heldout_nkb": main["heldout_loss"]}
     generation = generation_table(wh)
     for g in generation.to_pylist() if generation is not None else []:
         for column, score in g.items():

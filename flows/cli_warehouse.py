@@ -8,6 +8,7 @@ import math
 import os
 import shlex
 import sys
+import textwrap
 from pathlib import Path
 
 from flows.cli_common import emit, home_flag, output_format, program, write_output
@@ -166,8 +167,8 @@ def cmd_runs(args) -> int:
 
 def cmd_report(args) -> int:
     from warehouse.runs import get_run
-    from stages.report import (edits_summary, em_intervals, generation_table, interval_table, refresh_table,
-                               report_rows, report_table, surgery_table)
+    from stages.report import (edits_summary, generation_table, refresh_table, report_rows, report_table,
+                               surgery_table)
     wh = Warehouse(args.home, create=False)
     rows = report_rows(wh)
     if not rows:
@@ -177,25 +178,19 @@ def cmd_report(args) -> int:
         from stages.report_plot import report_png
         write_output(args.plot, report_png(wh))
     fmt = output_format(args)
+    table = report_table(rows, digits=fmt != "json")
     if fmt == "json":
-        keys = ("model", "dataset", "split", "em", "params_total", "params_injected")
-        intervals = em_intervals(wh, rows)
-        emit(json.dumps([{k: r[k] for k in keys} | dict(zip(("em_low", "em_high"),
-                                                               intervals.get((r["model"], r["dataset"]), ())))
-                          for r in rows if r["dataset"] != "average"], indent=1), args.output)
+        emit(json.dumps(table.to_pylist(), indent=1), args.output)
         return 0
     if fmt == "table":  # CSV on standard output stays one parseable table
-        print(f"Report {rows[0]['run_id']} ({rows[0]['split']}; EM in %; probe: cloze prompts in unseen wordings, "
-              "before fine-tuning)")
-    emit(FORMATTERS[fmt](report_table(wh, rows)), args.output)
+        print(f"Report {rows[0]['run_id']} ({rows[0]['split']}; EM in %, with its 95 % interval; `nkb report --help` "
+              "says what each column means; columns empty on every row left out)")
+        table = table.select([c for c in table.column_names if table.column(c).null_count < table.num_rows])
+    emit(FORMATTERS[fmt](table), args.output)
     held_out = (get_run(wh, rows[0]["run_id"]).outputs or {}).get("heldout_loss")
     if held_out:  # why the column is empty
         print(f"held-out loss: {held_out}", file=sys.stderr)
     if fmt == "table" and not args.output:
-        intervals = interval_table(wh, rows)
-        if intervals is not None:
-            print("\nEM with 95 % bootstrap intervals (each row's validation questions resampled 2,000 times)")
-            print(FORMATTERS[fmt](intervals), end="")
         generation = generation_table(wh)
         if generation is not None:
             print("\nGeneral generation after fine-tuning on each task (ROUGE-L F1 % / SacreBLEU; beam search)")
@@ -255,12 +250,19 @@ def add_commands(sub) -> None:
     runs.add_argument("--limit", type=_count_option, default=50, help="at most this many runs (default 50; 0: all)")
     runs.add_argument("--format", choices=list(FORMATTERS), default="table", help=fmt_help)
     runs.set_defaults(func=cmd_runs)
+    from stages.report import REPORT_GLOSSARY
     rep = sub.add_parser("report", help="print the latest report (the paper's Table 3)",
-                         description="Print the latest report: EM per dataset and model, the knowledge probe, "
-                                     "held-out loss (no-forgetting check), parameter counts.")
+                         description="Print the latest report, one row per model and dataset: EM with its 95 %% "
+                                     "interval, the knowledge probe, held-out loss (no-forgetting check), facts "
+                                     "retained, parameters and training time; the same columns in every format and "
+                                     "in the `report` table.",
+                         epilog="columns:\n" + "\n".join(
+                             textwrap.fill(text, 116, initial_indent=f"  {name:<24}",
+                                           subsequent_indent=" " * 26) for name, text in REPORT_GLOSSARY.items()),
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     rep.add_argument("--format", choices=list(FORMATTERS),
-                     help="table, csv, or json (rows {model, dataset, split, em, params_total, params_injected}); "
-                          "default: from --output's extension (.csv, .json), else table")
+                     help="table, csv, or json (an array of rows with the columns below); default: from --output's "
+                          "extension (.csv, .json), else table")
     rep.add_argument("--output", metavar="FILE", help="write to FILE instead of standard output")
     rep.add_argument("--plot", metavar="PNG", help="also draw the loss curves and each model's EM (with its 95 %% "
                      "interval) and probes into this PNG file")

@@ -59,7 +59,7 @@ def _evaluate(run: StagedRun, wh: Warehouse, config: EvaluateConfig, source, exa
                                           for k, v in scores.items()})
         run.publish_file(source.directory / "README.md", lambda path: path.write_text(card))
     run.write("predictions", f"{name}.{config.split}", {
-        "question_id": ids, "dataset": ds, "split": [config.split] * len(ds), "prediction": outputs,
+        "model": [name] * len(ids), "question_id": ids, "dataset": ds, "split": [config.split] * len(ds), "prediction": outputs,
         "exact_match": correct})
     return {"model": name, "questions": len(outputs),
             ("scores" if task else "em"): {k: round(v, 2) for k, v in scores.items()}, "seconds": time.perf_counter() - started, "device": device.name}

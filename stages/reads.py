@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 
 from stages.configs import StageConfig
 from stages.inputs import AUGMENTED, PRETRAINING, corpus_lineage, partition_family, span_partitions
-from stages.registry import STAGES
+from stages.registry import STAGES, model_of
 from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprint, reusable_run, run_stage
 
 
@@ -156,7 +156,7 @@ class Declared:
             raise Planned(self, None if force else reusable_run(wh, self.stage, self.fingerprint,
                                                                 options.get("still_valid")))
         result = run_stage(wh, self.stage, self.recorded, self.fingerprint, body, force=force,
-                           writes=STAGES[self.stage].writes, **options)
+                           writes=STAGES[self.stage].writes, model=model_of(self.stage, self.recorded), **options)
         if STAGES[self.stage].publishes_model and result.run.checkpoint:
             from stages.models import select_model  # what later stages read by this model's name
             select_model(wh, result.run)

@@ -22,6 +22,7 @@ from stages.configs import MAIN_ROW, REPORT_ROWS, ReportConfig, asks_zero_shot
 from stages.names import evaluated_name, way_of_asking
 from stages.report_routing import open_router, route_texts, routed_answers, routed_checks, routed_label, routed_loss
 from warehouse import StagedRun, StageResult, Warehouse, get_run, list_runs, query, run_metrics
+from warehouse.schemas import PARQUET_TABLES
 
 GENERATION_METRICS = ("rougeL", "bleu")
 GENERATION_ROWS = {r.label for r in REPORT_ROWS if r.generation}  # rows fine-tuned on the generation tasks
@@ -71,7 +72,7 @@ def _probe(run: StagedRun, name: str, model, tokenizer, probes: list[dict], spli
     `predictions`, so that a low probe can be read fact by fact: question_id `<model>/<fact_id>/<probe>`, dataset
     `probe-<wording>`."""
     from nkb_model.checks import probe
-    ems, out = [], {"question_id": [], "dataset": [], "split": [], "prediction": [], "exact_match": []}
+    ems, out = [], {"model": [], "question_id": [], "dataset": [], "split": [], "prediction": [], "exact_match": []}
     by_wording = {}
     for wording in PROBE_WORDINGS:
         mine = probes_worded(probes, wording)
@@ -81,6 +82,7 @@ def _probe(run: StagedRun, name: str, model, tokenizer, probes: list[dict], spli
         fills, hits = probe(model, tokenizer, [p["prompt"] for p in mine], [p["answer"] for p in mine], device)
         ems.append(100.0 * sum(hits) / len(hits))
         by_wording[wording] = hits
+        out["model"] += [name] * len(mine)
         out["question_id"] += [f"{name}/{p['fact_id']}/{p['probe']}" for p in mine]
         out["dataset"] += [f"probe-{wording}"] * len(mine)
         out["split"] += [split] * len(mine)
@@ -126,7 +128,7 @@ def _retained(run: StagedRun, name: str, model, tokenizer, facts: list[dict], sp
         return []
     fills, hits = ask_facts(model, tokenizer, facts, device)
     run.write("predictions", f"{name}.retained.{split}", {
-        "question_id": [f"{name}/{f['fact_id']}" for f in facts], "dataset": ["retained"] * len(facts),
+        "model": [name] * len(facts), "question_id": [f"{name}/{f['fact_id']}" for f in facts], "dataset": ["retained"] * len(facts),
         "split": [split] * len(facts), "prediction": fills, "exact_match": hits})
     return hits
 
@@ -255,8 +257,37 @@ def report(wh: Warehouse, config: ReportConfig, force: bool = False) -> StageRes
                         device=device.name)
 
 
-REPORT_COLUMNS = ("model", "dataset", "split", "em", "params_total", "params_injected", "probe_em", "probe_seen_em",
-                  "heldout_loss", "model_run")
+# What each column of the report means: `nkb report` in every format, the `report` table, `nkb report --help` and
+# docs/report.md all show these columns, in this order (a test holds them to the table's schema).
+REPORT_GLOSSARY = {
+    "model": "The row: its recipe (base, base+NKB, RAG, base+LoRA, ...) and, when a row is asked two ways, how.",
+    "asked": "How its questions were asked: `5-shot` (five solved train questions before each), `0-shot` (the "
+             "same prompt with none), or `fine-tuned` (the model fine-tuned on the train split, then asked alone).",
+    "dataset": "The QA dataset, or `average`: the mean of the datasets' EM, each weighed equally.",
+    "split": "The split the questions come from (validation unless the report was told otherwise).",
+    "em": "Exact match in %: answers equal to a gold answer after SQuAD's normalisation, the best over gold answers.",
+    "em_low": "The low end of EM's 95 % bootstrap interval (the questions resampled 2,000 times; the average's, "
+              "each dataset resampled on its own).",
+    "em_high": "The high end of EM's 95 % bootstrap interval.",
+    "probe_em": "Knowledge probe in %: cloze prompts of the validation facts in wordings the knowledge never uses, "
+                "asked of the model before fine-tuning; empty without a probes file.",
+    "probe_seen_em": "The same probe in the knowledge's own wording: recall of the text itself.",
+    "heldout_loss": "Next-token (T5: span-corruption) loss on held-out general text, the model before fine-tuning: "
+                    "what it forgot of ordinary prose.",
+    "heldout_loss_change": "heldout_loss against the base's, in %: negative is better than the base, positive "
+                           "forgot.",
+    "heldout_loss_unmounted": "The held-out loss with the slots taken off: equal to the base's when the base was "
+                              "left untouched (the NKB's claim); empty for routes without slots.",
+    "facts_retained": "Of the real-world facts the base completes right (capitals of countries), the share in % the "
+                      "row still completes; empty where not measured.",
+    "params_total": "Parameters of the row's model.",
+    "params_trained": "Parameters trained to add the knowledge (the slots, LoRA's matrices, the FFN maps); 0 for "
+                      "the base.",
+    "train_seconds": "Seconds spent training the knowledge in (the injection's run, or the route's).",
+    "model_run": "The run that built the row's model (`nkb runs`); the report's own run is `run_id`.",
+}
+REPORT_COLUMNS = tuple(REPORT_GLOSSARY)
+REPORT_TYPES = {f.name: f.type for f in PARQUET_TABLES["report"]}
 
 
 def _report(run: StagedRun, wh: Warehouse, config: ReportConfig, available: list[Reported], probes: list[dict],
@@ -282,6 +313,10 @@ def _report(run: StagedRun, wh: Warehouse, config: ReportConfig, available: list
         if router:
             summary += _routed_rows(run, wh, config, router, available, main_rows, checked, probes, facts, out,
                                     answers)
+    base = next((r for r in available if r.label == "base"), None)
+    base_loss = checked[base.model]["heldout_loss"] if base else None
+    out["heldout_loss_change"] = [100 * (loss - base_loss) / base_loss if loss is not None and base_loss else None
+                                  for loss in out["heldout_loss"]]
     run.write("report", "latest", out)
     run.write("report_answers", "latest", answers)
     run.write("report_generation", "latest", generation)
@@ -318,21 +353,27 @@ def _report_row(run: StagedRun, wh: Warehouse, config: ReportConfig, row: Report
     its own (a routed row)."""
     ems = scored[0] if scored else latest_scores(wh, row.evaluated, config.split)
     em_rows = sorted(ems.items()) + [("average", float(np.mean(list(ems.values()))) if ems else None)]
-    for dataset, em in em_rows:
-        for key, value in zip(out, (row.shown, dataset, config.split, em, checks["params_total"],
-                                    checks["params_injected"], checks["probe_em"], checks["probe_seen_em"],
-                                    checks["heldout_loss"], checks["model_run"])):
-            out[key].append(value)
+    intervals = {}
     if ems:
         mine = scored[1] if scored else wh.read("predictions", ["dataset", "question_id", "exact_match"],
                                                 partitions=[f"{row.evaluated}.{config.split}"]).to_pydict()
         answers["model"] += [row.shown] * len(mine["question_id"])
         for key in ("dataset", "question_id", "exact_match"):
             answers[key] += mine[key]
+        intervals = em_intervals_of(mine)
+    for dataset, em in em_rows:
+        low, high = intervals.get(dataset, (None, None))
+        values = {"model": row.shown, "asked": way_of_asking(row.way[0], 0, row.way[1]), "dataset": dataset,
+                  "split": config.split, "em": em, "em_low": low, "em_high": high,
+                  "heldout_loss_change": None,  # against the base's, once every row is measured
+                  "heldout_loss_unmounted": checks["heldout_loss_nkb_unmounted"],
+                  "facts_retained": checks["retained_em"], "params_trained": checks["params_injected"]}
+        for key in out:
+            out[key].append(values[key] if key in values else checks[key])
     for metric, split in (("probe_em", config.split), ("probe_seen_em", config.split), ("heldout_loss", None),
                           ("heldout_loss_nkb_unmounted", None), ("train_seconds", None), ("retained_em", None)):
         if checks[metric] is not None:
-            run.metric(metric, checks[metric], dataset=row.shown, split=split)
+            run.metric(metric, checks[metric], dataset=row.shown, split=split, model=row.shown)
     return {"model": row.shown, "em": ems, "probe_em": checks["probe_em"], "probe_seen_em": checks["probe_seen_em"],
             "heldout_loss": checks["heldout_loss"]}
 
@@ -379,67 +420,37 @@ def report_rows(wh: Warehouse) -> list[dict]:
     return query(wh, "SELECT * FROM report").to_pylist()
 
 
-def report_table(wh: Warehouse, rows: list[dict]) -> pa.Table:
-    """The report as one row per model: EM per dataset and on average, the probe, held-out losses, parameters."""
-    measured = {metric: {m["dataset"]: m["value"] for m in run_metrics(wh, rows[0]["run_id"], metric)}
-                for metric in ("heldout_loss_nkb_unmounted", "train_seconds", "retained_em")}
-    datasets = sorted({r["dataset"] for r in rows} - {"average"})
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    first = {m: next(r for r in rows if r["model"] == m) for m in models}
+def report_table(rows: list[dict], digits: bool = False) -> pa.Table:
+    """The report's rows in its one schema, `REPORT_COLUMNS` (a report written before a column was added has it
+    empty); `digits`: rounded as a person reads them (EM and seconds to 0.1, losses to 4 places)."""
+    def shown(column, value):
+        if not digits or not isinstance(value, float):
+            return value
+        return round(value, 4 if column in ("heldout_loss", "heldout_loss_unmounted") else 1)
 
-    def rounded(value, digits=1):
-        return None if value is None else round(value, digits)
-
-    def em(model, dataset):
-        return rounded(next((r["em"] for r in rows if r["model"] == model and r["dataset"] == dataset), None))
-
-    columns = {"model": models}
-    for d in datasets + ["average"]:
-        columns[f"EM {d}"] = [em(m, d) for m in models]
-    columns["probe EM"] = [rounded(first[m]["probe_em"]) for m in models]
-    columns["probe EM, seen wording"] = [rounded(first[m].get("probe_seen_em")) for m in models]
-    columns["held-out loss"] = [rounded(first[m]["heldout_loss"], 4) for m in models]
-    columns["loss, NKB unmounted"] = [rounded(measured["heldout_loss_nkb_unmounted"].get(m), 4) for m in models]
-    columns["facts retained %"] = [rounded(measured["retained_em"].get(m)) for m in models]
-    columns["params"] = [first[m]["params_total"] for m in models]
-    columns["params trained"] = [first[m]["params_injected"] for m in models]
-    columns["training s"] = [rounded(measured["train_seconds"].get(m), 0) for m in models]
-    return pa.table(columns)
+    return pa.table({c: pa.array([shown(c, r.get(c)) for r in rows], REPORT_TYPES[c]) for c in REPORT_COLUMNS})
 
 
-def em_intervals(wh: Warehouse, rows: list[dict]) -> dict[tuple[str, str], tuple[float, float]]:
-    """{(model, dataset or "average"): 95 % bootstrap interval of its EM} from the report's per-question answers
-    (`report_answers`); empty for a report written before they were kept."""
+def by_model(rows: list[dict]) -> dict[str, dict]:
+    """Each model's `average` row (its datasets' mean EM and its other columns), by the model's label."""
+    return {r["model"]: r for r in rows if r["dataset"] == "average"}
+
+
+def em_intervals_of(answers: dict[str, list]) -> dict[str, tuple[float, float]]:
+    """{dataset or "average": 95 % bootstrap interval of EM} of one row's answers (`dataset`, `exact_match`)."""
     from nkb_model.metrics import bootstrap_interval
-    answers = query(wh, f"SELECT model, dataset, exact_match FROM report_answers "
-                        f"WHERE run_id = '{rows[0]['run_id']}'").to_pylist()
-    hits: dict[str, dict[str, list[bool]]] = {}
-    for a in answers:
-        hits.setdefault(a["model"], {}).setdefault(a["dataset"], []).append(bool(a["exact_match"]))
-    out = {}
-    for model, by_dataset in hits.items():
-        for dataset, values in by_dataset.items():
-            out[(model, dataset)] = bootstrap_interval([values])
-        out[(model, "average")] = bootstrap_interval(list(by_dataset.values()))
+    hits: dict[str, list[bool]] = {}
+    for dataset, right in zip(answers["dataset"], answers["exact_match"]):
+        hits.setdefault(dataset, []).append(bool(right))
+    out = {dataset: bootstrap_interval([values]) for dataset, values in hits.items()}
+    if hits:
+        out["average"] = bootstrap_interval(list(hits.values()))
     return out
 
 
-def interval_table(wh: Warehouse, rows: list[dict]) -> pa.Table | None:
-    """EM per model and dataset with its 95 % bootstrap interval, as text ("52.8 (36.1-69.4)")."""
-    intervals = em_intervals(wh, rows)
-    if not intervals:
-        return None
-    datasets = sorted({r["dataset"] for r in rows} - {"average"}) + ["average"]
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    em = {(r["model"], r["dataset"]): r["em"] for r in rows}
-
-    def cell(model, dataset):
-        if em.get((model, dataset)) is None or (model, dataset) not in intervals:
-            return None
-        low, high = intervals[(model, dataset)]
-        return f"{em[(model, dataset)]:.1f} ({low:.1f}-{high:.1f})"
-
-    return pa.table({"model": models} | {f"EM {d}": [cell(m, d) for m in models] for d in datasets})
+def em_intervals(rows: list[dict]) -> dict[tuple[str, str], tuple[float, float]]:
+    """{(model, dataset or "average"): 95 % bootstrap interval of its EM}, as the report recorded them."""
+    return {(r["model"], r["dataset"]): (r["em_low"], r["em_high"]) for r in rows if r.get("em_low") is not None}
 
 
 def generation_table(wh: Warehouse) -> pa.Table | None:

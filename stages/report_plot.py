@@ -63,7 +63,7 @@ def report_figure(wh: Warehouse):
 
     rows = report_rows(wh)
     panels = training_curves(wh, reported_models(wh, rows))
-    tradeoff = forgetting_points(wh, rows)
+    tradeoff = forgetting_points(rows)
     facts = any(point[-1] is not None for point in tradeoff)
     columns = 2
     drawn = len(panels) + 1 + bool(tradeoff) + facts
@@ -82,7 +82,7 @@ def report_figure(wh: Warehouse):
         ax.set(xlabel="step", ylabel=f"training loss (moving average of {SMOOTHING} steps)", title=title,
                yscale="log")
         ax.legend(fontsize=7)
-    knowledge_bars(axes[len(panels)], wh, rows)
+    knowledge_bars(axes[len(panels)], rows)
     if tradeoff:
         forgetting_scatter(axes[len(panels) + 1], tradeoff)
     if facts:
@@ -100,21 +100,13 @@ def reported_models(wh: Warehouse, rows: list[dict]) -> set[str] | None:
     return {config[row.field] for row in REPORT_ROWS if config.get(row.field)} or None
 
 
-def forgetting_points(wh: Warehouse, rows: list[dict]) -> list[tuple[str, float, tuple, float, float | None]]:
+def forgetting_points(rows: list[dict]) -> list[tuple[str, float, tuple, float, float | None]]:
     """(model, average EM, its 95 % interval, held-out loss against the base's in %, facts retained in % or None)
     for each model with both an EM and a held-out loss, the base's included; empty without the base's loss."""
-    from stages.report import em_intervals
-    if not rows:
-        return []
-    average = {r["model"]: r for r in rows if r["dataset"] == "average"}
-    base = next((r["heldout_loss"] for r in rows if r["model"].split(" (")[0] == "base" and r["heldout_loss"]), None)
-    if base is None:
-        return []
-    retained = {m["dataset"]: m["value"] for m in run_metrics(wh, rows[0]["run_id"], "retained_em")}
-    intervals = em_intervals(wh, rows)
-    return [(model, r["em"], intervals.get((model, "average"), (r["em"], r["em"])),
-             100.0 * (r["heldout_loss"] / base - 1), retained.get(model))
-            for model, r in average.items() if r["em"] is not None and r["heldout_loss"] is not None]
+    from stages.report import by_model
+    return [(model, r["em"], (r["em_low"], r["em_high"]) if r.get("em_low") is not None else (r["em"], r["em"]),
+             r["heldout_loss_change"], r.get("facts_retained"))
+            for model, r in by_model(rows).items() if r["em"] is not None and r.get("heldout_loss_change") is not None]
 
 
 def forgetting_scatter(ax, points, by_facts: bool = False) -> None:
@@ -135,14 +127,14 @@ def forgetting_scatter(ax, points, by_facts: bool = False) -> None:
            else "Knowledge gained against what was forgotten")
 
 
-def knowledge_bars(ax, wh: Warehouse, rows: list[dict]) -> None:
+def knowledge_bars(ax, rows: list[dict]) -> None:
     """A group of bars per model: EM per dataset (and on average, if there are several) with its 95 % interval,
     then the knowledge probe in unseen and in seen wording, where the report has them."""
     import numpy as np
     from stages.report import em_intervals
     models = list(dict.fromkeys(r["model"] for r in rows))
     datasets = [d for d in dict.fromkeys(r["dataset"] for r in rows if r["em"] is not None) if d != "average"]
-    intervals = em_intervals(wh, rows) if rows else {}
+    intervals = em_intervals(rows)
 
     def value(model, key, dataset=None):
         return next((r[key] for r in rows if r["model"] == model and dataset in (None, r["dataset"])), None)
@@ -187,20 +179,21 @@ def report_png(wh: Warehouse) -> bytes:
 
 
 def report_markdown(wh: Warehouse) -> str:
-    """The report table (`stages.report.report_table`) in Markdown with the plot embedded as a data URI (for a
+    """The report's rows (`stages.report.report_table`) in Markdown with the plot embedded as a data URI (for a
     Prefect artifact)."""
     from stages.report import report_table
     rows = report_rows(wh)
     if not rows:
         return "No report rows yet."
-    table = report_table(wh, rows).to_pydict()
+    table = report_table(rows, digits=True)
+    table = table.select([c for c in table.column_names if table.column(c).null_count < table.num_rows]).to_pydict()
 
     def fmt(value):
-        return "–" if value is None else f"{value:,}" if isinstance(value, int) else f"{value:g}"
+        return "–" if value is None else f"{value:,}" if isinstance(value, int) else f"{value:g}" \
+            if isinstance(value, float) else str(value)
 
     lines = ["| " + " | ".join(table) + " |", "|" + "---|" * len(table)]
-    lines += ["| " + " | ".join(fmt(v) if i else v for i, v in enumerate(values)) + " |"
-              for values in zip(*table.values())]
+    lines += ["| " + " | ".join(map(fmt, values)) + " |" for values in zip(*table.values())]
     image = base64.b64encode(report_png(wh)).decode("ascii")
     return (f"# NKB report ({rows[0]['split']}, run {rows[0]['run_id']})\n\n" + "\n".join(lines)
             + "\n\nEM in %; probe: cloze prompts before fine-tuning, in wordings the injection corpus does not use."

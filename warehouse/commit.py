@@ -36,11 +36,13 @@ from warehouse.store import PartitionRecord, Warehouse, WarehouseError, check_pa
 class StagedRun:
     """The handle a stage body writes through. Nothing it writes is visible until commit."""
 
-    def __init__(self, wh: Warehouse, run: RunRecord, writes: frozenset[str] | None = None):
+    def __init__(self, wh: Warehouse, run: RunRecord, writes: frozenset[str] | None = None,
+                 model: str | None = None):
         self.wh = wh
         self.record = run  # the run's row: its id, config, fingerprint and outputs
         self.run_id = run.run_id
         self.writes = writes  # the tables the stage declared it writes (None: any)
+        self.model = model  # the model the run builds or asks: its metrics' `model` unless one says otherwise
         self._staged: list[tuple[Path, Path]] = []  # (staging file, final path)
         self._metrics: list[tuple] = []
         self._staging_dirs: set[Path] = set()
@@ -174,8 +176,8 @@ class StagedRun:
     # -- metrics --
 
     def metric(self, metric: str, value: float, dataset: str | None = None,
-               split: str | None = None, step: int | None = None) -> None:
-        self._metrics.append((self.run_id, dataset, split, metric, float(value), step))
+               split: str | None = None, step: int | None = None, model: str | None = None) -> None:
+        self._metrics.append((self.run_id, dataset, split, metric, float(value), step, model or self.model))
 
     # -- commit / abort --
 
@@ -204,7 +206,8 @@ class StagedRun:
                 self.wh.forget_partitions(con, removed)
                 self.wh.record_partitions(con, records)
                 if self._metrics:
-                    con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)", self._metrics)
+                    con.executemany("INSERT INTO metrics (run_id, dataset, split, metric, value, step, model) "
+                                    "VALUES (?, ?, ?, ?, ?, ?, ?)", self._metrics)
                 self.record.status = "success"
                 self.record.finished_at = now()
                 insert_run(con, self.record, self.wh.home)
@@ -356,14 +359,14 @@ def _rename(move: Move) -> None:
 def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerprint: str,
               body: Callable[[StagedRun], Any], force: bool = False, device: str | None = None,
               still_valid: Callable[[RunRecord], bool] | None = None, resumable: bool = False,
-              writes: frozenset[str] | None = None) -> StageResult:
+              writes: frozenset[str] | None = None, model: str | None = None) -> StageResult:
     """Run `body` as one atomic stage run, or skip it if the same inputs already succeeded.
 
     `still_valid(previous_run)` can veto a skip, e.g. when the files a run produced were deleted.
     `resumable`: an interrupted run's finished shards (`StagedRun.shards`) are picked up by the next
     run of the same stage, inputs and code version, which continues under the interrupted run's id; under other
     code they are written again (the run's output `not_resumed` says whose were dropped). `writes`: the tables the
-    stage declared; writing another fails the run.
+    stage declared; writing another fails the run. `model`: the model the run builds or asks, named in its metrics.
     """
     previous = None if force else reusable_run(wh, stage, inputs_fingerprint, still_valid)
     if previous is not None:
@@ -385,7 +388,7 @@ def run_stage(wh: Warehouse, stage: str, config: dict[str, Any], inputs_fingerpr
                 not_resumed = f"the shards of {interrupted}, written by code {written_by or 'unknown'}"
             _drop_other_resumes(wh, stage)
             marker.write_text(f"{run.run_id}\n{run.code_version}")
-    staged = StagedRun(wh, run, writes)
+    staged = StagedRun(wh, run, writes, model)
     if not_resumed:
         staged.output("not_resumed", not_resumed)
     try:

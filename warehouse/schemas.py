@@ -80,6 +80,7 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
     ]),
     "predictions": pa.schema([
         RUN_ID,
+        pa.field("model", pa.string()),                     # the model asked, as the report and `nkb runs` name it
         pa.field("question_id", pa.string(), nullable=False),
         pa.field("dataset", pa.string()),
         pa.field("split", pa.string()),
@@ -114,18 +115,25 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
         pa.field("metric", pa.string()),                      # rougeL (F, %) or bleu (SacreBLEU)
         pa.field("score", pa.float64()),
     ]),
-    "report": pa.schema([
-        RUN_ID,
+    "report": pa.schema([                                    # one row per model and dataset: stages/report.py's
+        RUN_ID,                                              # REPORT_GLOSSARY says what each column means
         pa.field("model", pa.string(), nullable=False),
+        pa.field("asked", pa.string()),
         pa.field("dataset", pa.string(), nullable=False),   # a dataset, or "average"
         pa.field("split", pa.string()),
         pa.field("em", pa.float64()),
+        pa.field("em_low", pa.float64()),
+        pa.field("em_high", pa.float64()),
+        pa.field("probe_em", pa.float64()),
+        pa.field("probe_seen_em", pa.float64()),
+        pa.field("heldout_loss", pa.float64()),
+        pa.field("heldout_loss_change", pa.float64()),
+        pa.field("heldout_loss_unmounted", pa.float64()),
+        pa.field("facts_retained", pa.float64()),
         pa.field("params_total", pa.int64()),
-        pa.field("params_injected", pa.int64()),
-        pa.field("probe_em", pa.float64()),                  # knowledge probe (unseen wordings) before fine-tuning
-        pa.field("probe_seen_em", pa.float64()),             # the same facts in their article's wording
-        pa.field("heldout_loss", pa.float64()),              # general-text loss before fine-tuning
-        pa.field("model_run", pa.string()),                  # the run that built the row's model
+        pa.field("params_trained", pa.int64()),
+        pa.field("train_seconds", pa.float64()),
+        pa.field("model_run", pa.string()),
     ]),
     "report_answers": pa.schema([                            # each report row's answers, for the next refresh
         RUN_ID,
@@ -187,7 +195,8 @@ NATIVE_TABLES: dict[str, str] = {
             split VARCHAR,
             metric VARCHAR NOT NULL,
             value DOUBLE,
-            step BIGINT                       -- for curves (loss per step); NULL for single values
+            step BIGINT,                      -- for curves (loss per step); NULL for single values
+            model VARCHAR                     -- the model the run built or asked (NULL in runs before 2026-12-07)
         )""",
     # What each Parquet file is: only registered files are read, and `nkb check` compares every file with its
     # digest (a damaged or foreign file is reported, never read).
@@ -209,7 +218,8 @@ NATIVE_TABLES: dict[str, str] = {
 # What a warehouse made by an earlier version lacks, added when it is next written (each statement idempotent).
 NATIVE_MIGRATIONS = ["ALTER TABLE partitions ADD COLUMN IF NOT EXISTS footer_sha256 VARCHAR",
                      "ALTER TABLE partitions ADD COLUMN IF NOT EXISTS mtime BIGINT",
-                     "ALTER TABLE partitions ADD COLUMN IF NOT EXISTS damaged VARCHAR"]
+                     "ALTER TABLE partitions ADD COLUMN IF NOT EXISTS damaged VARCHAR",
+                     "ALTER TABLE metrics ADD COLUMN IF NOT EXISTS model VARCHAR"]
 
 # Views derived from the Parquet tables, created after them.
 DERIVED_VIEWS: dict[str, str] = {

@@ -13,7 +13,7 @@ def answered(wh, name: str, hits: list[bool], split: str = "validation") -> None
     ids = [f"q{i:03d}" for i in range(len(hits))]
     run_stage(wh, "evaluate", {"model_name": name, "split": split}, name,
               lambda run: run.write("predictions", f"{name}.{split}", {
-                  "question_id": ids, "dataset": ["nq"] * len(ids), "split": [split] * len(ids),
+                  "model": [name] * len(ids), "question_id": ids, "dataset": ["nq"] * len(ids), "split": [split] * len(ids),
                   "prediction": ["x"] * len(ids), "exact_match": hits}))
 
 

