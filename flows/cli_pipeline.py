@@ -21,12 +21,10 @@ def cmd_run(args) -> int:
     from stages.registry import STAGES
     from stages.runner import dispatch, summarize
     stage = STAGES[args.stage]
-    command = f"nkb run {stage.name}"
-    if args.experiment:  # the experiment's runs of this stage, each with --set over its settings, rerun
-        configs, force = [parse_sets(stage.config, args.set or [], command, over=c.model_dump(exclude_unset=True))
-                          for c in experiment_runs(args.experiment, stage.name, args.home)], True
+    if args.experiment:
+        configs, force = experiment_runs(args.experiment, stage.name, args.home, args.set or []), True
     else:
-        configs, force = [parse_sets(stage.config, args.set or [], command)], args.force
+        configs, force = [parse_sets(stage.config, args.set or [], f"nkb run {stage.name}")], args.force
     ready_to_run([(stage.name, config) for config in configs])
     wh = Warehouse(args.home)  # refused here if it cannot be written, before Prefect starts
     for config in configs:
@@ -48,13 +46,18 @@ def cmd_run(args) -> int:
     return 0
 
 
-def experiment_runs(path: str, stage: str, home: str | None) -> list:
-    """The configs of an experiment's runs of `stage`, as its pipeline makes them (one per row for a model stage)."""
+def experiment_runs(path: str, stage: str, home: str | None, sets: list[str] = ()) -> list:
+    """The configs of an experiment's runs of `stage`, as its pipeline makes them (one per row for a model stage),
+    each with `sets` over its settings; runs the sets make the same, once (`--set shots=3` makes a model's 5-shot and
+    0-shot evaluations one)."""
     from stages.experiment import Experiment
     from stages.inputs import world_dir
+    from stages.registry import STAGES
     from stages.runner import picked
     experiment = Experiment.load(path).with_world(world_dir(Warehouse(home)))
-    return [config for _, config in picked(experiment.plan(), only=[stage])]
+    configs = (parse_sets(STAGES[stage].config, list(sets), f"nkb run {stage}", over=c.model_dump(exclude_unset=True))
+               for _, c in picked(experiment.plan(), only=[stage]))
+    return list({c.model_dump_json(): c for c in configs}.values())
 
 
 def ready_to_run(runs) -> None:
@@ -147,9 +150,10 @@ def run_experiment(experiment, args, export: bool = False) -> int:
     seconds = time.perf_counter() - started
     print(f"\nExperiment {experiment.name} finished in {seconds:.0f} s. Stages:")
     width = max((len(r["for"]) for r in rows), default=0)
+    stage_width = max((len(r["stage"]) for r in rows), default=0)
     for r in rows:
         state = "skipped (unchanged)" if r["skipped"] else f"{r['written'] or 'done'} in {r['seconds']:.1f} s"
-        print(f"  {r['stage']:<16} {r['for']:<{width}}  {state}")
+        print(f"  {r['stage']:<{stage_width}} {r['for']:<{width}}  {state}")
     models = {r["model"]: r["folder"] for r in rows if r.get("folder")}
     if models:
         print("\nModels (each folder has a model card, README.md; `nkb export NAME FOLDER` for stock transformers):")

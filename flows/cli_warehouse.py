@@ -178,13 +178,17 @@ def cmd_report(args) -> int:
         from stages.report_plot import report_png
         write_output(args.plot, report_png(wh))
     fmt = output_format(args)
-    table = report_table(rows, digits=fmt != "json")
     if fmt == "json":
-        emit(json.dumps(table.to_pylist(), indent=1), args.output)
+        emit(json.dumps(report_table(rows).to_pylist(), indent=1), args.output)
         return 0
-    if fmt == "table":  # CSV on standard output stays one parseable table
+    if fmt == "table":  # to be read: what repeats another row or column left out (CSV and JSON keep every cell)
         print(f"Report {rows[0]['run_id']} ({rows[0]['split']}; EM in %, with its 95 % interval; `nkb report --help` "
-              "says what each column means; columns empty on every row left out)")
+              "says what each column means; columns empty on every row, and a model's average of one dataset, "
+              "left out)")
+        datasets = {r["model"]: sum(x["model"] == r["model"] for x in rows) - 1 for r in rows}
+        rows = [r for r in rows if r["dataset"] != "average" or datasets[r["model"]] > 1]
+    table = report_table(rows, digits=True)
+    if fmt == "table":
         table = table.select([c for c in table.column_names if table.column(c).null_count < table.num_rows])
     emit(FORMATTERS[fmt](table), args.output)
     held_out = (get_run(wh, rows[0]["run_id"]).outputs or {}).get("heldout_loss")

@@ -61,3 +61,13 @@ def test_the_examples_data_stages_run_and_its_split_is_as_small_as_the_page_says
     assert counts.to_pylist() == [{"split": "train", "n": 12}, {"split": "validation", "n": 8}]
     # the note the questions stage prints for it (tests/stages/test_data.py holds that it is printed)
     assert f"8 questions give about ±{em_margin(8):.0f} points" in " ".join(PAGE.read_text().split())
+
+
+def test_one_stage_of_the_example_rerun_with_a_setting_runs_each_distinct_run_once(tmp_path):
+    """`nkb run evaluate --experiment FILE --set shots=3`: each row asked 3-shot once, not once per way it was asked."""
+    from flows.cli_pipeline import experiment_runs
+    home = str(tmp_path / "wh")
+    assert [c.model_name() for c in experiment_runs(str(EXAMPLE), "evaluate", home)] == [
+        "base.5shot", "base", "base+nkb.5shot", "base+nkb"]
+    assert [c.model_name() for c in experiment_runs(str(EXAMPLE), "evaluate", home, ["shots=3"])] == [
+        "base.3shot", "base+nkb.3shot"]
