@@ -71,7 +71,7 @@ def plan_steps(wh: Warehouse, plan: list[tuple[str, StageConfig]], force: bool =
                     if earlier else Step(name, subject, "fails", str(exc)))
             if step.action == "run":
                 rewritten.add(name, [], model_of(name, config.model_dump()))
-        if step.action == "run" and step.seconds is None:
+        if step.action == "run":
             step.seconds, step.basis = estimate(wh, name, config.model_dump())
         steps.append(step)
     return steps
@@ -84,7 +84,8 @@ def _step(wh: Warehouse, planned: reads.Planned, rewritten: Rewritten, force: bo
     upstream = rewritten.read_by(declared.lineage)
     if planned.reused is not None and upstream is None:
         return Step(stage, subject, "skip", f"unchanged since run {planned.reused.run_id}")
-    previous = [r for r in list_runs(wh, stage) if r.status == "success" and _key(stage, r.config) == _key(stage, recorded)]
+    previous = [r for r in list_runs(wh, stage)
+                if r.status == "success" and _key(stage, r.config) == _key(stage, recorded)]
     rewritten.add(stage, previous, model_of(stage, recorded))
     if force:
         why = "forced"

@@ -128,7 +128,8 @@ def _retained(run: StagedRun, name: str, model, tokenizer, facts: list[dict], sp
         return []
     fills, hits = ask_facts(model, tokenizer, facts, device)
     run.write("predictions", f"{name}.retained.{split}", {
-        "model": [name] * len(facts), "question_id": [f"{name}/{f['fact_id']}" for f in facts], "dataset": ["retained"] * len(facts),
+        "model": [name] * len(facts), "question_id": [f"{name}/{f['fact_id']}" for f in facts],
+        "dataset": ["retained"] * len(facts),
         "split": [split] * len(facts), "prediction": fills, "exact_match": hits})
     return hits
 

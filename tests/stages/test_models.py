@@ -267,7 +267,8 @@ def test_inject_finetune_evaluate_end_to_end(world):
     n_validation = query(world, "SELECT count(*) AS n FROM questions WHERE split = 'validation'").to_pylist()[0]["n"]
     rows = query(world, f"SELECT * FROM predictions WHERE run_id = '{result.run.run_id}'").to_pylist()
     assert len(rows) == n_validation and all(r["split"] == "validation" for r in rows)
-    em = query(world, f"SELECT dataset, value, model FROM metrics WHERE run_id = '{result.run.run_id}' AND metric = 'em'").to_pylist()
+    em = query(world, f"SELECT dataset, value, model FROM metrics WHERE run_id = '{result.run.run_id}' "
+                      "AND metric = 'em'").to_pylist()
     assert {r["dataset"] for r in em} == {"nq", "webquestions", "headqa"}
     # each row names its model as the report and `nkb runs` do: no join through the run's config
     assert {r["model"] for r in rows} == {r["model"] for r in em} == {"base+nkb.qa"}
