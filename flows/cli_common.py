@@ -23,9 +23,13 @@ EPILOG = "The warehouse is ./.nkb unless --home or $NKB_HOME says otherwise."
 
 
 def prepare_environment(home: Path) -> None:
-    """Prefect state lives inside the warehouse home unless the user chose otherwise."""
-    (home / "prefect").mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("PREFECT_HOME", str(home / "prefect"))
+    """Prefect state lives inside the warehouse home unless the user chose otherwise, and while `nkb server up`
+    serves this warehouse's database, flow runs go to that server (its UI then lists them as they run)."""
+    from flows.server import prefect_home, served
+    prefect_home(home).mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PREFECT_HOME", str(prefect_home(home)))
+    if "PREFECT_API_URL" not in os.environ and (url := served(home)):
+        os.environ["PREFECT_API_URL"] = url
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # The temporary server that runs flows without a configured server can be slow to start on 2 cores.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")

@@ -27,10 +27,10 @@ def cmd_run(args) -> int:
         configs, force = [parse_sets(stage.config, args.set or [], f"nkb run {stage.name}")], args.force
     ready_to_run([(stage.name, config) for config in configs])
     wh = Warehouse(args.home)  # refused here if it cannot be written, before Prefect starts
+    prepare_environment(wh.home)  # a server on this warehouse: its flow runs go there
     for config in configs:
         started = time.perf_counter()
         if args.prefect or os.environ.get("PREFECT_API_URL") or getattr(config, "dask", None):
-            prepare_environment(wh.home)
             from flows.flows import STAGE_FLOWS
             with local_flow_settings():
                 row = STAGE_FLOWS[stage.name](config, str(wh.home), force)

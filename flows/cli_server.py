@@ -15,8 +15,14 @@ def cmd_server(args) -> int:
     project = Path(args.project)
     if args.action == "up":
         started = time.perf_counter()
+        if args.experiment:  # a wrong file refused before anything starts
+            from stages.experiment import Experiment
+            Experiment.load(args.experiment)
         try:
             state = server.up(project, port=args.port, home=args.home)
+            if args.experiment:
+                server.deploy_experiment(project, Path(args.experiment))
+                print(f"run forms: {args.experiment}'s settings")
         except server.ServerError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -45,6 +51,18 @@ def cmd_server(args) -> int:
     return 0 if info["running"] else 3
 
 
+def cmd_deploy(args) -> int:
+    from flows import server
+    try:
+        changed = server.deploy_experiment(Path(args.project), Path(args.experiment))
+    except server.ServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"the run forms of {len(changed)} deployments now hold {args.experiment}'s settings: the pipeline runs "
+          f"that file, and each stage's form its settings ({', '.join(changed[1:])})")
+    return 0
+
+
 def cmd_schedule(args) -> int:
     from flows import server
     try:
@@ -70,13 +88,27 @@ def add_commands(sub) -> None:
     sch.add_argument("--project", default=".", help="project directory whose server to use (default: .)")
     sch.set_defaults(func=cmd_schedule)
 
+    dep = sub.add_parser("deploy", help="fill the running server's run forms with an experiment's settings",
+                         description="Set the running server's deployments to an experiment: the pipeline's form "
+                                     "runs the file, and each stage's form starts from that experiment's settings "
+                                     "for it (its base+NKB row's for a model stage), so Run in the UI reruns your "
+                                     "experiment's stage, not the demo's. `nkb server up --experiment FILE` does it "
+                                     "as the server starts.")
+    dep.add_argument("experiment", help="the experiment's YAML file")
+    dep.add_argument("--project", default=".", help="project directory whose server to use (default: .)")
+    dep.set_defaults(func=cmd_deploy)
+
     srv = sub.add_parser("server", help="start, stop or inspect a local Prefect server with workers",
                          description="up: start a Prefect server on 127.0.0.1, create the cpu and gpu work pools "
                                      "(gpu: one run at a time), deploy every stage and the pipeline, start one "
                                      "worker per pool. down: stop exactly what `up` started. status: what runs "
-                                     "and where the UI is. State and logs live in PROJECT/.prefect.")
+                                     "and where the UI is. The server serves the warehouse's own Prefect database "
+                                     "(HOME/prefect), so the UI lists every flow run made for it, and `nkb` commands "
+                                     "on it send their flow runs there while it is up; logs live in PROJECT/.prefect.")
     srv.add_argument("action", choices=["up", "down", "status"], help="what to do")
     srv.add_argument("--port", type=int, default=4200, help="server port on 127.0.0.1 (default 4200)")
     srv.add_argument("--project", default=".", help="project directory with prefect.yaml (default: .)")
     srv.add_argument("--format", choices=["text", "json"], default="text", help="status output format")
+    srv.add_argument("--experiment", metavar="FILE", help="up: fill the run forms with this experiment's settings "
+                     "(`nkb deploy FILE` later does the same); default: the demo's")
     srv.set_defaults(func=cmd_server)

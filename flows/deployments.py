@@ -44,12 +44,17 @@ def config_defaults(config: type[StageConfig]) -> dict[str, Any]:
 
 
 def demo_defaults() -> dict[str, dict[str, Any]]:
-    """{stage: `nkb demo`'s experiment's settings for it} (its main row's where the stage makes or reads it:
-    pressing Run on `inject` in the UI builds the demo's base+NKB); a field naming a file of the generated world
-    keeps its config default, since the world's folder depends on the warehouse. A stage that reads one of an
-    experiment's files starts from its config's defaults, the file left to fill in."""
+    """{stage: `nkb demo`'s experiment's settings for it}: `experiment_defaults` of the demo's experiment."""
+    return experiment_defaults(SAMPLE_WORLD_SMOLLM2)
+
+
+def experiment_defaults(path: str | Path) -> dict[str, dict[str, Any]]:
+    """{stage: an experiment's settings for it} (its main row's where the stage makes or reads it: pressing Run on
+    `inject` in the UI builds the experiment's base+NKB); a field naming a file of the generated world keeps its
+    config default, since the world's folder depends on the warehouse. A stage that reads one of an experiment's
+    files starts from its config's defaults, the file left to fill in."""
     chosen: dict[str, StageConfig] = {}
-    for stage, config in Experiment.load(SAMPLE_WORLD_SMOLLM2).plan():
+    for stage, config in Experiment.load(path).plan():
         row = config.model_name() if hasattr(config, "model_name") else getattr(config, "model", None)
         if not STAGES[stage].reads_file and (stage not in chosen or row == MAIN_ROW.model):
             chosen[stage] = config

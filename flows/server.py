@@ -1,9 +1,11 @@
 """`nkb server up | down | status`: a Prefect server on loopback with the `cpu` and `gpu` work pools, every
 deployment of prefect.yaml, and one process worker per pool.
 
-Everything lives under `<project>/.prefect/`: the server's database (PREFECT_HOME), the logs, and
-`server.json`, which lists the processes `up` started (pid and start time, so `down` never signals a
-process that merely reused a pid).
+The server's database is the warehouse's own (`<home>/prefect`, the PREFECT_HOME every `nkb` command gives its
+flow runs), so the UI lists every flow run made for that warehouse, `make demo`'s included; while the server is up,
+`nkb` commands on that warehouse send their flow runs to it (`served`). The logs and `server.json`, which lists the
+processes `up` started (pid and start time, so `down` never signals a process that merely reused a pid), live under
+`<project>/.prefect/`.
 """
 
 from __future__ import annotations
@@ -32,12 +34,29 @@ class ServerError(RuntimeError):
     pass
 
 
+SERVED = "server-url"  # in a warehouse's prefect folder while a server `up` started serves it: the server's API URL
+
+
+def prefect_home(home: str | os.PathLike | None) -> Path:
+    """A warehouse's PREFECT_HOME: the database of every flow run made for it, by `nkb` in-process or on a server."""
+    from warehouse import resolve_home
+    return resolve_home(home) / "prefect"
+
+
+def served(home: str | os.PathLike | None) -> str | None:
+    """The API URL of the server `nkb server up` started on this warehouse's database, if it answers."""
+    path = prefect_home(home) / SERVED
+    url = path.read_text().strip() if path.is_file() else ""
+    return url if url and healthy(url) else None
+
+
 @dataclass
 class ServerState:
     project: Path
-    directory: Path  # state: PREFECT_HOME, logs, server.json
+    directory: Path  # state: logs, server.json
     port: int
     processes: dict[str, dict] = field(default_factory=dict)  # name -> {pid, created, log}
+    home: str | None = None  # the warehouse whose database it serves
 
     @property
     def url(self) -> str:
@@ -50,7 +69,7 @@ class ServerState:
     def save(self) -> None:
         path = self.directory / "server.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"port": self.port, "processes": self.processes}, indent=1))
+        tmp.write_text(json.dumps({"port": self.port, "processes": self.processes, "home": self.home}, indent=1))
         os.replace(tmp, path)
 
     @classmethod
@@ -59,7 +78,7 @@ class ServerState:
         if not path.exists():
             return None
         data = json.loads(path.read_text())
-        return cls(project, directory, data["port"], data["processes"])
+        return cls(project, directory, data["port"], data["processes"], data.get("home"))
 
     def running(self, name: str) -> psutil.Process | None:
         """The process `up` started under this name, if it still runs (same pid *and* start time)."""
@@ -85,14 +104,13 @@ def server_environment(project: Path, directory: Path, port: int, home: str | No
     talk to this server from a shell)."""
     env = dict(os.environ)
     env.update({
-        "PREFECT_HOME": str(directory / "home"),
+        "PREFECT_HOME": str(prefect_home(home)),
         "PREFECT_API_URL": f"http://{HOST}:{port}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_CLI_PROMPT": "false",
         "NKB_PROJECT_DIR": str(project),  # the deployments' pull step runs flows from here
     })
-    if home:
-        env["NKB_HOME"] = str(Path(home).resolve())
+    env["NKB_HOME"] = str(prefect_home(home).parent)
     return env
 
 
@@ -187,7 +205,8 @@ def up(project: Path, port: int = 4200, home: str | None = None, directory: Path
     if not port_free(port):
         raise ServerError(f"port {port} on {HOST} is taken; choose another with --port")
     directory.mkdir(parents=True, exist_ok=True)
-    state = ServerState(project, directory, port)
+    prefect_home(home).mkdir(parents=True, exist_ok=True)
+    state = ServerState(project, directory, port, home=str(prefect_home(home).parent))
     env = server_environment(project, directory, port, home) | (extra_env or {})
     started = time.perf_counter()
     try:
@@ -198,7 +217,8 @@ def up(project: Path, port: int = 4200, home: str | None = None, directory: Path
                 raise ServerError(f"the Prefect server did not come up; its log ({state.processes['server']['log']}) "
                                   f"ends:\n{_tail(state.processes['server']['log'])}")
             time.sleep(0.25)
-        log(f"server up at {state.url} in {time.perf_counter() - started:.1f} s")
+        (prefect_home(home) / SERVED).write_text(state.api_url)
+        log(f"server up at {state.url} in {time.perf_counter() - started:.1f} s, on {prefect_home(home)}")
         _create_pools(state.api_url)
         log("work pools: " + ", ".join(f"{n} (concurrency {lim or 'unlimited'})" for n, lim in POOLS.items()))
         deploy = subprocess.run([_prefect(), "--no-prompt", "deploy", "--all"], cwd=project, env=env,
@@ -245,6 +265,10 @@ def down(project: Path, directory: Path | None = None, log=print, grace: float =
         psutil.wait_procs(alive, timeout=5)
         stopped.append(name)
         log(f"stopped {name} (pid {proc.pid})")
+    if state.home:
+        marker = prefect_home(state.home) / SERVED
+        if marker.is_file() and marker.read_text().strip() == state.api_url:  # not a later server's
+            marker.unlink()
     (directory / "server.json").unlink(missing_ok=True)
     return stopped
 
@@ -259,6 +283,31 @@ def status(project: Path, directory: Path | None = None) -> dict:
             "api_url": state.api_url, "healthy": healthy(state.api_url),
             "processes": {name: {"pid": info["pid"], "running": state.running(name) is not None, "log": info["log"]}
                           for name, info in state.processes.items()}}
+
+
+def deploy_experiment(project: Path, experiment_file: Path, directory: Path | None = None) -> list[str]:
+    """Fill the running server's run forms with an experiment's settings: the pipeline's `experiment_file`, and
+    each stage's config as that experiment runs it (its main row's for a model stage). Returns the deployments
+    changed. The server's deployments came with `nkb demo`'s settings (prefect.yaml); this replaces them."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import DeploymentUpdate
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.deployments import experiment_defaults
+    experiment_file = experiment_file.resolve()
+    defaults = experiment_defaults(experiment_file)  # a wrong file is refused before the server is touched
+    info = status(project, directory)
+    if not info["running"] or not info["healthy"]:
+        raise ServerError(f"no server answering for {info['project']}; start one with `nkb server up`")
+    with temporary_settings({PREFECT_API_URL: info["api_url"]}), get_client(sync_client=True) as client:
+        pipeline = client.read_deployment_by_name("pipeline/pipeline")
+        client.update_deployment(pipeline.id, DeploymentUpdate(
+            parameters=dict(pipeline.parameters) | {"experiment_file": str(experiment_file)}))
+        for stage, config in defaults.items():
+            deployment = client.read_deployment_by_name(f"{stage}/{stage}")
+            client.update_deployment(deployment.id, DeploymentUpdate(
+                parameters=dict(deployment.parameters) | {"config": config}))
+    return ["pipeline", *defaults]
 
 
 def schedule(project: Path, experiment_file: Path, cron: str, timezone: str = "UTC",

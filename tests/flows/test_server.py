@@ -2,9 +2,11 @@
 run by workers, the pipeline dispatching GPU-pool stages with `run_deployment`, the schedule, the UI."""
 
 import json
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -188,24 +190,63 @@ def test_an_experiment_file_is_scheduled_as_a_refresh(running, client, tmp_path)
             client.delete_flow_run(r.id)
 
 
+def test_a_command_on_the_served_warehouse_sends_its_flow_run_to_the_server(running, client, tmp_path):
+    """Issue 102: the server serves the warehouse's own Prefect database, and `nkb` on that warehouse, with nothing
+    configured, runs its flows on it: the UI lists what the terminal ran."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    state, home = running
+    knowledge = tmp_path / "ui.jsonl"
+    knowledge.write_text('{"id": "a", "title": "A", "text": "Ada."}\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}  # a user's plain shell
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "--home", str(home), "run", "ingest", "--set",
+                           f"path={knowledge}", "--set", "corpus=uitest"], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["ingest corpus uitest"])))
+    assert len(runs) == 1 and runs[0].state.is_completed()
+    assert server.served(home) == state.api_url and (home / "prefect" / "prefect.db").exists()
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def rendered(url: str, shot: Path) -> str:
+    """The page as headless Chromium renders it (its DOM), with a screenshot of it."""
+    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
+              "--virtual-time-budget=20000", "--window-size=1400,1000"]
+    shot.unlink(missing_ok=True)
+    subprocess.run(common + [f"--screenshot={shot}", url], capture_output=True, timeout=120)
+    dom = subprocess.run(common + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    shot.with_suffix(".html").write_text(dom)
+    assert shot.exists() and shot.stat().st_size > 10_000
+    return dom
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
-def test_the_ui_lists_our_deployments_in_a_real_browser(running):
+def test_the_ui_lists_our_deployments_the_runs_and_the_report_in_a_real_browser(running):
     state, _ = running
     artifacts = ROOT / "tests" / "artifacts"
     artifacts.mkdir(exist_ok=True)
-    shot = artifacts / "prefect-ui-deployments.png"
-    shot.unlink(missing_ok=True)
-    url = state.url + "/deployments"
-    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--virtual-time-budget=20000", "--window-size=1400,1000"]
-    subprocess.run(common + [f"--screenshot={shot}", url], capture_output=True, timeout=120)
-    dom = subprocess.run(common + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
-    (artifacts / "prefect-ui-deployments.html").write_text(dom)
+    dom = rendered(state.url + "/deployments", artifacts / "prefect-ui-deployments.png")
     names = sorted(STAGES) + ["pipeline"]
     assert f"{len(names)} Deployments" in dom
     for name in sorted(names)[:10]:  # the first page, A to Z, 10 per page
         assert f">{name}<" in dom, f"the deployments page does not show {name!r}"
-    assert shot.exists() and shot.stat().st_size > 10_000
+    # the flow runs the terminal made on this warehouse (tests above), and the pipeline's report as an artifact
+    dom = rendered(state.url + "/runs", artifacts / "prefect-ui-runs.png")
+    assert "ingest corpus uitest" in dom and "pipeline" in dom
+    dom = rendered(state.url + "/artifacts", artifacts / "prefect-ui-artifacts.png")
+    assert "nkb-report" in dom
+
+
+def test_an_experiments_deployments_hold_its_settings_in_their_run_forms(running, client):
+    """`nkb deploy FILE`: Run in the UI reruns the user's experiment and its stages, not the demo's."""
+    state, _ = running
+    experiment = ROOT / "experiments" / "your-data" / "experiment.yaml"
+    changed = server.deploy_experiment(ROOT, experiment, directory=state.directory)
+    assert changed[0] == "pipeline" and "inject" in changed and "evaluate" in changed
+    assert client.read_deployment_by_name("pipeline/pipeline").parameters["experiment_file"] == str(experiment)
+    inject = client.read_deployment_by_name("inject/inject").parameters["config"]
+    assert inject["steps"] == 150 and inject["corpus"] == "passages" and inject["qa_share"] == 0.7
+    assert client.read_deployment_by_name("evaluate/evaluate").parameters["config"]["model"] == "base+nkb"
