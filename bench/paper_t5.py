@@ -23,13 +23,14 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+
+from nkb_model.cpu import cpu_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = ROOT / "experiments" / "sample-world.yaml"
@@ -45,29 +46,6 @@ MIN_SHIFT = 2.0
 
 
 # ---- the machine -------------------------------------------------------------------------------------------
-
-def cpu_kind(cpuinfo: str | None = None) -> dict:
-    """What a CPU's figures depend on: its vendor, family and model numbers (a virtual machine's model name may be
-    the vendor's alone) and its bf16 units; `slug` names its record."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8")
-        except OSError:
-            cpuinfo = ""
-    found, flags = {"vendor": platform.machine(), "family": 0, "model": 0, "name": platform.processor()}, set()
-    keys = {"vendor_id": "vendor", "cpu family": "family", "model": "model", "model name": "name"}
-    for line in cpuinfo.splitlines():
-        key, _, value = (part.strip() for part in line.partition(":"))
-        if key in keys:
-            found[keys[key]] = int(value) if key in ("cpu family", "model") else value
-        elif key == "flags":
-            flags = set(value.split())
-            break
-    units = [unit for unit, flag in (("amx", "amx_bf16"), ("avx512bf16", "avx512_bf16")) if flag in flags]
-    vendor = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(found["vendor"], found["vendor"].lower())
-    slug = "-".join([vendor, str(found["family"]), str(found["model"]), *units])
-    return {**found, "bf16_units": units, "slug": slug}
-
 
 def commit() -> str:
     try:

@@ -78,6 +78,36 @@ def cmd_pipeline(args) -> int:
     return run_experiment(experiment, args)
 
 
+DEMO_RECORDS = Path(__file__).resolve().parents[1] / "bench" / "records" / "demo-smollm2"  # bench.demo_seeds writes them
+COMPARED_ROWS = ("base+NKB (5-shot)", "base+NKB (0-shot)")
+
+
+def where_in_record(rows: dict[str, dict], record: dict) -> str:
+    """This demo's base+NKB EM beside the range its CPU kind's record measured over injection seeds."""
+    parts = []
+    for model in COMPARED_ROWS:
+        values = [seed["rows"][model]["em"] for seed in record["seeds"].values() if model in seed["rows"]]
+        if values and rows.get(model, {}).get("em") is not None:
+            inside = "inside" if min(values) <= rows[model]["em"] <= max(values) else "OUTSIDE"
+            parts.append(f"{model} {rows[model]['em']:.1f}, {inside} {min(values):.1f}-{max(values):.1f}")
+    return (f"On this kind of CPU ({record['machine']['name']}), the demo over injection seeds "
+            f"{', '.join(record['seeds'])} at {record['commit']} gave a range: " + "; ".join(parts))
+
+
+def record_note(wh: Warehouse) -> str:
+    """Where this demo's figures fall in its CPU kind's record, or how to make one."""
+    import json
+
+    from nkb_model.cpu import cpu_kind
+    from stages.report import by_model, report_rows
+    kind = cpu_kind()
+    path = DEMO_RECORDS / f"{kind['slug']}.json"
+    if not path.exists():
+        return (f"No record of the demo on this kind of CPU ({kind['slug']}) to hold it to: `python -m "
+                "bench.demo_seeds --record` makes one.")
+    return where_in_record(by_model(report_rows(wh)), json.loads(path.read_text()))
+
+
 def cmd_demo(args) -> int:
     from stages.experiment import FULL_DEMO, SAMPLE_WORLD, SAMPLE_WORLD_SMOLLM2, Experiment, arch_demo
     arch = args.arch or (DEFAULT_ARCH if args.full else SMOLLM2)
@@ -87,7 +117,10 @@ def cmd_demo(args) -> int:
     sets = (FULL_DEMO if args.full else []) + (arch_demo(arch) if arch != SMOLLM2 else []) + (
         args.set or []) + ([f"sample_world.people={args.people}"] if args.people else []) + _routes(args)
     experiment = Experiment.load(SAMPLE_WORLD_SMOLLM2 if arch == SMOLLM2 else SAMPLE_WORLD, sets)
-    return run_experiment(experiment, args, export=True)
+    code = run_experiment(experiment, args, export=True)
+    if code == 0 and arch == SMOLLM2 and not sets and args.models and not args.plan:  # the recorded demo as it is
+        print("\n" + record_note(Warehouse(args.home)))
+    return code
 
 
 def _stage_list(text: str) -> list[str]:

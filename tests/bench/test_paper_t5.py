@@ -4,6 +4,7 @@ docs page held to the records it is written from."""
 import pytest
 
 from bench import paper_t5
+from nkb_model.cpu import cpu_kind
 
 XEON_WITH_AMX = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -22,9 +23,9 @@ flags\t\t: fpu avx512f avx512_bf16
 
 
 def test_a_cpu_kind_is_its_vendor_family_model_and_bf16_units():
-    assert paper_t5.cpu_kind(XEON_WITH_AMX)["slug"] == "intel-6-143-amx-avx512bf16"
-    assert paper_t5.cpu_kind(EPYC_ZEN4)["slug"] == "amd-25-17-avx512bf16"
-    assert paper_t5.cpu_kind(EPYC_ZEN4)["name"] == "AMD EPYC 9B14"
+    assert cpu_kind(XEON_WITH_AMX)["slug"] == "intel-6-143-amx-avx512bf16"
+    assert cpu_kind(EPYC_ZEN4)["slug"] == "amd-25-17-avx512bf16"
+    assert cpu_kind(EPYC_ZEN4)["name"] == "AMD EPYC 9B14"
 
 
 def seeds(*ems: float, base: float = 3.0) -> dict:

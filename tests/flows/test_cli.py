@@ -247,3 +247,14 @@ def test_one_stage_of_an_experiment_reruns_alone_with_the_experiments_settings(c
     assert latest["stage"] == "retrieve" and latest["config"]["k"] == 5 and latest["config"]["corpus"] == "sampleworld"
     code, _, err = run_cli(capsys, "--home", home, "pipeline", experiment, "--no-models", "--only", "inject")
     assert code == 1 and "stage 'inject' is not in this experiment's plan; its stages, in order: sample-world" in err
+
+
+def test_the_demo_is_held_to_the_range_its_cpu_kind_recorded():
+    from flows.cli_pipeline import where_in_record
+    record = {"machine": {"name": "Xeon"}, "commit": "abc1234", "seeds": {
+        str(s): {"rows": {"base+NKB (5-shot)": {"em": em}, "base+NKB (0-shot)": {"em": em + 5}}}
+        for s, em in enumerate((44.8, 49.3, 47.0))}}
+    rows = {"base+NKB (5-shot)": {"em": 49.3}, "base+NKB (0-shot)": {"em": 40.0}}
+    assert where_in_record(rows, record) == (
+        "On this kind of CPU (Xeon), the demo over injection seeds 0, 1, 2 at abc1234 gave a range: base+NKB (5-shot) "
+        "49.3, inside 44.8-49.3; base+NKB (0-shot) 40.0, OUTSIDE 49.8-54.3")
