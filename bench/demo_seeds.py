@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench.paper_t5 import commit
-from nkb_model.cpu import cpu_kind
+from stages.machine import cpu_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "bench" / "records" / "demo-smollm2"

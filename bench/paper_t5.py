@@ -30,7 +30,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from nkb_model.cpu import cpu_kind
+from stages.machine import cpu_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = ROOT / "experiments" / "sample-world.yaml"

@@ -91,14 +91,14 @@ def where_in_record(rows: dict[str, dict], record: dict) -> str:
             inside = "inside" if min(values) <= rows[model]["em"] <= max(values) else "OUTSIDE"
             parts.append(f"{model} {rows[model]['em']:.1f}, {inside} {min(values):.1f}-{max(values):.1f}")
     return (f"On this kind of CPU ({record['machine']['name']}), the demo over injection seeds "
-            f"{', '.join(record['seeds'])} at {record['commit']} gave a range: " + "; ".join(parts))
+            f"{', '.join(sorted(record['seeds'], key=int))} at {record['commit']} gave a range: " + "; ".join(parts))
 
 
 def record_note(wh: Warehouse) -> str:
     """Where this demo's figures fall in its CPU kind's record, or how to make one."""
     import json
 
-    from nkb_model.cpu import cpu_kind
+    from stages.machine import cpu_kind
     from stages.report import by_model, report_rows
     kind = cpu_kind()
     path = DEMO_RECORDS / f"{kind['slug']}.json"

@@ -4,7 +4,7 @@ docs page held to the records it is written from."""
 import pytest
 
 from bench import paper_t5
-from nkb_model.cpu import cpu_kind
+from stages.machine import cpu_kind
 
 XEON_WITH_AMX = """processor\t: 0
 vendor_id\t: GenuineIntel
