@@ -98,8 +98,7 @@ def readme_block(recorded: list[dict]) -> str:
                       f"from its injection to its report, took up to {longest:.0f} min.", "",
                   "| row | EM (95 % interval) | probe, unseen / seen | held-out loss change | capitals kept (%) |",
                   "|---|---|---|---|---|"]
-        for model in next(iter(seeds.values()))["rows"]:
-            row = next(iter(seeds.values()))["rows"][model]
+        for model, row in seeds[first]["rows"].items():
             interval = f" ({row['em_low']:.1f}-{row['em_high']:.1f})" if row.get("em_low") is not None else ""
             lines.append(f"| {model} | {cell(record, model, 'em')}{interval} | {cell(record, model, 'probe_em')} / "
                          f"{cell(record, model, 'probe_seen_em')} | {cell(record, model, 'heldout_loss_change')} % "

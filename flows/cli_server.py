@@ -10,6 +10,12 @@ from pathlib import Path
 from flows.cli_common import server_command
 
 
+def refused(exc: Exception) -> int:
+    """A server command's one-line refusal, and its exit status."""
+    print(f"error: {exc}", file=sys.stderr)
+    return 1
+
+
 def cmd_server(args) -> int:
     from flows import server
     project = Path(args.project)
@@ -24,8 +30,7 @@ def cmd_server(args) -> int:
                 server.deploy_experiment(project, Path(args.experiment))
                 print(f"run forms: {args.experiment}'s settings")
         except server.ServerError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+            return refused(exc)
         print(f"\nReady in {time.perf_counter() - started:.1f} s. Open the UI at {state.url}\n"
               f"To use this server from a shell:\n  export PREFECT_API_URL={state.api_url}\n"
               f"Run the pipeline:   prefect deployment run pipeline/pipeline\n"
@@ -36,8 +41,7 @@ def cmd_server(args) -> int:
         try:
             server.down(project)
         except server.ServerError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+            return refused(exc)
         return 0
     info = server.status(project)
     if args.format == "json":
@@ -56,8 +60,7 @@ def cmd_deploy(args) -> int:
     try:
         changed = server.deploy_experiment(Path(args.project), Path(args.experiment))
     except server.ServerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return refused(exc)
     print(f"the run forms of {len(changed)} deployments now hold {args.experiment}'s settings: the pipeline runs "
           f"that file, and each stage's form its settings ({', '.join(changed[1:])})")
     return 0
@@ -68,8 +71,7 @@ def cmd_schedule(args) -> int:
     try:
         made = server.schedule(Path(args.project), Path(args.experiment), args.cron, args.timezone)
     except server.ServerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return refused(exc)
     print(f"scheduled {made['deployment']} ({made['slug']}) at cron {made['cron']!r} {made['timezone']}: each run "
           f"reads {made['experiment_file']} and redoes what changed since the last one")
     return 0

@@ -9,6 +9,7 @@ import os
 import shlex
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 from flows.cli_common import emit, home_flag, output_format, program, write_output
@@ -185,8 +186,8 @@ def cmd_report(args) -> int:
         print(f"Report {rows[0]['run_id']} ({rows[0]['split']}; EM in %, with its 95 % interval; `nkb report --help` "
               "says what each column means; columns empty on every row, and a model's average of one dataset, "
               "left out)")
-        datasets = {r["model"]: sum(x["model"] == r["model"] for x in rows) - 1 for r in rows}
-        rows = [r for r in rows if r["dataset"] != "average" or datasets[r["model"]] > 1]
+        lines = Counter(r["model"] for r in rows)  # a model's datasets and its average
+        rows = [r for r in rows if r["dataset"] != "average" or lines[r["model"]] > 2]
     table = report_table(rows, digits=True)
     if fmt == "table":
         table = table.select([c for c in table.column_names if table.column(c).null_count < table.num_rows])

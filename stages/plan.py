@@ -10,6 +10,7 @@ here has no estimate.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from stages import reads
@@ -57,13 +58,14 @@ class Rewritten:
 def plan_steps(wh: Warehouse, plan: list[tuple[str, StageConfig]], force: bool = False) -> list[Step]:
     """The steps of `plan` (stage, config) on this warehouse; nothing is run or written."""
     rewritten, steps = Rewritten(), []
+    succeeded = functools.cache(lambda stage: [r for r in list_runs(wh, stage) if r.status == "success"])
     for name, config in plan:
         try:
             with reads.planning():
                 STAGES[name].entry(wh, config, force)
             raise RuntimeError(f"stage {name} declared no run")  # every stage runs through reads.Declared
         except reads.Planned as planned:
-            step = _step(wh, planned, rewritten, force)
+            step = _step(planned, rewritten, succeeded, force)
         except (ValueError, FileNotFoundError, LookupError) as exc:  # what it reads is not there (yet)
             subject = run_subject(name, config.model_dump())
             earlier = next((s.stage for s in steps if s.action == "run"), None)
@@ -72,20 +74,19 @@ def plan_steps(wh: Warehouse, plan: list[tuple[str, StageConfig]], force: bool =
             if step.action == "run":
                 rewritten.add(name, [], model_of(name, config.model_dump()))
         if step.action == "run":
-            step.seconds, step.basis = estimate(wh, name, config.model_dump())
+            step.seconds, step.basis = estimate(succeeded(name), name, config.model_dump())
         steps.append(step)
     return steps
 
 
-def _step(wh: Warehouse, planned: reads.Planned, rewritten: Rewritten, force: bool) -> Step:
+def _step(planned: reads.Planned, rewritten: Rewritten, succeeded, force: bool) -> Step:
     declared = planned.declared
     stage, recorded = declared.stage, declared.recorded
     subject = run_subject(stage, recorded)
     upstream = rewritten.read_by(declared.lineage)
     if planned.reused is not None and upstream is None:
         return Step(stage, subject, "skip", f"unchanged since run {planned.reused.run_id}")
-    previous = [r for r in list_runs(wh, stage)
-                if r.status == "success" and _key(stage, r.config) == _key(stage, recorded)]
+    previous = [r for r in succeeded(stage) if _key(stage, r.config) == _key(stage, recorded)]
     rewritten.add(stage, previous, model_of(stage, recorded))
     if force:
         why = "forced"
@@ -111,10 +112,11 @@ def changed_settings(before: dict, config: StageConfig) -> str:
     return ", ".join(changed).replace("'", "")
 
 
-def estimate(wh: Warehouse, stage: str, config: dict) -> tuple[float | None, str]:
-    """Seconds a run of `stage` with `config` should take here: the latest successful run of the same key (else of the
-    stage), scaled by its length, and what the estimate comes from; (None, "") when the stage never ran here."""
-    runs = [r for r in list_runs(wh, stage) if r.status == "success" and r.seconds]
+def estimate(succeeded: list[RunRecord], stage: str, config: dict) -> tuple[float | None, str]:
+    """Seconds a run of `stage` with `config` should take here, from the stage's successful runs (newest first): the
+    latest of the same key (else of the stage), scaled by its length, and what the estimate comes from; (None, "")
+    when the stage never ran here."""
+    runs = [r for r in succeeded if r.seconds]
     same = [r for r in runs if _key(stage, r.config) == _key(stage, config)]
     if not (same or runs):
         return None, ""
