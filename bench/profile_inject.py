@@ -103,10 +103,11 @@ def cpu_of(cpuinfo: str) -> dict:
 
 def prepared(wh, config, steps: int):
     """The inject stage's own set-up of `config` (base, route, device, batches, the after-step hook), timed."""
+    from nkb_model.methods import variants
     from nkb_model.train import choose_device
     from stages.inputs import one_corpus
     from stages.models import source_model
-    from stages.training import TRAINING, after_injection_step, base_own_text, injection_batches, knowledge_segments
+    from stages.training import after_injection_step, base_own_text, injection_batches, knowledge_segments
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus), "steps": steps})
     base = source_model(wh, config.base_model)
     started = time.perf_counter()
@@ -114,7 +115,7 @@ def prepared(wh, config, steps: int):
     model, tokenizer, _ = base.load()
     device = choose_device(config.device, config.precision)
     own = base_own_text(model, tokenizer, config, device)  # as the stage does: before anything is mounted
-    made = TRAINING[config.variant](model, config, None)
+    made = variants()[config.variant].trains(model, config, None)
     device.hold(model)
     loaded = time.perf_counter()
     trained, _, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device,

@@ -6,10 +6,10 @@ Both train the FFN of the same blocks as the slots, so each route changes the sa
 slots' default width (as many slots as the FFN has neurons) the FFN's own maps hold exactly as many parameters as
 the slots; LoRA's rank sets its size (`matched_rank`: the rank at which it has as many).
 
-A model trained this way is saved as what changed, beside its base's folder as slots are:
-    <dir>/lora/     PEFT's own adapter folder (adapter_config.json, adapter_model.safetensors): loadable with
-                    `PeftModel.from_pretrained(base, dir / "lora")`; merged into the base on loading here
-    <dir>/blocks/   the trained maps' weights (blocks.safetensors), put over the base's on loading
+A model trained this way is saved as what changed, beside its base's folder as slots are: PEFT's own adapter
+folder (adapter_config.json, adapter_model.safetensors, loadable with `PeftModel.from_pretrained`, merged into the
+base on loading here), or the trained maps' weights (blocks.safetensors), put over the base's on loading. The
+methods that use these (`nkb_model.methods`) name the folders.
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from nkb_model.mounting import ffn_maps, ffn_path, get_ffn, resolve_layers, rows
+from nkb_model.mounting import ffn_maps, ffn_path, get_ffn, is_gated, key_layer, resolve_layers, rows
 
-LORA_DIR = "lora"
-BLOCKS_DIR = "blocks"
 BLOCKS_FILE = "blocks.safetensors"
 
 
@@ -50,14 +48,25 @@ def matched_rank(model: nn.Module, layers: list[str], params: int) -> int:
     return max(1, round(params / per_rank))
 
 
-def mount_lora(model: nn.Module, layers: list[str], rank: int, alpha: float | None = None):
+def slot_parameters(model: nn.Module, layers: list[str], slots: int | None) -> int:
+    """How many parameters `slots` NKB slots a block (default the FFN's width) on the blocks `layers` names would
+    have: a key, a gate where the FFN is gated, and a value of d_model each."""
+    resolved = resolve_layers(model, layers)
+    ffn = get_ffn(model, resolved[0])
+    out, d_model = rows(key_layer(ffn)).shape
+    return len(resolved) * (slots or out) * d_model * (3 if is_gated(ffn) else 2)
+
+
+def mount_lora(model: nn.Module, layers: list[str], rank: int, alpha: float | None = None, **options):
     """LoRA adapters of `rank` on the FFN maps of the blocks `layers` names, through PEFT; everything else frozen.
     The model is changed in place (its maps wrapped); the returned `PeftModel` around it saves the adapters.
-    `alpha` (default the rank): the update's scale is alpha / rank, 1 as PEFT's defaults (r=8, alpha=8) have it."""
+    `alpha` (default the rank): the update's scale is alpha / rank, 1 as PEFT's defaults (r=8, alpha=8) have it.
+    `options`: more of PEFT's LoraConfig (use_dora=True: DoRA's magnitude and direction)."""
     from peft import LoraConfig, get_peft_model
     targets = ffn_map_names(model, layers)
     config = LoraConfig(r=rank, lora_alpha=alpha or rank, lora_dropout=0.0, target_modules=targets,
-                        fan_in_fan_out=not isinstance(model.get_submodule(targets[0]), nn.Linear))  # GPT-2's Conv1D
+                        fan_in_fan_out=not isinstance(model.get_submodule(targets[0]), nn.Linear),  # GPT-2's Conv1D
+                        **options)
     with _peft_quiet():
         return get_peft_model(model, config)
 

@@ -1,12 +1,13 @@
 """Model directories written by the model stages, and loading them back.
 
-    <dir>/nkb-model.json   {"name", "kind": base | nkb | nkb-a | lora | ft | finetuned | edited, "base_folder", ...}
+    <dir>/nkb-model.json   {"name", "kind": base | an inject method (nkb, lora, ...) | finetuned | edited,
+                            "base_folder", ...}
     <dir>/README.md        the model card
     <dir>/ (HF files)      a base model: an ordinary Hugging Face directory
     <dir>/weights/         the model's own weights, when this model changed them (nkb-a, fine-tuned)
     <dir>/nkb/             NKB slots and their config (save_nkb), when the model has an NKB
     <dir>/kformer/         Kformer's embedding copy and projections (save_kformer), when it has Kformer
-    <dir>/lora/, blocks/   LoRA adapters (PEFT's folder), or trained FFN maps, over the base (`nkb_model.adapters`)
+    <dir>/METHOD-FOLDER/   what another method (`nkb_model.methods`) changed over the base: LoRA adapters, FFN maps
 
 A model that keeps most of its base's weights (NKB injection with the base frozen, LoRA, a few blocks' FFN maps)
 stores only what changed;
@@ -26,9 +27,9 @@ from typing import Iterator
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from nkb_model.adapters import BLOCKS_DIR, LORA_DIR, load_lora, load_trained_maps
 from nkb_model.families import family
 from nkb_model.kformer import load_kformer, save_kformer, unmount_kformer
+from nkb_model.methods import METHODS
 from nkb_model.nkb import load_nkb, mounted_layers, save_nkb, unmount_nkb
 
 # Every model stage loads several small local directories; transformers' per-load "Loading weights" bar
@@ -78,14 +79,11 @@ def load_model(directory: str | Path, with_nkb: bool = True):
     weights = hf_dir(directory)
     model = model_class(weights).from_pretrained(weights)
     tokenizer = load_tokenizer(weights)
-    if (directory / BLOCKS_DIR).exists():
-        load_trained_maps(model, directory / BLOCKS_DIR)
-    if (directory / LORA_DIR).exists():
-        model = load_lora(model, directory / LORA_DIR)
-    if with_nkb and (directory / "nkb").exists():
-        load_nkb(model, directory / "nkb")
-    if (directory / "kformer").exists():
-        load_kformer(model, directory / "kformer")
+    # Each method's saved changes, once a folder (nkb and nkb-a share `nkb/`); the slots last, over merged maps
+    loads = {m.folder: m for m in sorted(METHODS.values(), key=lambda m: m.slots) if m.folder}
+    for folder, method in loads.items():
+        if (directory / folder).exists() and (with_nkb or not method.slots):
+            model = method.load(model, directory / folder)
     return model, tokenizer, info
 
 

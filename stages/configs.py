@@ -23,6 +23,8 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 
 from corpus.files import is_pattern
 from nkb_model.architectures import ARCHITECTURES, DEFAULT_ARCH, LAYER_SPEC
+from nkb_model.method import Method
+from nkb_model.methods import METHODS, of_kind, variants
 from stages.names import ModelName as MadeName, evaluated_name
 
 ModelSize = Literal["tiny", "mini", "small", "large"]  # nkb_model.base_model.SIZES
@@ -537,12 +539,11 @@ class InjectConfig(TrainingConfig):
     volatile = TrainingConfig.volatile | {"cache"}
 
     base_model: str = Field("base", description="Model name from the base-model stage, or a Hugging Face T5 directory.")
-    variant: Literal["nkb", "nkb-a", "lora", "ft"] = Field("nkb", description=(
-        "nkb: only the slots train, the base is frozen; nkb-a: every parameter trains. The field's routes on the same "
-        "blocks, for comparison: lora: LoRA adapters (PEFT) on their FFN maps; ft: their FFN maps' own weights."))
+    variant: Literal[tuple(variants())] = Field("nkb", description="What trains: " + "; ".join(
+        f"{name}: {method.summary}" for name, method in variants().items()) + ".")
     lora_rank: Optional[int] = Field(None, ge=1, description=(
-        "variant lora: the adapters' rank (scale 1: alpha = rank); default the rank at which they have as many "
-        "parameters as the slots would (PEFT's own default is 8)."))
+        "The adapter variants (lora, and those built on it): the adapters' rank (scale 1: alpha = rank); default "
+        "the rank at which they have as many parameters as the slots would."))
     name: Optional[ModelName] = Field(None, description="Name of the result; default `BASE_MODEL+VARIANT`.")
     corpus: Optional[Name] = Field(None, description="Corpus whose segments and salient spans to inject; default: the warehouse's only corpus.")
     layers: list[LayerSpec] = Field(default_factory=lambda: ["decoder.-1"], description=(
@@ -658,10 +659,8 @@ class FinetuneConfig(TrainingConfig):
                              "span (`… answer: <extra_id_0>` → `<extra_id_0> answer <extra_id_1>`); prompt: "
                              "`Question: … Answer:` continued by the answer, which is what plain and sentinel both "
                              "mean on a decoder-only model.")
-    knowledge: Literal["none", "concat", "kformer"] = Field(
-        "none", description="none: closed-book; concat: the retrieved documents appended to the question (then "
-                            "truncated to max_input_len); kformer: the retrieved documents as Kformer knowledge "
-                            "vectors in the FFNs, trained end to end.")
+    knowledge: Literal[("none", *(m.name for m in of_kind("finetune")))] = Field("none", description=(
+        "none: closed-book; " + "; ".join(f"{m.name}: {m.summary}" for m in of_kind("finetune")) + "."))
     knowledge_docs: int = Field(5, ge=1, description="Retrieved documents per question for concat/kformer (Kformer's "
                                                      "N; the questions have as many as the retrieve stage's k).")
     kformer_layers: list[LayerSpec] = Field(default_factory=lambda: ["encoder.-3", "encoder.-2", "encoder.-1"],
@@ -725,17 +724,12 @@ class Route:
         return {"variant": self.variant or self.name} | dict(self.planned)
 
 
-# PEFT's default LoRA rank: the size a user who takes the library's defaults trains.
-PEFT_DEFAULT_RANK = 8
-ROUTES = {r.name: r for r in (
-    Route("nkb", "inject"), Route("nkb-a", "inject", ("nkb-a",)), Route("lora", "inject", ("lora",)),
-    Route(f"lora-{PEFT_DEFAULT_RANK}", "inject", ("lora",), "lora", (("lora_rank", PEFT_DEFAULT_RANK),)),
-    Route("ft", "inject", ("ft",)))}
+ROUTES = {m.name: Route(m.name, "inject", (m.settings_key,) if m.settings_key else (), m.trained_by, m.planned)
+          for m in of_kind("inject")}
 # Keys of an experiment's `stages:` that set one kind of a stage's runs over that stage's own settings.
-RUN_SETTINGS = {"nkb-a": ("inject", "the base+NKB-a injection, over inject's"),
-                "lora": ("inject", "the base+LoRA trainings, over inject's"),
-                "ft": ("inject", "the base+FT training (the slot blocks' FFN maps), over inject's"),
-                "generation": ("finetune", "fine-tuning on the generation tasks, over finetune's")}
+RUN_SETTINGS = {m.settings_key: ("inject", f"the {m.label} training, over inject's")
+                for m in variants().values() if m.settings_key} | {
+    "generation": ("finetune", "fine-tuning on the generation tasks, over finetune's")}
 
 
 @dataclass(frozen=True)
@@ -756,6 +750,7 @@ class ReportRow:
     main: bool = False        # the row whose slots analyze, surgery and edit study, and whose settings forms offer
     later: bool = False       # added after warehouses had reports: off in a report config unless named
     named_only: bool = False  # a comparison costing a training of its own: in the rows when named (or routes)
+    order: int = 0            # where it stands in the report
 
     @property
     def needs_prompt(self) -> bool:
@@ -778,31 +773,20 @@ class ReportRow:
         return self.knowledge is not None
 
 
-REPORT_ROWS = (
+def _method_row(method: Method) -> ReportRow:
+    inject, finetune = method.kind == "inject", method.kind == "finetune"
+    return ReportRow(method.row_key, method.field, method.label, method.description,
+                     route=method.name if inject else None, knowledge=method.name if finetune else None,
+                     needs_encoder=method.needs_encoder, documents=method.documents, generation=method.generation,
+                     main=method.main, later=method.later, named_only=method.named_only, order=method.order)
+
+
+REPORT_ROWS = tuple(sorted((
     ReportRow("transformer", "transformer", "Transformer", "Randomly initialised model of the base's architecture.",
-              base="transformer"),
-    ReportRow("base", "base", "base", "The base model.", generation=True),
-    ReportRow("rag", "rag", "RAG", "The base, frozen, asked with each question's top 3 retrieved documents in its "
-              "prompt (the retrieve stage's; no training): what every route is weighed against.", documents=3,
-              later=True),
-    ReportRow("base+nkb", "nkb", "base+NKB", "The base with NKB slots injected.", route="nkb", generation=True,
-              main=True),
-    ReportRow("base+nkb-a", "nkb_a", "base+NKB-a", "The base with NKB injected while training everything.",
-              route="nkb-a", generation=True),
-    ReportRow("base+lora", "lora", "base+LoRA", "The base with LoRA adapters (PEFT) trained on the slot blocks' FFN "
-              "maps as the slots are, at the rank that gives them as many parameters as the slots.", route="lora",
-              later=True, named_only=True),
-    ReportRow(f"base+lora-{PEFT_DEFAULT_RANK}", f"lora_{PEFT_DEFAULT_RANK}", f"base+LoRA (r={PEFT_DEFAULT_RANK})",
-              f"The same LoRA training at PEFT's default rank ({PEFT_DEFAULT_RANK}).",
-              route=f"lora-{PEFT_DEFAULT_RANK}", later=True, named_only=True),
-    ReportRow("base+ft", "ft", "base+FT", "The base with the slot blocks' own FFN maps trained as the slots are "
-              "(continued pretraining of those blocks).", route="ft", later=True, named_only=True),
-    ReportRow("large", "large", "large", "The larger base model.", base="large"),
-    ReportRow("kformer", "kformer", "Kformer", "The base fine-tuned with Kformer (a fine-tuned model).",
-              knowledge="kformer", needs_encoder=True),
-    ReportRow("concat", "concat", "concat", "The base fine-tuned on questions with their retrieved documents "
-              "appended (a fine-tuned model).", knowledge="concat", needs_encoder=True),
-)
+              base="transformer", order=0),
+    ReportRow("base", "base", "base", "The base model.", generation=True, order=10),
+    ReportRow("large", "large", "large", "The larger base model.", base="large", order=90),
+    *map(_method_row, METHODS.values())), key=lambda row: row.order))
 MAIN_ROW = next(r for r in REPORT_ROWS if r.main)
 Row = Literal[tuple(r.key for r in REPORT_ROWS)]
 GenerationRow = Literal[tuple(r.key for r in REPORT_ROWS if r.generation)]

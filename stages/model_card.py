@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from nkb_model.architectures import DEFAULT_ARCH, architecture
 from nkb_model.families import family_of
+from nkb_model.methods import of_kind
 from stages.inputs import qa_pair, retrieval_mode
 from warehouse import RunRecord, Warehouse, list_runs, run_metrics
 
@@ -30,8 +31,7 @@ def _what_it_is(info: dict, exported: bool) -> list[str]:
     """The card's title and first lines: the kind of model, its slots, its base and where it came from."""
     name, kind = info["name"], info.get("kind", "base")
     family = architecture(info.get("arch", DEFAULT_ARCH)).title
-    what = {"base": f"a {family} base", "nkb": f"a {family} with Neural Knowledge Bank slots injected (the base frozen)",
-            "nkb-a": f"a {family} whose every weight was trained on the knowledge corpus (NKB-a)",
+    what = {"base": f"a {family} base", **{m.name: f"a {family} with {m.summary}" for m in of_kind("inject")},
             "finetuned": f"a closed-book QA model fine-tuned from `{info.get('source')}`",
             "edited": f"`{info.get('source')}` with knowledge edited in its NKB slots"}.get(kind, kind)
     lines = [f"# {name}", "", f"{what[0].upper()}{what[1:]}, built by nkb-pipeline.", ""]

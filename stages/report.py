@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from corpus.files import iter_jsonl
 from corpus.world_facts import source_version
+from nkb_model.methods import METHODS
 from stages import reads
 from stages.configs import MAIN_ROW, REPORT_ROWS, ReportConfig, asks_zero_shot
 from stages.names import evaluated_name, way_of_asking
@@ -162,7 +163,7 @@ def model_checks(run: StagedRun, directory, own_model: bool, probes: list[dict],
         losses = heldout_row_losses(model, tokenizer, held, device) if held is not None else None
         loss = losses.mean() if losses is not None else None
     unmounted = to_slots = None
-    if info["kind"] in ("nkb", "nkb-a") and loss is not None:
+    if getattr(METHODS.get(info["kind"]), "slots", False) and loss is not None:
         unmount_nkb(model)
         base_losses = heldout_row_losses(model, tokenizer, held, device)
         unmounted = base_losses.mean()

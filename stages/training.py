@@ -9,9 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +17,7 @@ import pyarrow.compute as pc
 
 from nkb_model.architectures import DEFAULT_ARCH
 from nkb_model.families import Family, family, family_of, new_base
+from nkb_model.methods import variants
 from stages import reads
 from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig, PretrainingDataConfig
 from stages.inputs import (AUGMENTED, PRETRAINING, corpora, corpus_texts, gen_examples, gen_inputs, one_corpus,
@@ -256,17 +255,18 @@ def pretraining_ssm_batches(wh: Warehouse, tokenizer, config: BaseModelConfig, m
 # ---- injection -----------------------------------------------------------------------------------
 
 def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageResult:
-    """Mount NKB slots on a base model and train them (or everything, nkb-a) on SSM examples; or, for comparison,
-    LoRA adapters (lora) or the FFN maps (ft) of the same blocks."""
+    """Mount what the variant's method trains (NKB slots; for comparison, the field's routes on the same blocks:
+    `nkb_model.methods`) on a base model and train it on SSM examples."""
     from nkb_model.train import choose_device
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus)})
     for setting in ("general_share", "sparse_slots"):  # both read general text
         if getattr(config, setting) and not config.general_corpus:
             raise ValueError(f"{setting}={getattr(config, setting)} needs general_corpus= (corpora: "
                              f"{', '.join(corpora(wh))})")
-    if config.sparse_slots and config.variant != "nkb":
+    if config.sparse_slots and not variants()[config.variant].sparse_slots:
         raise ValueError(f"sparse_slots updates some of the NKB's slots; variant {config.variant} has no frozen base "
-                         "with slots beside it (nkb does)")
+                         f"with slots beside it ({', '.join(v for v, m in variants().items() if m.sparse_slots)} "
+                         "does)")
     base = source_model(wh, config.base_model)
     if config.own_text_weight and family_of(base.info.get("arch", DEFAULT_ARCH)).has_encoder:
         raise ValueError(f"own_text_weight={config.own_text_weight} needs a decoder-only base (one that writes text "
@@ -297,7 +297,7 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
     segments, spans = knowledge_segments(wh, config)
     model, tokenizer, _ = base.load()
     own = base_own_text(model, tokenizer, config, device)  # before anything is mounted: the base's own writes
-    made = TRAINING[config.variant](model, config, previous.directory / "nkb" if previous else None)
+    made = variants()[config.variant].trains(model, config, previous.directory / "nkb" if previous else None)
     device.hold(model)  # only what trains is saved (or, nkb-a, everything trains): a frozen base may be held in bf16
     trained, ssm, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device,
                                               made.frozen_base, own)
@@ -360,82 +360,6 @@ def after_injection_step(wh: Warehouse, model, trained, tokenizer, config: Injec
 
 # General-text batches each slot's background use is measured on (sparse_slots): 8 x 16 packed sequences.
 SPARSE_BACKGROUND_BATCHES = 8
-
-
-@dataclass(frozen=True)
-class Trained:
-    """What one route of inject made trainable on the model (the slots, LoRA adapters, or the blocks' FFN maps), and
-    how the model is saved once trained: its changes apart from the base's folder, or (nkb-a) all its weights."""
-    count: int
-    save: Callable[[Any, Any, Path, dict], Any]  # (model, tokenizer, directory, info)
-    frozen_base: bool = True  # the blocks below the trained ones stay as they were
-
-
-def mount_slots(model, config: InjectConfig, start: Path | None) -> Trained:
-    """Mount the NKB on `model` (its slots from `start`'s when given) and set what trains: the slots alone, the
-    frozen rest without dropout (nkb), or everything (nkb-a)."""
-    import torch
-    from nkb_model.checkpoint import save_model
-    from nkb_model.nkb import NKBConfig, load_nkb_weights, mark_only_nkb_trainable, mount_nkb, mounted_layers
-    torch.manual_seed(config.seed)
-    mount_nkb(model, NKBConfig(layers=config.layers, slots=config.slots))
-    if start:
-        load_nkb_weights(model, start)
-    if config.variant == "nkb-a":
-        for p in model.parameters():
-            p.requires_grad = True
-        model.train()
-        return Trained(sum(p.numel() for p in model.parameters()),
-                       lambda m, t, d, info: save_model(m, t, d, info, weights_changed=True), frozen_base=False)
-    trainable = mark_only_nkb_trainable(model)
-    model.eval()  # frozen parts run without dropout
-    for layer in mounted_layers(model).values():
-        layer.nkb_dropout.train()
-    return Trained(trainable, lambda m, t, d, info: save_model(m, t, d, info, weights_changed=False))
-
-
-def mount_lora(model, config: InjectConfig, start: Path | None) -> Trained:
-    """LoRA adapters through PEFT on the FFN maps of the blocks slots would be on; rank `lora_rank`, or the one at
-    which they have as many parameters as those slots."""
-    import torch
-    from nkb_model.adapters import LORA_DIR, matched_rank, mount_lora as mount, save_lora, trainable_count
-    from nkb_model.checkpoint import save_model
-    torch.manual_seed(config.seed)
-    rank = config.lora_rank or matched_rank(model, config.layers, slot_parameters(model, config))
-    wrapped = mount(model, config.layers, rank)
-    model.eval()
-
-    def save(m, tokenizer, directory: Path, info: dict) -> None:
-        save_lora(wrapped, directory / LORA_DIR)
-        save_model(m, tokenizer, directory, {**info, "lora_rank": rank}, weights_changed=False)
-    return Trained(trainable_count(model), save)
-
-
-def train_ffn(model, config: InjectConfig, start: Path | None) -> Trained:
-    """The FFN maps' own weights of the blocks slots would be on (the rest frozen)."""
-    from nkb_model.adapters import BLOCKS_DIR, save_trained_maps, train_ffn_maps
-    from nkb_model.checkpoint import save_model
-    count = train_ffn_maps(model, config.layers)
-    model.eval()
-
-    def save(m, tokenizer, directory: Path, info: dict) -> None:
-        save_trained_maps(m, directory / BLOCKS_DIR)
-        save_model(m, tokenizer, directory, info, weights_changed=False)
-    return Trained(count, save)
-
-
-def slot_parameters(model, config: InjectConfig) -> int:
-    """How many parameters the slots of `config` would have on `model` (a key, a gate where the FFN is gated, and a
-    value of d_model each, per slot and block)."""
-    from nkb_model.mounting import get_ffn, is_gated, key_layer, resolve_layers, rows
-    layers = resolve_layers(model, config.layers)
-    ffn = get_ffn(model, layers[0])
-    out, d_model = rows(key_layer(ffn)).shape
-    return len(layers) * (config.slots or out) * d_model * (3 if is_gated(ffn) else 2)
-
-
-# How each variant of inject trains (`InjectConfig.variant`).
-TRAINING = {"nkb": mount_slots, "nkb-a": mount_slots, "lora": mount_lora, "ft": train_ffn}
 
 
 def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: InjectConfig, base: SourceModel,
