@@ -1,4 +1,4 @@
-"""The augment stage: other wordings of a corpus's retrieved segments (`corpus.augment`), written to
+"""The augment stage: other wordings of a corpus's retrieved segments (`corpus.rewordings`), written to
 `augmented_segments` with their source segment and method, and as the `segments` partition <corpus>.augmented,
 whose salient spans (salient-spans source=augmented) inject trains on beside the segments' own (`augmented`)."""
 
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from corpus import augment as aug
+from corpus import rewordings as aug
 from corpus.segment import sentences
 from stages import reads
 from stages.configs import AugmentConfig
@@ -162,7 +162,7 @@ def augmented_rows(segments: list[dict], spans: dict, config: AugmentConfig, wri
 def paraphrased(segments: list[dict], spans: dict, config: AugmentConfig, loaded, device,
                 advance: Callable[[float], None]):
     """(segment, k, paraphrase k of it or None): each sentence reworded by the LM; a sentence whose paraphrase is
-    dropped (`corpus.augment.kept_paraphrase`) keeps its own words, and a segment none of whose sentences changed
+    dropped (`corpus.rewordings.kept_paraphrase`) keeps its own words, and a segment none of whose sentences changed
     gets none."""
     jobs = []  # (segment index, sentence, k, the spans' texts in it)
     for i, segment in enumerate(segments):

@@ -437,7 +437,7 @@ class SalientSpansConfig(StageConfig):
     dask: DaskAddress = None
 
 
-AugmentMethod = Literal["permute", "full_name", "paraphrase"]  # corpus.augment.METHODS
+AugmentMethod = Literal["permute", "full_name", "paraphrase"]  # corpus.rewordings.METHODS
 
 
 class AugmentConfig(ModelStageConfig):
@@ -456,7 +456,7 @@ class AugmentConfig(ModelStageConfig):
                     "marks a person there whose words are part of the title's, or all of them and more); paraphrase: "
                     "each sentence reworded by paraphrase_model.")
     paraphrases: int = Field(2, ge=1, le=6, description="Paraphrases per segment, each prompted with its own three "
-                                                         "demonstrations (corpus.augment.DEMONSTRATIONS).")
+                                                         "demonstrations (corpus.rewordings.DEMONSTRATIONS).")
     paraphrase_model: str = Field("base", description=(
         "The decoder-only LM that writes paraphrases, greedily and few-shot: a model name in the warehouse "
         "(default: the base), a Hugging Face folder, a .gguf file or pip:PACKAGE."))

@@ -144,3 +144,13 @@ def test_no_stage_function_is_longer_than_40_lines():
             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)
             and node.end_lineno - node.lineno + 1 > 40]
     assert long == []
+
+
+def test_no_two_modules_of_the_project_share_a_name():
+    # `augment` in corpus and in stages read as one module in a traceback, a grep or an import line
+    names: dict[str, list[str]] = {}
+    for module in MODULES:
+        if not module.endswith("__init__") and "." in module:
+            names.setdefault(module.rsplit(".", 1)[1], []).append(module)
+    shared = {name: found for name, found in names.items() if len(found) > 1 and name not in PACKAGES}
+    assert not shared, shared

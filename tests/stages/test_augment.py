@@ -3,7 +3,7 @@ method, resumable by shard, and their own salient spans for injection."""
 
 import pytest
 
-from corpus import augment as aug
+from corpus import rewordings as aug
 from stages import augment, data
 from stages.configs import AugmentConfig, IndexConfig, RetrieveConfig, SalientSpansConfig
 from tests.stages.test_retrieval import load_world

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from corpus.augment import named_words
+from corpus.rewordings import named_words
 from stages.configs import BaseModelConfig
 from stages.sources import resolve_source
 from stages.training import pretrain_base_model

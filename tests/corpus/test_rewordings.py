@@ -2,7 +2,7 @@
 
 import random
 
-from corpus import augment
+from corpus import rewordings as augment
 
 
 def test_permuted_keeps_every_sentence_in_another_order_and_leaves_one_sentence_alone():
