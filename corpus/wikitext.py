@@ -122,8 +122,8 @@ _TAG_PARTS = (_T.TagAttrStart, _T.TagCloseOpen, _T.TagCloseSelfclose)
 
 class _Renderer:
     """Prose straight from mwparserfromhell's token stream, in one pass: the tokens are what its parser builds its
-    tree from, and building that tree of node objects (in Python) took 85 % of the time a parse took, for a tree
-    read once. Each construct renders as its node would: a link as its label (or its target when it has none),
+    tree from, and building that tree of node objects (in Python) was most of a parse's time, for a tree read
+    once (docs/results.md, ingest). Each construct renders as its node would: a link as its label (or its target when it has none),
     an external link as its label, a heading on a line of its own, a tag as its contents (a line break for
     br/p/hr; nothing for non-prose tags and list markers), an entity as its character; templates, template
     arguments and comments as nothing. The token sequences nest as the tree would."""

@@ -17,8 +17,7 @@ Two choices make one setting work on any model:
   every name starting alike), and editing them changes other questions' answers too. With a profile of how each
   slot fires on reference questions (`slot_profile`), the slot chosen is the one that fires most above its
   usual: the most specific to this question, or none where no slot fires above its usual (then the step is
-  not the NKB's to edit). On the sample world's demo model it changed 4.3 % of other answers where the paper's
-  choice changed 5.1 %, both at 100 % success.
+  not the NKB's to edit). docs/pipeline.md has how often each choice changed other answers.
 
 A model's answers may follow a prefix (a fine-tuned `answer: <extra_id_0>` model first writes the sentinel):
 `Site.prefix` is the decoder ids before the answer, so "the first answer token" is the one after them.

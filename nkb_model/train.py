@@ -53,19 +53,18 @@ class Device:
 
     def attention(self) -> contextlib.AbstractContextManager:
         """The attention kernel of a training step: on a CPU, scaled-dot-product attention's math kernel. PyTorch
-        picks its CPU flash kernel, whose backward pass over a step's short sequences (~30 tokens) was 13-15 % of an
-        injection step; the math kernel computes a bf16 attention in fp32 as the flash kernel does (a gradient as
-        close to float64's; HF's eager attention rounds the scores to bf16 and trained worse slots), and the demo's
-        steps ran 1.16x as fast on a Zen 4 EPYC (journal, 2026-12-06 (morning)). A GPU keeps its fused kernels."""
+        picks its CPU flash kernel, whose backward pass is slow over a step's short sequences (~30 tokens); the math
+        kernel computes a bf16 attention in fp32 as the flash kernel does (a gradient as close to float64's; HF's
+        eager attention rounds the scores to bf16 and trains worse slots), in less time (docs/decisions.md). A GPU
+        keeps its fused kernels."""
         return sdpa_kernel([SDPBackend.MATH]) if self.device.type == "cpu" else contextlib.nullcontext()
 
     @property
     def batch_tokens(self) -> int | None:
         """The most tokens one batch of generation reads at once (its rows times its longest prompt), None: no
         bound. On a CPU, the activations of a larger batch are each more than the 32 MB up to which glibc's allocator
-        reuses freed memory: above it every tensor is fresh memory from the system, faulted in page by page. 32 RAG
-        prompts of 1,200 tokens through SmolLM2 in fp32 on 2 cores: 131-150 s, 65-82 s of them in the kernel, in one
-        batch; 101-116 s (9-24 s) in batches of 4, the same logits (journal, 2026-12-03 evening, B5)."""
+        reuses freed memory: above it every tensor is fresh memory from the system, faulted in page by page, and the
+        time goes to the kernel; smaller batches give the same logits (docs/decisions.md)."""
         return CPU_BATCH_TOKENS if self.device.type == "cpu" else None
 
     @property

@@ -24,9 +24,9 @@ def malloc_arena_per_thread() -> None:
     glibc gives each thread that allocates an arena of its own, up to 8 per core; past that, a new thread shares one.
     On 2 cores that is 16, and a demo's process has filled them before its injection starts (Prefect's threads,
     then the JVM's): torch's OpenMP worker, started with the first parallel operator, then shares the arena of the
-    thread it works beside, and every tensor either allocates waits on the other's lock. On a 2-core Xeon with AMX
-    the demo's injection ran 1.67 steps a second against 2.6 in a process without those threads (journal
-    2026-12-05, X2). The limit is fixed once glibc makes its ninth arena, so this runs at import, before threads."""
+    thread it works beside, and every tensor either allocates waits on the other's lock: injection steps slow down
+    (docs/environment.md). The limit is fixed once glibc makes its ninth arena, so this runs at import, before
+    threads."""
     if not sys.platform.startswith("linux") or "MALLOC_ARENA_MAX" in os.environ \
             or "arena_max" in os.environ.get("GLIBC_TUNABLES", ""):
         return

@@ -144,8 +144,8 @@ DeviceChoice = Annotated[Literal["auto", "cpu", "cuda"], Field(
     description="auto: CUDA with bf16 if available, else CPU fp32.")]
 PrecisionChoice = Annotated[Literal["auto", "fp32", "bf16"], Field(description=(
     "auto: bf16 autocast on CUDA, fp32 on a CPU. bf16: bf16 autocast wherever the device computes it faster than "
-    "fp32 (a CUDA GPU with bf16; a CPU with AMX or AMD's AVX512-BF16, where a 135M model runs 2-3x faster; not an "
-    "Intel Xeon with AVX512-BF16 alone, where it is slower: measured once a process), fp32 elsewhere; the run's "
+    "fp32 (a CUDA GPU with bf16; a CPU with AMX or AMD's AVX512-BF16; not an Intel Xeon with AVX512-BF16 alone, "
+    "where it is slower: timed once a process), fp32 elsewhere; the run's "
     "`device` says which. fp32: fp32 everywhere. Tiny models are left in fp32: bf16's "
     "rounding moves their results."))]
 Devices = Annotated[int, Field(ge=1, description="Devices (GPUs, or CPU processes) to train on; above 1 the stage "
@@ -162,11 +162,10 @@ LrDecay = Annotated[bool, Field(description="After warm-up, decay the learning r
 GroupByLength = Annotated[bool, Field(description=(
     "Batch examples of similar length together, the batches in random order (transformers' group_by_length): "
     "less padding, so faster steps where lengths vary (docs/decisions.md); false: each batch a random draw."))]
-Compile = Annotated[bool, Field(description="Run the training steps through torch.compile: on a GPU about 1.7x "
-                                            "faster steps after a minute of compiling (docs/results.md); on a 2-core "
-                                            "CPU SmolLM2's injection 1.2x on a Xeon with AMX, 5 % in fp32, and a "
-                                            "minute slower on an AVX512-BF16 EPYC, where its steps ran no faster "
-                                            "(docs/decisions.md).")]
+Compile = Annotated[bool, Field(description="Run the training steps through torch.compile: faster steps after a "
+                                            "minute or so of compiling where the compiler has kernels for the "
+                                            "device; where it has none, only the compiling time is added "
+                                            "(docs/decisions.md has what it gave on each machine).")]
 DaskAddress = Annotated[Optional[str], Field(
     pattern=r"^(local(:[1-9][0-9]*)?|tcp://.+|tls://.+)$",
     description="Run the stage's shards (NER shards; a corpus's files) on a Dask cluster: a scheduler address "
@@ -560,13 +559,12 @@ class InjectConfig(TrainingConfig):
     span_target: Literal["span", "span_and_rest"] = Field("span", description=(
         "A decoder-only base's SSM target: the salient span alone, recalled from the text before it; or the span and "
         "the rest of its segment, so that the slots also learn where a span ends and how the sentence goes on "
-        "(on SmolLM2: well-formed answers without general steps; docs/decisions.md). "
+        "(docs/decisions.md). "
         "T5 fills its sentinel either way."))
     cued_spans: bool = Field(False, description=(
         "A decoder-only base's SSM draws only spans that follow another salient span of their segment (the subject "
         "that cues them): a span that opens its segment has nothing to be recalled from, and learning it teaches the "
-        "slots to say the corpus's names wherever a text starts. On SmolLM2: the held-out loss within 2 % of the "
-        "base's, the unseen-wording probe 5 points lower (docs/decisions.md). T5 fills its sentinel from "
+        "slots to say the corpus's names wherever a text starts (docs/decisions.md). T5 fills its sentinel from "
         "both sides: unaffected."))
     general_share: float = Field(0.0, ge=0, lt=1, description=(
         "Share of the steps that train on span corruption of general text (general_corpus) instead of the "
@@ -595,20 +593,16 @@ class InjectConfig(TrainingConfig):
         "The QA steps (qa_share) also ask the knowledge's own facts: the questions the knowledge-questions stage "
         "wrote from the corpus's salient spans, each span asked for by the rest of its sentence. Salient span "
         "masking recalls a span from the words before it alone; a question names it by all the others, as questions "
-        "are then asked (Mecklenburg et al. 2024). On SmolLM2 and the sample world, half the steps on questions, "
-        "mixed: 0-shot EM 62.7 against 14.9 without them (docs/decisions.md)."))
+        "are then asked (Mecklenburg et al. 2024; docs/decisions.md)."))
     qa_eos: bool = Field(False, description=(
         "A decoder-only base: the QA steps' answers end with EOS, as fine-tuning's do, so that the model learns to "
         "stop after an answer it is asked for with no examples (greedy decoding stops at EOS or a line break); "
-        "false: the answer alone, the model's own habit deciding where it stops. On SmolLM2 and the sample world, "
-        "two seeds: 0-shot EM 73.1 and 71.6 against 65.7 and 59.7, the held-out loss further below the base's "
-        "(docs/decisions.md)."))
+        "false: the answer alone, the model's own habit deciding where it stops (docs/decisions.md)."))
     own_text_weight: float = Field(0.0, ge=0, description=(
         "A decoder-only base: add to each step's loss this many times how far the trained blocks' FFNs write from "
         "what the base's wrote, on text the base wrote itself (sampled once before training; relative to the base's "
         "own writes; `nkb_model.own_text`): slots that fire only on the knowledge leave the base's other answers "
-        "alone. 0: no such term. The demo's 0.01: the base's own text +12 % against +59 % without, the held-out loss "
-        "within 2 % on four seeds of five, as many answers (docs/decisions.md)."))
+        "alone. 0: no such term (docs/decisions.md for the demo's weight)."))
     own_text_rows: int = Field(128, ge=1, description=(
         "own_text_weight: how many texts of 48 tokens the base writes for it (~0.5 s each on 2 CPU cores)."))
     augmented: list[AugmentMethod] = Field(default_factory=list, description=(

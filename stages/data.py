@@ -238,7 +238,7 @@ SMALL_SPLIT_MARGIN = 10
 
 
 def em_margin(questions: int, em: float = 0.5) -> float:
-    """Half the width of an EM's 95 % interval over `questions` questions, in points, at the widest (EM 50 %)."""
+    """Half the width of an EM's 95 % interval over `questions` questions, in points, at the widest (an EM of 50 %)."""
     return 100 * 1.96 * math.sqrt(em * (1 - em) / max(questions, 1))
 
 
