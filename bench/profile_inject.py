@@ -103,24 +103,20 @@ def cpu_of(cpuinfo: str) -> dict:
 
 def prepared(wh, config, steps: int):
     """The inject stage's own set-up of `config` (base, route, device, batches, the after-step hook), timed."""
-    from nkb_model.methods import variants
+    from nkb_model.injection import Injection
     from nkb_model.train import choose_device
     from stages.inputs import one_corpus
     from stages.models import source_model
-    from stages.training import after_injection_step, base_own_text, injection_batches, knowledge_segments
+    from stages.training import injection_data
     config = config.model_copy(update={"corpus": one_corpus(wh, config.corpus), "steps": steps})
     base = source_model(wh, config.base_model)
     started = time.perf_counter()
-    segments, spans = knowledge_segments(wh, config)
     model, tokenizer, _ = base.load()
     device = choose_device(config.device, config.precision)
-    own = base_own_text(model, tokenizer, config, device)  # as the stage does: before anything is mounted
-    made = variants()[config.variant].trains(model, config, None)
-    device.hold(model)
+    data = injection_data(wh, config, model, tokenizer, base)
     loaded = time.perf_counter()
-    trained, _, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device,
-                                            made.frozen_base, own)
-    after = after_injection_step(wh, model, trained, tokenizer, config, base, device)
+    ready = Injection(config, data, device).prepare(model, tokenizer)  # as the stage does
+    trained, batches, after = ready.trained, ready.batches, ready.after_step
     return model, trained, batches, device, after, {
         "setup_load_seconds": round(loaded - started, 1),
         "setup_batches_seconds": round(time.perf_counter() - loaded, 1),

@@ -110,6 +110,24 @@ class EncoderDecoder(Family):
         fine-tuned and asked in that form)."""
         return f"question: {question}"
 
+    answer_formats = ("plain", "sentinel")
+
+    def qa_pair(self, question: str, answer: str | None, answer_format: str) -> tuple[str, str | None]:
+        """Model input and target of a question fine-tuned on. `plain` is the paper's (`question: …` → answer);
+        `sentinel` asks for the answer the way salient span masking asks for a span (`… answer: <extra_id_0>` →
+        `<extra_id_0> answer <extra_id_1>`), so fine-tuning starts from the path the NKB was trained on."""
+        if answer_format == "sentinel":
+            return (f"question: {question} answer: <extra_id_0>",
+                    None if answer is None else f"<extra_id_0> {answer} <extra_id_1>")
+        return self.qa_example(question), answer
+
+    def answer_frame(self, tokenizer, answer_format: str) -> tuple[list[int], int]:
+        """The decoder ids a `qa_pair` target has before its answer, and the token that closes the answer."""
+        if answer_format == "sentinel":
+            opening, closing = tokenizer.convert_tokens_to_ids(["<extra_id_0>", "<extra_id_1>"])
+            return [opening], closing
+        return [], tokenizer.eos_token_id
+
     def probe_fills(self, model, tokenizer, prompts, answers, device, batch_size, max_new_tokens):
         """What the model fills `<extra_id_0>` of each prompt with."""
         return generate(model, tokenizer, prompts, device, batch_size, max_new_tokens=max_new_tokens)
@@ -190,6 +208,16 @@ class DecoderOnly(Family):
         from nkb_model.fewshot import fewshot_prompt
         return fewshot_prompt([], question)
 
+    answer_formats = ("prompt",)
+
+    def qa_pair(self, question: str, answer: str | None, answer_format: str) -> tuple[str, str | None]:
+        """Model input and target of a question fine-tuned on: `Question: … Answer:` continued by the answer."""
+        return f"Question: {question} Answer:", answer
+
+    def answer_frame(self, tokenizer, answer_format: str) -> tuple[list[int], int]:
+        """The ids a `qa_pair` target has before its answer (none), and the token that closes the answer."""
+        return [], tokenizer.eos_token_id
+
     def probe_fills(self, model, tokenizer, prompts, answers, device, batch_size, max_new_tokens):
         """The model continues the text before the blank; its first words, as many as the answer's, are the fill."""
         from nkb_model.causal import cloze_prefix, probe_fill
@@ -215,6 +243,21 @@ class DecoderOnly(Family):
 
 
 ENCODER_DECODER, DECODER_ONLY = EncoderDecoder(), DecoderOnly()
+
+
+def answering(answer_format: str) -> Family:
+    """The family whose models are fine-tuned on questions in `answer_format` (plain, sentinel: T5; prompt)."""
+    return next(f for f in (ENCODER_DECODER, DECODER_ONLY) if answer_format in f.answer_formats)
+
+
+def qa_pair(question: str, answer: str | None, answer_format: str) -> tuple[str, str | None]:
+    """Model input and target of a question fine-tuned on in `answer_format` (`Family.qa_pair`)."""
+    return answering(answer_format).qa_pair(question, answer, answer_format)
+
+
+def answer_frame(tokenizer, answer_format: str) -> tuple[list[int], int]:
+    """The ids a target in `answer_format` has before its answer, and the token that closes it."""
+    return answering(answer_format).answer_frame(tokenizer, answer_format)
 FAMILIES = {f.name: f for f in (ENCODER_DECODER, DECODER_ONLY)}
 
 

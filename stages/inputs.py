@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nkb_model.families import ENCODER_DECODER
+from nkb_model.families import qa_pair
 from warehouse import Warehouse
 
 PRETRAINING = "pretraining"  # the `segments` partition <corpus>.pretraining holds a corpus's pretraining sentences
@@ -142,18 +142,6 @@ def gen_inputs(table: pa.Table) -> list[str]:
                                                              ("kind", "source", "source_lang", "target_lang")))]
 
 
-def qa_pair(question: str, answer: str | None, answer_format: str) -> tuple[str, str | None]:
-    """Model input and target for a question. `plain` is the paper's (`question: …` → answer); `sentinel`
-    asks for the answer the way salient span masking asks for a span (`… answer: <extra_id_0>` →
-    `<extra_id_0> answer <extra_id_1>`), so fine-tuning starts from the path the NKB was trained on; `prompt`
-    is a decoder-only model's (`Question: … Answer:` continued by the answer)."""
-    if answer_format == "prompt":
-        return f"Question: {question} Answer:", answer
-    if answer_format == "sentinel":
-        return f"question: {question} answer: <extra_id_0>", None if answer is None else f"<extra_id_0> {answer} <extra_id_1>"
-    return ENCODER_DECODER.qa_example(question), answer
-
-
 def asked_in_prompt(info: dict, shots: int) -> bool:
     """Whether a model is asked in lm-evaluation-harness's prompt, after `shots` solved questions (none at 0): when
     asked few-shot, and when it is a decoder-only model never fine-tuned on questions (no `answer_format`), which has
@@ -204,14 +192,6 @@ def fewshot_prompts(wh: Warehouse, questions: pa.Table, asking) -> list[str]:
                  else [None] * len(ids))
     return [fewshot_prompt(shots_of[i], q, d) for i, q, d in zip(ids, questions.column("question").to_pylist(),
                                                                    documents)]
-
-
-def answer_frame(tokenizer, answer_format: str) -> tuple[list[int], int]:
-    """The decoder ids a `qa_pair` target has before its answer, and the token that closes the answer."""
-    if answer_format == "sentinel":
-        opening, closing = tokenizer.convert_tokens_to_ids(["<extra_id_0>", "<extra_id_1>"])
-        return [opening], closing
-    return [], tokenizer.eos_token_id
 
 
 def retrieved_documents(wh: Warehouse, question_ids: list[str], docs: int | None) -> list[list[str]]:

@@ -13,9 +13,10 @@ import numpy as np
 
 from corpus.errors import InputFileError
 from corpus.files import iter_jsonl
+from nkb_model.families import answer_frame, qa_pair
 from stages import reads
 from stages.configs import AnalyzeConfig, Asking, EditConfig, SlotEditConfig, SurgeryConfig
-from stages.inputs import answer_frame, asked_in_prompt, model_inputs, qa_pair, read_questions
+from stages.inputs import asked_in_prompt, model_inputs, read_questions
 from stages.models import model_dir, model_present, publish_model, source_model
 from warehouse import StagedRun, StageResult, Warehouse, file_digest
 

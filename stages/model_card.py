@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from nkb_model.architectures import DEFAULT_ARCH, architecture
-from nkb_model.families import family_of
+from nkb_model.families import family_of, qa_pair
 from nkb_model.methods import of_kind
-from stages.inputs import qa_pair, retrieval_mode
+from stages.inputs import retrieval_mode
 from warehouse import RunRecord, Warehouse, list_runs, run_metrics
 
 EXAMPLE_QUESTION = "who wrote the origin of species?"

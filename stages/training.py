@@ -16,12 +16,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nkb_model.architectures import DEFAULT_ARCH
-from nkb_model.families import Family, family, family_of, new_base
+from nkb_model.families import Family, family, family_of, new_base, qa_pair
+from nkb_model.injection import Injection, InjectionData
 from nkb_model.methods import variants
 from stages import reads
 from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig, PretrainingDataConfig
 from stages.inputs import (AUGMENTED, PRETRAINING, corpora, corpus_texts, gen_examples, gen_inputs, one_corpus,
-                           packed_rows, qa_inputs, qa_pair, read_questions, segments_with_spans)
+                           packed_rows, qa_inputs, read_questions, segments_with_spans)
 from stages.models import (SourceModel, base_dir_of, model_at, model_dir, model_present, publish_model,
                            resumable_dir, source_model)
 from stages.progress import progress
@@ -217,21 +218,6 @@ def _load_brought_model(config: BaseModelConfig, source: Path, gguf: bool):
                          f"{str(exc).splitlines()[0]}") from None
 
 
-def cached_injection(model, tokenizer, segments, drawn, pairs, device):
-    """(what to train, its SSM batches) on the segment cache (`nkb_model.prefix_cache`), or the model and the plain
-    pair batches where the model's family cannot be served that way."""
-    from nkb_model.prefix_cache import CachedBatches, CachedTail, SegmentCache, first_trainable_block, supports_cache
-    if not supports_cache(model):
-        return model, pairs
-    k = first_trainable_block(model)
-    texts = segments.column("text").to_pylist()
-    index = {s: i for i, s in enumerate(segments.column("segment_id").to_pylist())}
-    with progress(desc=f"cache blocks 0-{k - 1}", unit=" seg", total=len(texts)) as bar:
-        cache = SegmentCache(model, tokenizer, texts, k, device, progress=bar.update)
-    return CachedTail(model, k), CachedBatches(
-        pairs, lambda epoch: [index[s] for s in drawn(epoch).column("segment_id").to_pylist()], cache, model)
-
-
 def pretraining_ssm_batches(wh: Warehouse, tokenizer, config: BaseModelConfig, max_input_len: int, kind: Family):
     """SSM batches over the pretraining rows' sentences (salient-spans with source=pretraining found their
     entities and dates), one masked per sentence and redrawn every epoch, like the injection corpus's."""
@@ -294,16 +280,12 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
     from nkb_model.mounting import resolve_layers
     from nkb_model.train import train
     started = time.perf_counter()
-    segments, spans = knowledge_segments(wh, config)
     model, tokenizer, _ = base.load()
-    own = base_own_text(model, tokenizer, config, device)  # before anything is mounted: the base's own writes
-    made = variants()[config.variant].trains(model, config, previous.directory / "nkb" if previous else None)
-    device.hold(model)  # only what trains is saved (or, nkb-a, everything trains): a frozen base may be held in bf16
-    trained, ssm, batches = injection_batches(wh, model, tokenizer, segments, spans, config, base, device,
-                                              made.frozen_base, own)
-    losses = train(trained, batches, config.train_config(config.steps), device, resumable_dir(run, target),
-                   f"inject {config.model_name()}", progress,
-                   after_step=after_injection_step(wh, model, trained, tokenizer, config, base, device))
+    prepared = Injection(config, injection_data(wh, config, model, tokenizer, base), device, progress).prepare(
+        model, tokenizer, previous.directory / "nkb" if previous else None)
+    made, batches = prepared.made, prepared.batches
+    losses = train(prepared.trained, batches, config.train_config(config.steps), device, resumable_dir(run, target),
+                   f"inject {config.model_name()}", progress, after_step=prepared.after_step)
     for step, loss in losses:
         run.metric(metric_at(batches, step - 1), loss, dataset=config.corpus, split="train", step=step)
     model.to("cpu")
@@ -322,7 +304,7 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
     run.metric("params_injected", made.count)
     return {"model": info["name"], "started_from": info["started_from"], "params_total": total,
             "params_injected": made.count, "final_loss": round(losses[-1][1], 4),
-            "examples_per_epoch": ssm.per_epoch * config.batch_size, "seconds": seconds, "device": device.name}
+            "examples_per_epoch": prepared.ssm.per_epoch * config.batch_size, "seconds": seconds, "device": device.name}
 
 
 def knowledge_segments(wh: Warehouse, config: InjectConfig) -> tuple[pa.Table, pa.Table]:
@@ -341,94 +323,28 @@ def knowledge_segments(wh: Warehouse, config: InjectConfig) -> tuple[pa.Table, p
     return pa.concat_tables([segments, more]), pa.concat_tables([spans, more_spans])
 
 
-def after_injection_step(wh: Warehouse, model, trained, tokenizer, config: InjectConfig, base: SourceModel, device):
-    """What runs after each optimizer step, or None: the slots kept within the FFN's scale (`slot_scale`), after
-    the updates of all but the slots most specific to the batch were put back (`sparse_slots`)."""
-    from nkb_model.nkb import mounted_layers
-    hooks = []
-    if config.sparse_slots:
-        from nkb_model.sparse_slots import SparseSlotUpdates, background_use
-        general = general_batches(wh, tokenizer, base.directory, config, family(model))
-        background = background_use(model, (general(i) for i in range(min(SPARSE_BACKGROUND_BATCHES,
-                                                                            general.per_epoch))), device, trained)
-        hooks.append(SparseSlotUpdates(model, config.sparse_slots, background).after_step)
-    if config.slot_scale:
-        hooks += [functools.partial(layer.bound_to_ffn_scale, config.slot_scale)
-                  for layer in mounted_layers(model).values()]
-    return (lambda: [hook() for hook in hooks]) if hooks else None
-
-
-# General-text batches each slot's background use is measured on (sparse_slots): 8 x 16 packed sequences.
-SPARSE_BACKGROUND_BATCHES = 8
-
-
-def injection_batches(wh: Warehouse, model, tokenizer, segments, spans, config: InjectConfig, base: SourceModel,
-                      device, frozen_base: bool = True, own=None):
-    """(what trains, the SSM batches, every step's batches): salient span masking over the segments, drawn anew each
-    epoch; on a decoder-only base whose blocks below the trained ones are frozen, on cached states (those blocks
-    once per segment); interleaved with general text at `general_share`, and with the train split's questions at
-    `qa_share` (or those first); each step held to the base's `own` text's FFN writes at `own_text_weight`."""
+def injection_data(wh: Warehouse, config: InjectConfig, model, tokenizer, base: SourceModel) -> InjectionData:
+    """What the injection trains on, read from the warehouse: the knowledge's segments with their salient spans
+    masked anew each epoch in the family's form, the QA steps' questions (qa_share), the general text (general_share,
+    sparse_slots)."""
     from corpus.ssm import ssm_examples
-    from nkb_model.base_model import Interleaved, Named, Sequenced
-    kind = family(model)
+    segments, spans = knowledge_segments(wh, config)
+    form = family(model).ssm_form(and_rest=config.span_target == "span_and_rest", cued=config.cued_spans)
 
     @functools.lru_cache(maxsize=2)
     def drawn(epoch: int):
         return ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=config.skip_repeated_spans,
-                            **kind.ssm_form(and_rest=config.span_target == "span_and_rest", cued=config.cued_spans))
-
-    def examples(epoch: int) -> tuple[list[str], list[str]]:
-        ex = drawn(epoch)
-        return ex.column("input").to_pylist(), ex.column("target").to_pylist()
-
-    trained, ssm = model, kind.pair_batches(examples, tokenizer, config.batch_size, config.seed, config.max_input_len,
-                                            target_eos=False, group_by_length=config.group_by_length)
-    if config.cache and frozen_base:  # where the architecture allows it
-        trained, ssm = cached_injection(model, tokenizer, segments, drawn, ssm, device)
-    batches = Named(ssm, "ssm_loss")
-    if config.general_share:
-        general = Named(general_batches(wh, tokenizer, base.directory, config, kind), "general_loss")
-        batches = Interleaved(batches, general, config.general_share)
-    if config.qa_share:
-        qa = qa_batches(wh, tokenizer, config, kind)
-        if trained is not model:  # the slots train on cached states: the questions' too
-            from nkb_model.prefix_cache import fixed_pairs_cached
-            qa = fixed_pairs_cached(qa, model, tokenizer, trained.k, device)
-        qa = Named(qa, "qa_loss")
-        batches = (Interleaved(batches, qa, config.qa_share) if config.qa_order == "mixed"
-                   else Sequenced(qa, batches, round(config.qa_share * config.steps)))
-    if own is not None:
-        trained, batches = held_to_own_text(model, trained, batches, own, config)
-    return trained, ssm, batches
+                            **form)
+    return InjectionData(segments.column("segment_id").to_pylist(), segments.column("text").to_pylist(), drawn,
+                         qa_pairs(wh, config) if config.qa_share else None,
+                         general_rows(wh, tokenizer, base.directory, config)
+                         if config.general_share or config.sparse_slots else None)
 
 
-def held_to_own_text(model, trained, batches, own, config: InjectConfig):
-    """(what trains, every step's batches) with the trained blocks' drift on the base's `own` text in each step's
-    loss, at `own_text_weight`."""
-    from nkb_model.own_text import HeldToOwnText, WithOwnText
-    return HeldToOwnText(trained, model, own, config.own_text_weight), WithOwnText(batches, own, config.seed)
-
-
-OWN_TEXT_TOKENS = 48  # a few sentences each: one such text beside each batch row keeps the term's FFNs' work small
-
-
-def base_own_text(model, tokenizer, config: InjectConfig, device):
-    """Text the base writes and its FFNs' traffic on it at the trained blocks (`own_text_weight`), or None."""
-    if not config.own_text_weight:
-        return None
-    from nkb_model.mounting import resolve_layers
-    from nkb_model.own_text import ffn_traffic, sample_own_text
-    model.to(device.device)
-    with progress(desc="the base's own text", unit=" text", total=config.own_text_rows) as bar:
-        ids = sample_own_text(model, tokenizer, config.own_text_rows, OWN_TEXT_TOKENS, config.seed, device,
-                              progress=bar.update)
-    return ffn_traffic(model, ids, resolve_layers(model, config.layers), device)
-
-
-def qa_batches(wh: Warehouse, tokenizer, config: InjectConfig, kind: Family):
-    """Batches of the train split's questions and first answers (and, with `knowledge_questions`, the questions
-    written from the corpus's own facts), each question asked as the family's models are (`Family.qa_example`), for
-    injection's QA steps. The train split alone: no validation question or wording is ever read here."""
+def qa_pairs(wh: Warehouse, config: InjectConfig) -> tuple[list[str], list[str]]:
+    """(questions, first answers) of injection's QA steps: the train split's (and, with `knowledge_questions`, the
+    questions written from the corpus's own facts). The train split alone: no validation question or wording is
+    ever read here."""
     questions = read_questions(wh, None, "train")
     asked = questions.column("question").to_pylist()
     answers = [a[0] for a in questions.column("answers").to_pylist()]
@@ -436,10 +352,7 @@ def qa_batches(wh: Warehouse, tokenizer, config: InjectConfig, kind: Family):
         more = wh.read("knowledge_questions", ["question", "answer"], partitions=[config.corpus])
         asked += more.column("question").to_pylist()
         answers += more.column("answer").to_pylist()
-    inputs = [kind.qa_example(q) for q in asked]
-    return kind.pair_batches(lambda epoch: (inputs, answers), tokenizer, min(config.batch_size, len(inputs)),
-                             config.seed, config.max_input_len, target_eos=config.qa_eos,
-                             group_by_length=config.group_by_length)
+    return asked, answers
 
 
 def previous_injection(wh: Warehouse, name: str, knowledge_digest: str) -> SourceModel | None:
@@ -456,10 +369,9 @@ def previous_injection(wh: Warehouse, name: str, knowledge_digest: str) -> Sourc
     return None
 
 
-def general_batches(wh: Warehouse, tokenizer, base_dir: Path, config: InjectConfig, kind: Family):
-    """The base's own pretraining batches (span corruption, or next-token) of the general corpus packed as its
-    pretraining packed it, without the base's held-out rows: the no-forgetting check's text stays unseen by the
-    slots."""
+def general_rows(wh: Warehouse, tokenizer, base_dir: Path, config: InjectConfig) -> np.ndarray:
+    """The general corpus packed as the base's pretraining packed it, without the base's held-out rows: the
+    no-forgetting check's text stays unseen by the slots."""
     held_path = base_dir / "held_out.npy"
     held = np.load(held_path) if held_path.exists() else np.zeros((0, GENERAL_SEQ_LEN), dtype=np.int64)
     rows = packed_rows(wh, tokenizer, config.general_corpus, held.shape[1])
@@ -468,7 +380,7 @@ def general_batches(wh: Warehouse, tokenizer, base_dir: Path, config: InjectConf
     if not len(rows):
         raise ValueError(f"general_share={config.general_share}, but corpus {config.general_corpus!r} has no text "
                          f"beyond the base's held-out rows")
-    return kind.text_batches(rows, tokenizer, min(config.general_batch_size, len(rows)), config.seed)
+    return rows
 
 
 # ---- fine-tuning ---------------------------------------------------------------------------------

@@ -149,11 +149,11 @@ def test_injection_mixing_in_general_text_never_shows_the_slots_held_out_text(wo
                                     "general_corpus": "general"})
     _, tokenizer, _ = load_model(base_dir)
     held = np.load(base_dir / "held_out.npy")
-    general = training.general_batches(world, tokenizer, base_dir, config, ENCODER_DECODER)
-    assert len(held) and general.rows.shape[1] == held.shape[1] == PRETRAINING.seq_len
-    seen = {row.tobytes() for row in general.rows}
+    general = training.general_rows(world, tokenizer, base_dir, config)
+    assert len(held) and general.shape[1] == held.shape[1] == PRETRAINING.seq_len
+    seen = {row.tobytes() for row in general}
     assert not seen & {row.tobytes() for row in held}
-    assert len(general.rows) + len(held) == len(seen | {row.tobytes() for row in held})  # held-out rows alone left out
+    assert len(general) + len(held) == len(seen | {row.tobytes() for row in held})  # held-out rows alone left out
     result = training.inject(world, config)
     assert not result.skipped
     # each step's loss under the metric of the text it trained on: steps 2, 4, 6, 8 (train counts from 1) on general
@@ -223,14 +223,21 @@ def test_qa_steps_train_on_train_questions_alone_in_their_order_and_are_recorded
     validation = read_questions(world, None, "validation").column("question").to_pylist()
     tokenizer = load_model(find_model(world, "base"))[1]
     for kind in (ENCODER_DECODER, DECODER_ONLY):  # as a T5 and as a decoder-only model asks them
-        batches = training.qa_batches(world, tokenizer, config, kind)
+        batches = qa_steps(world, config).qa_batches(kind, tokenizer)
         inputs, answers = batches.examples_for_epoch(0)
         assert inputs == [kind.qa_example(q) for q in train]
         assert not any(v.rstrip("?") in text for v in validation for text in inputs)
         assert not set(answers) - {a[0] for a in read_questions(world, None, "train").column("answers").to_pylist()}
     for eos in (False, True):  # qa_eos: a decoder-only model's answers end with EOS, as fine-tuning's do
-        batch = training.qa_batches(world, tokenizer, config.model_copy(update={"qa_eos": eos}), DECODER_ONLY)(0)
+        batch = qa_steps(world, config.model_copy(update={"qa_eos": eos})).qa_batches(DECODER_ONLY, tokenizer)(0)
         assert all((row[row != -100][-1] == tokenizer.eos_token_id) == eos for row in batch["labels"])
+
+
+def qa_steps(world, config):
+    """The recipe of `config` holding the QA steps' questions as the stage reads them."""
+    from nkb_model.injection import Injection, InjectionData
+    from nkb_model.train import choose_device
+    return Injection(config, InjectionData([], [], None, training.qa_pairs(world, config)), choose_device("cpu"))
 
 
 def test_knowledge_questions_join_the_qa_steps_only_when_asked_and_after_their_stage_ran(world):
@@ -244,7 +251,7 @@ def test_knowledge_questions_join_the_qa_steps_only_when_asked_and_after_their_s
     tokenizer = load_model(find_model(world, "base"))[1]
     train = read_questions(world, None, "train")
     for asked, more in ((config, written), (config.model_copy(update={"knowledge_questions": False}), [])):
-        inputs, answers = training.qa_batches(world, tokenizer, asked, DECODER_ONLY).examples_for_epoch(0)
+        inputs, answers = qa_steps(world, asked).qa_batches(DECODER_ONLY, tokenizer).examples_for_epoch(0)
         assert inputs == [DECODER_ONLY.qa_example(q) for q in train.column("question").to_pylist()
                           + [r["question"] for r in more]]
         assert answers == [a[0] for a in train.column("answers").to_pylist()] + [r["answer"] for r in more]
