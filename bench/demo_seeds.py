@@ -1,19 +1,19 @@
 """The demo's figures over injection seeds, recorded per CPU kind; the README's headline table is written from them.
 
-    python -m bench.demo_seeds [--seeds 0,1,2] [--home bench/results/demo] [--record] [--readme]
+    python -m bench.demo_seeds [--seeds 0,1,2] [--home bench/results/demo] [--record]
 
 Runs `nkb demo` (`experiments/sample-world-smollm2.yaml`: SmolLM2-135M-Instruct, the sample world) once per
 injection seed in one warehouse (the data stages, the base and RAG made once), and reads each seed's report: every
 row's EM and interval, probe, held-out loss, facts kept, and the demo's time. `--record` keeps the run as its CPU
-kind's record in `bench/records/demo-smollm2/` (the kind as `bench.paper_t5.cpu_kind` names it); `--readme` writes
-the README's headline table from every kind's record, which a test holds to the records. `nkb demo` ends by
+kind's record in `bench/records/demo-smollm2/` (the kind as `stages.machine.cpu_kind` names it); the README's
+headline table and docs/demo-smollm2.md are written from every kind's record (`python -m bench.pages`), which a test
+holds to the records. `nkb demo` ends by
 showing the record of the CPU kind it ran on, so a user sees whether their run falls in its range.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import subprocess
@@ -21,13 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-from bench.paper_t5 import commit
+from bench.recorded import Records, commit, kind_title, today, write_pages
 from stages.machine import cpu_kind
 
 ROOT = Path(__file__).resolve().parent.parent
-RECORDS = ROOT / "bench" / "records" / "demo-smollm2"
-README = ROOT / "README.md"
-README_MARKS = ("<!-- demo-seeds: written by `python -m bench.demo_seeds --readme` from its records -->",
+RECORDS = Records("demo-smollm2")
+PAGE = ROOT / "docs" / "demo-smollm2.md"
+README_MARKS = ("<!-- demo-seeds: written by `python -m bench.pages` from bench/records/demo-smollm2 -->",
                 "<!-- end of demo-seeds -->")
 FIGURES = ("em", "em_low", "em_high", "probe_em", "probe_seen_em", "heldout_loss", "heldout_loss_change",
            "facts_retained")
@@ -51,18 +51,8 @@ def figures_of(home: Path) -> dict[str, dict]:
             for model, row in by_model(report_rows(Warehouse(home, create=False))).items()}
 
 
-def record_path(kind: dict) -> Path:
-    return RECORDS / f"{kind['slug']}.json"
-
-
 def records() -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(RECORDS.glob("*.json"))]
-
-
-def record_of_this_cpu() -> dict | None:
-    """The record of the CPU kind this process runs on, if there is one."""
-    path = record_path(cpu_kind())
-    return json.loads(path.read_text()) if path.exists() else None
+    return RECORDS.all()
 
 
 def by_seed(record: dict) -> dict[str, dict]:
@@ -107,10 +97,30 @@ def readme_block(recorded: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def readme_with(text: str, block: str) -> str:
-    """`text` (the README) with its marked block replaced by `block`."""
-    start, end = text.index(README_MARKS[0]), text.index(README_MARKS[1]) + len(README_MARKS[1])
-    return text[:start] + block + text[end:]
+def page(recorded: list[dict]) -> str:
+    """docs/demo-smollm2.md: every seed's rows, per CPU kind."""
+    lines = ["# The demo, SmolLM2-135M-Instruct on the sample world, over injection seeds", "",
+             "<!-- Written by `python -m bench.pages` from bench/records/demo-smollm2/; do not edit. -->", "",
+             "`make demo` runs `experiments/sample-world-smollm2.yaml` with injection seed 0. Remade by "
+             "`python -m bench.demo_seeds --seeds 0,1,2 --record`: the demo once per seed in one warehouse, its "
+             "report read after each. EM in % on the 67 validation questions with its 95 % bootstrap interval; the "
+             "probe in % of the validation facts' cloze prompts in unseen / seen wordings; the held-out loss's change "
+             "against the base's on the world's general text; the base's real-world capitals still answered, in %.",
+             ""]
+    for record in recorded:
+        lines += [f"## {kind_title(record['machine'])}", "",
+                  f"Commit {record['commit']}, {record['date']}.", "",
+                  "| seed | row | EM (95 % interval) | probe unseen / seen | held-out loss change | capitals kept (%) |",
+                  "|---|---|---|---|---|---|"]
+        for seed, run in by_seed(record).items():
+            for model, row in run["rows"].items():
+                interval = f" ({row['em_low']:.1f}-{row['em_high']:.1f})" if row.get("em_low") is not None else ""
+                change = "" if row.get("heldout_loss_change") is None else f"{row['heldout_loss_change']:.1f} %"
+                lines.append(f"| {seed} | {model} | {row['em']:.1f}{interval} | {row['probe_em']:.1f} / "
+                             f"{row['probe_seen_em']:.1f} | {change} | {row['facts_retained']:.0f} |")
+            lines.append(f"| {seed} | (this seed's command took {run['seconds'] / 60:.1f} min) | | | | |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -118,12 +128,10 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", default="0,1,2", help="injection seeds, comma-separated (default 0,1,2)")
     parser.add_argument("--home", default=str(ROOT / "bench" / "results" / "demo"), help="the warehouse")
     parser.add_argument("--record", action="store_true", help="keep this run as its CPU kind's record")
-    parser.add_argument("--readme", action="store_true", help="write the README's headline from the records; "
-                                                              "with no seeds run (--seeds '')")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if seeds:
-        run = {"machine": cpu_kind(), "commit": commit(), "date": dt.date.today().isoformat(), "seeds": {}}
+        run = {"machine": cpu_kind(), "commit": commit(), "date": today(), "seeds": {}}
         for seed in seeds:
             seconds = run_seed(Path(args.home), seed)
             run["seeds"][str(seed)] = {"seconds": seconds, "rows": figures_of(Path(args.home))}
@@ -131,11 +139,7 @@ def main(argv=None) -> int:
             print(f"seed {seed}: {seconds:.0f} s, base+NKB 5-shot {main_row.get('em')}", flush=True)
         print(json.dumps(run, indent=1))
         if args.record:
-            RECORDS.mkdir(parents=True, exist_ok=True)
-            record_path(run["machine"]).write_text(json.dumps(run, indent=1) + "\n")
-    if args.readme:
-        README.write_text(readme_with(README.read_text(), readme_block(records())))
-        print(f"wrote {README}'s headline from {len(records())} records")
+            print(f"recorded {RECORDS.write(run['machine'], run)}; {write_pages()}")
     return 0
 
 

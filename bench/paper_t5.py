@@ -19,7 +19,6 @@ the README's lines on this experiment from every kind's record, which a test hol
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
@@ -30,11 +29,12 @@ import textwrap
 import time
 from pathlib import Path
 
+from bench.recorded import Records, commit, today, write_pages
 from stages.machine import cpu_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = ROOT / "experiments" / "sample-world.yaml"
-RECORDS = ROOT / "bench" / "records" / "paper-t5"
+RECORDS = Records("paper-t5")
 PAGE = ROOT / "docs" / "paper-t5.md"
 ROWS = ("base", "base+NKB", "base+NKB-a")
 MAIN = "base+NKB"
@@ -46,17 +46,6 @@ MIN_SHIFT = 2.0
 
 
 # ---- the machine -------------------------------------------------------------------------------------------
-
-def commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
 
 # ---- one seed ----------------------------------------------------------------------------------------------
 
@@ -130,16 +119,12 @@ def compare(recorded: dict, now: dict) -> list[dict]:
     return verdicts
 
 
-def record_path(kind: dict) -> Path:
-    return RECORDS / f"{kind['slug']}.json"
-
-
 # ---- the page ----------------------------------------------------------------------------------------------
 
 def page(records: list[dict]) -> str:
     """docs/paper-t5.md: each CPU kind's record, newest first."""
     lines = ["# The paper's experiment on a tiny T5, reproduced", "",
-             "<!-- Written by `python -m bench.paper_t5 --page` from bench/records/paper-t5/; do not edit. -->", "",
+             "<!-- Written by `python -m bench.pages` from bench/records/paper-t5/; do not edit. -->", "",
              "`nkb demo --arch t5` runs `experiments/sample-world.yaml`: tiny T5 bases pretrained here, NKB slots "
              "injected with the base frozen, then every row fine-tuned on closed-book QA in three formats (the "
              "paper's Table 3). Remade by `python -m bench.paper_t5 --seeds 5`: the experiment once per "
@@ -172,8 +157,7 @@ def page(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-README = ROOT / "README.md"
-README_MARKS = ("<!-- paper-t5: written by `python -m bench.paper_t5 --page` from its records -->",
+README_MARKS = ("<!-- paper-t5: written by `python -m bench.pages` from bench/records/paper-t5 -->",
                 "<!-- /paper-t5 -->")
 
 
@@ -194,27 +178,13 @@ def readme_block(records: list[dict]) -> str:
     return "\n".join([README_MARKS[0], *textwrap.wrap(" ".join(text), 115), README_MARKS[1]])
 
 
-def readme_with(text: str, block: str) -> str:
-    """`text` (the README) with its marked block replaced by `block`."""
-    start, end = text.index(README_MARKS[0]), text.index(README_MARKS[1]) + len(README_MARKS[1])
-    return text[:start] + block + text[end:]
-
-
 def _get(figures: dict, key: str) -> str:
     value = figures.get(key)
     return "" if value is None else f"{value:.1f}"
 
 
 def records() -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(RECORDS.glob("*.json"))]
-
-
-def write_page() -> Path:
-    """docs/paper-t5.md and the README's block, from the records."""
-    recorded = records()
-    PAGE.write_text(page(recorded))
-    README.write_text(readme_with(README.read_text(), readme_block(recorded)))
-    return PAGE
+    return RECORDS.all()
 
 
 # ---- the command -------------------------------------------------------------------------------------------
@@ -228,7 +198,7 @@ def main(argv=None) -> int:
     parser.add_argument("--page", action="store_true", help="only write docs/paper-t5.md from the records")
     args = parser.parse_args(argv)
     if args.page:
-        print(f"wrote {write_page()}")
+        print(write_pages())
         return 0
     if args.seeds < 2:
         parser.error("--seeds takes 2 or more: the check compares spreads")
@@ -243,9 +213,9 @@ def main(argv=None) -> int:
     # the stages' precision on this machine (the experiment leaves it at auto: fp32 on a CPU)
     precision = "bf16" if choose_device().autocast_dtype else "fp32"
     run = {"cpu": kind, "cpus": os.cpu_count(), "precision": precision, "commit": commit(),
-           "date": dt.date.today().isoformat(), "seconds": round(sum(s["seconds"] for s in seeds.values())),
+           "date": today(), "seconds": round(sum(s["seconds"] for s in seeds.values())),
            "seeds": seeds, "summary": summary(seeds)}
-    path = record_path(kind)
+    path = RECORDS.path(kind)
     verdicts = compare(json.loads(path.read_text())["summary"], run["summary"]) if path.exists() else []
     from bench import record
     from warehouse import Warehouse
@@ -256,9 +226,7 @@ def main(argv=None) -> int:
                       "summary": {f: run["summary"][f] for f in (*CHECKED, "em_base")}, "against_record": verdicts},
                      indent=1))
     if args.record:
-        RECORDS.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(run, indent=1) + "\n")
-        print(f"recorded {path}; wrote {write_page()}")
+        print(f"recorded {RECORDS.write(kind, run)}; {write_pages()}")
         return 0
     if not path.exists():
         print(f"no record for this CPU kind ({kind['slug']}) yet: --record makes this run its record")

@@ -41,3 +41,8 @@ def test_every_relative_link_leads_to_a_file_and_a_heading_there(page):
         if not found.exists() or (anchor and found.suffix == ".md" and anchor not in anchors(found)):
             broken.append(target)
     assert not broken
+
+
+def test_each_decision_is_one_row_of_at_most_600_characters():
+    rows = [line for line in (ROOT / "docs" / "decisions.md").read_text().splitlines() if line.startswith("|")]
+    assert len(rows) > 40 and max(map(len, rows)) <= 600

@@ -2,6 +2,7 @@
 record's seeds."""
 
 from bench import demo_seeds
+from bench.recorded import README
 
 
 def record(*ems: float) -> dict:
@@ -26,7 +27,14 @@ def test_a_cell_is_the_first_seeds_figure_with_the_range_over_the_seeds():
 def test_the_readmes_headline_is_written_from_the_records():
     recorded = demo_seeds.records()
     assert recorded, "no record of the demo: python -m bench.demo_seeds --record"
-    text = demo_seeds.README.read_text()
+    text = README.read_text()
     start = text.index(demo_seeds.README_MARKS[0])
     end = text.index(demo_seeds.README_MARKS[1]) + len(demo_seeds.README_MARKS[1])
-    assert text[start:end] == demo_seeds.readme_block(recorded), "run `python -m bench.demo_seeds --seeds '' --readme`"
+    assert text[start:end] == demo_seeds.readme_block(recorded), "run `python -m bench.pages`"
+
+
+def test_the_page_shows_every_seeds_rows():
+    text = demo_seeds.page([record(49.3, 44.8, 52.2)])
+    assert "## Xeon (family 6, model 167, amx)" in text
+    assert [line.split(" | ")[2] for line in text.splitlines() if "| base+NKB (5-shot) |" in line] == \
+        ["49.3 (39.3-59.3)", "44.8 (34.8-54.8)", "52.2 (42.2-62.2)"]

@@ -4,6 +4,7 @@ docs page held to the records it is written from."""
 import pytest
 
 from bench import paper_t5
+from bench.recorded import README, with_block
 from stages.machine import cpu_kind
 
 XEON_WITH_AMX = """processor\t: 0
@@ -55,9 +56,9 @@ def test_the_docs_page_and_the_readme_say_what_the_records_give():
     records = paper_t5.records()
     if not records:
         pytest.fail("no record of the paper's experiment: `python -m bench.paper_t5 --record` makes one")
-    assert paper_t5.PAGE.read_text() == paper_t5.page(records), "run `python -m bench.paper_t5 --page`"
-    readme = paper_t5.README.read_text()
-    assert paper_t5.readme_with(readme, paper_t5.readme_block(records)) == readme, \
-        "run `python -m bench.paper_t5 --page`"
+    assert paper_t5.PAGE.read_text() == paper_t5.page(records), "run `python -m bench.pages`"
+    readme = README.read_text()
+    assert with_block(readme, paper_t5.README_MARKS, paper_t5.readme_block(records)) == readme, \
+        "run `python -m bench.pages`"
     for record in records:
         assert set(record["summary"]) >= set(paper_t5.CHECKED) and len(record["seeds"]) >= 2
