@@ -76,9 +76,12 @@ def summarize(stage: str, result: StageResult, seconds: float) -> dict[str, Any]
     row: dict[str, Any] = {"stage": stage, "for": run_subject(stage, run.config), "run_id": run.run_id,
                            "skipped": result.skipped,
                            "rows_written": sum(tables.values()),
-                           "written": ", ".join(f"{v} {k}" for k, v in tables.items()),
+                           "written": ", ".join(f"{v} {k}" + (f" ({run.outputs[f'{k}_dropped']})"
+                                                               if f"{k}_dropped" in run.outputs else "")
+                                                for k, v in tables.items()),
                            "seconds": round(seconds, 3)}
-    others = {k: v for k, v in run.outputs.items() if k not in tables} | value  # parameters, files, steps...
+    others = {k: v for k, v in run.outputs.items()  # parameters, files, steps...
+              if k not in tables and k.removesuffix("_dropped") not in tables} | value
     row.update({k: v for k, v in others.items() if k not in row and not isinstance(v, (list, dict))})
     if STAGES[stage].publishes_model and run.checkpoint:
         row["model"], row["folder"] = model_of(stage, run.config), run.checkpoint

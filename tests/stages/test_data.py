@@ -12,6 +12,7 @@ from stages import data
 from stages.configs import IngestConfig, QuestionsConfig, SampleWorldConfig
 from stages.inputs import world_dir
 from stages.registry import STAGES
+from stages.runner import summarize
 from warehouse import Warehouse, list_runs, query, row_counts
 from warehouse.sql import sandbox
 
@@ -102,7 +103,8 @@ def test_dropped_questions_are_named_in_the_runs_outputs_and_a_tiny_validation_s
     path.write_text("\n".join(lines) + "\n")
     result = data.load_questions(wh, QuestionsConfig(path=str(path), format="nq_open", dataset="d",
                                                      split="validation"))
-    assert result.run.outputs == {"questions": 5, "dropped": "1 (answers over 5 tokens)"}
+    assert result.run.outputs == {"questions": 5, "questions_dropped": "1 dropped: answers over 5 tokens"}
+    assert summarize("questions", result, 1.0)["written"] == "5 questions (1 dropped: answers over 5 tokens)"
     err = capsys.readouterr().err
     assert "5 validation questions give an EM a 95 % interval of about ±44 points" in err
     assert "a lead of 10 points cannot be told from noise (about 97 questions can)" in err
