@@ -265,6 +265,9 @@ REPORT_GLOSSARY = {
     "model": "The row: its recipe (base, base+NKB, RAG, base+LoRA, ...) and, when a row is asked two ways, how.",
     "asked": "How its questions were asked: `5-shot` (five solved train questions before each), `0-shot` (the "
              "same prompt with none), or `fine-tuned` (the model fine-tuned on the train split, then asked alone).",
+    "answers": "The name its answers are filed under, as `predictions`, `metrics` and `nkb runs` call that "
+               "evaluation (base+nkb.5shot, base+nkb.qa): join the report to the answers on it. A routed row's: the "
+               "slots' answers it routes among.",
     "dataset": "The QA dataset, or `average`: the mean of the datasets' EM, each weighed equally.",
     "split": "The split the questions come from (validation unless the report was told otherwise).",
     "em": "Exact match in %: answers equal to a gold answer after SQuAD's normalisation, the best over gold answers.",
@@ -365,7 +368,8 @@ def _report_row(run: StagedRun, wh: Warehouse, config: ReportConfig, row: Report
         intervals = em_intervals_of(mine)
     for dataset, em in em_rows:
         low, high = intervals.get(dataset, (None, None))
-        values = {"model": row.shown, "asked": way_of_asking(row.way[0], 0, row.way[1]), "dataset": dataset,
+        values = {"model": row.shown, "asked": way_of_asking(row.way[0], 0, row.way[1]), "answers": row.evaluated,
+                  "dataset": dataset,
                   "split": config.split, "em": em, "em_low": low, "em_high": high,
                   "heldout_loss_change": None,  # against the base's, once every row is measured
                   "heldout_loss_unmounted": checks["heldout_loss_nkb_unmounted"],

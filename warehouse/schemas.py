@@ -119,6 +119,7 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
         RUN_ID,                                              # REPORT_GLOSSARY says what each column means
         pa.field("model", pa.string(), nullable=False),
         pa.field("asked", pa.string()),
+        pa.field("answers", pa.string()),                    # the name its answers are filed under (predictions)
         pa.field("dataset", pa.string(), nullable=False),   # a dataset, or "average"
         pa.field("split", pa.string()),
         pa.field("em", pa.float64()),

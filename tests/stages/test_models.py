@@ -316,6 +316,11 @@ def test_report_rows_probe_and_no_forgetting(world, capsys, tmp_path):
     assert {r["dataset"] for r in nkb_rows} == {"nq", "webquestions", "headqa", "average"}
     assert all(r["params_trained"] > 0 and r["probe_em"] is not None and r["probe_seen_em"] is not None
                for r in nkb_rows)
+    # each row names the answers it scored, as predictions file them: the report joins its answers on that name
+    assert {r["answers"] for r in nkb_rows} == {"base+nkb.qa"}
+    scored = query(world, "SELECT count(*) AS n FROM report r JOIN predictions p ON p.model = r.answers "
+                          "WHERE r.model = 'base+NKB' AND r.dataset = 'average' AND p.split = 'validation'").to_pylist()
+    assert scored[0]["n"] > 0
     # Every probe fill is kept in `predictions`, and they add up to the report's probe EM.
     fills = query(world, f"SELECT split_part(question_id, '/', 1) AS name, dataset, avg(exact_match::int) * 100 AS em, "
                          f"count(*) AS n FROM predictions WHERE run_id = '{result.run.run_id}' GROUP BY ALL").to_pylist()
@@ -342,7 +347,7 @@ def test_report_rows_probe_and_no_forgetting(world, capsys, tmp_path):
     assert capsys.readouterr().out.splitlines()[0] == ",".join(report.REPORT_COLUMNS)
     assert main(["--home", str(world.home), "report"]) == 0
     header = capsys.readouterr().out.splitlines()[1].split()
-    assert header[:6] == ["model", "asked", "dataset", "split", "em", "em_low"] and set(header) <= set(out[0])
+    assert header[:6] == ["model", "asked", "answers", "dataset", "split", "em"] and set(header) <= set(out[0])
 
 
 @pytest.mark.parametrize("mode", ["kformer", "concat"])
