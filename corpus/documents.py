@@ -24,7 +24,7 @@ from corpus.errors import InputFileError, require_file
 from corpus.files import decoded_lines, id_field, iter_jsonl, kind, open_input, text_field, without_compression
 from corpus.wikitext import is_disambiguation, wikitext_to_text
 
-FORMATS = ("mediawiki", "dpr_tsv", "kilt", "jsonl")
+FORMATS = ("mediawiki", "dpr_tsv", "kilt", "squad", "jsonl")
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,8 @@ def infer_format(path: str | os.PathLike) -> str:
         return "mediawiki"
     if name.endswith(".tsv"):
         return "dpr_tsv"
+    if name.endswith(".json") and _looks_like_squad(path):
+        return "squad"
     if name.endswith((".jsonl", ".json")):
         return "kilt" if _looks_like_kilt(path) else "jsonl"
     raise InputFileError(path, None, "cannot tell the format from the file name; "
@@ -57,7 +59,7 @@ def read_documents(path: str | os.PathLike, format: str | None = None, workers: 
     fmt = format or infer_format(path)
     if fmt == "mediawiki":
         return read_mediawiki(path, workers)
-    readers = {"dpr_tsv": read_dpr_tsv, "kilt": read_kilt, "jsonl": read_jsonl_documents}
+    readers = {"dpr_tsv": read_dpr_tsv, "kilt": read_kilt, "squad": read_squad_documents, "jsonl": read_jsonl_documents}
     if fmt not in readers:
         raise InputFileError(path, None, f"unknown corpus format {fmt!r}; expected one of {', '.join(FORMATS)}")
     return readers[fmt](path)
@@ -215,6 +217,16 @@ def read_dpr_tsv(path: str | os.PathLike) -> Iterator[Document]:
             raise InputFileError(path, f"line {rows.line_num}", f"malformed TSV: {exc}") from None
 
 
+# ---- SQuAD ------------------------------------------------------------------------------------
+
+def read_squad_documents(path: str | os.PathLike) -> Iterator[Document]:
+    """SQuAD's official JSON (`corpus.squad`): each paragraph a document with its article's title, id
+    `ARTICLE.PARAGRAPH` (their places in the file)."""
+    from corpus.squad import read_squad
+    for p in read_squad(path).paragraphs:
+        yield Document(doc_id=p.doc_id, title=p.title, text=p.context, where=f"data[{p.article}].paragraphs[{p.index}]")
+
+
 # ---- JSONL ------------------------------------------------------------------------------------
 
 def read_jsonl_documents(path: str | os.PathLike) -> Iterator[Document]:
@@ -273,6 +285,17 @@ def _without_kilt_marker(paragraph: str) -> str:
         if paragraph.startswith(marker):
             return paragraph[len(marker):].removeprefix("- ").strip()
     return paragraph
+
+
+def _looks_like_squad(path) -> bool:
+    """Whether a .json file is SQuAD's: one object whose first keys hold `data` (or `version`, which precedes it)."""
+    try:
+        with open_input(path) as stream:
+            head = stream.read(256)
+    except InputFileError:
+        return False
+    head = head.decode("utf-8", "replace") if isinstance(head, bytes) else head
+    return bool(re.match(r'\s*\{\s*"(version|data)"\s*:', head))
 
 
 def _looks_like_kilt(path) -> bool:

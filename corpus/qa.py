@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 from corpus.errors import InputFileError
 from corpus.files import id_field, iter_jsonl, json_array_items, kind, open_input, parse_json
 
-FORMATS = ("nq_open", "webquestions", "headqa", "triviaqa", "jsonl")
+FORMATS = ("nq_open", "webquestions", "headqa", "triviaqa", "squad", "jsonl")
 NO_ANSWERS = "a release without answers (a test file) cannot train or evaluate a model"
 
 
@@ -32,7 +32,7 @@ def make_question_id(dataset: str, split: str, local_id: str) -> str:
 
 def read_questions(path: str | os.PathLike, format: str) -> Iterator[Question]:
     readers = {"nq_open": read_nq_open, "webquestions": read_webquestions, "headqa": read_headqa,
-               "triviaqa": read_triviaqa, "jsonl": read_jsonl_questions}
+               "triviaqa": read_triviaqa, "squad": read_squad_questions, "jsonl": read_jsonl_questions}
     if format not in readers:
         raise InputFileError(path, None, f"unknown QA format {format!r}; expected one of {', '.join(FORMATS)}")
     return readers[format](path)
@@ -90,6 +90,16 @@ def load_json(path: str | os.PathLike):
     """A whole JSON file (plain, .gz or .bz2)."""
     with open_input(path) as stream:
         return parse_json(stream.read(), path, None)
+
+
+def read_squad_questions(path: str | os.PathLike) -> Iterator[Question]:
+    """SQuAD's official JSON (v1.1, v2.0; `corpus.squad`): each answerable question with its distinct answers, by
+    SQuAD's id; v2.0's unanswerable ones left out."""
+    from corpus.squad import read_squad
+    for paragraph in read_squad(path).paragraphs:
+        for q in paragraph.questions:
+            if q.answers:
+                yield Question(q.qid, q.question, q.answers, where=f"question {q.qid}")
 
 
 def read_webquestions(path: str | os.PathLike) -> Iterator[Question]:

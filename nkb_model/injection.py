@@ -98,7 +98,8 @@ class Injection:
     def cached(self, model, tokenizer, pairs):
         """(what to train, its SSM batches) on the segment cache (`nkb_model.prefix_cache`), or the model and the
         plain pair batches where the model's family cannot be served that way."""
-        from nkb_model.prefix_cache import CachedBatches, CachedTail, SegmentCache, first_trainable_block, supports_cache
+        from nkb_model.prefix_cache import (CachedBatches, CachedTail, SegmentCache, first_trainable_block,
+                                            supports_cache)
         if not supports_cache(model):
             return model, pairs
         k = first_trainable_block(model)

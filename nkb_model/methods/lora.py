@@ -12,7 +12,8 @@ FOLDER = "lora"
 PEFT_DEFAULT_RANK = 8  # the size a user who takes the library's defaults trains
 
 
-def train_adapters(model, settings: InjectSettings, start: Path | None, folder: str = FOLDER, **peft_options) -> Trained:
+def train_adapters(model, settings: InjectSettings, start: Path | None, folder: str = FOLDER,
+                   **peft_options) -> Trained:
     """PEFT adapters on the FFN maps of the blocks slots would be on; rank `lora_rank`, or the one at which they
     have as many parameters as those slots. `peft_options` go to PEFT's LoraConfig (use_dora=True: DoRA)."""
     import torch
