@@ -71,7 +71,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in [
     Stage("evaluate", EvaluateConfig, "evaluation:evaluate", pool="gpu", writes=frozenset({"predictions"})),
     Stage("report", ReportConfig, "report:report", pool="gpu",
           writes=frozenset({"predictions", "report", "report_answers", "report_generation", "report_refresh"}),
-          rules=2),  # 1: every column the text report shows, in the table (intervals, forgetting, time); 2: answers
+          rules=2),  # 1: every column the text report shows, in the table (intervals, forgetting, time); 2: answers, retrieval_share
     Stage("analyze", AnalyzeConfig, "knowledge:analyze", pool="gpu", writes=frozenset({"nkb_values", "nkb_keys"})),
     Stage("surgery", SurgeryConfig, "knowledge:surgery", pool="gpu", writes=frozenset({"edits"})),
     Stage("edit", EditConfig, "knowledge:edit", pool="gpu", publishes_model=True),

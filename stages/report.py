@@ -274,6 +274,12 @@ REPORT_GLOSSARY = {
     "em_low": "The low end of EM's 95 % bootstrap interval (the questions resampled 2,000 times; the average's, "
               "each dataset resampled on its own).",
     "em_high": "The high end of EM's 95 % bootstrap interval.",
+    "retrieval_share": "The share of retrieval's gain the row keeps in its weights: (EM - base) / (RAG - base), the "
+                       "base and RAG asked as the row is (RAG's own way where it is asked only one); 1 answers as "
+                       "much as the documents in the prompt. Empty for the base and RAG, and where RAG gains nothing.",
+    "retrieval_share_low": "The low end of its 95 % paired bootstrap interval (the three rows' answers to the same "
+                           "questions resampled together); empty where retrieval's gain is itself in doubt.",
+    "retrieval_share_high": "The high end of that interval.",
     "probe_em": "Knowledge probe in %: cloze prompts of the validation facts in wordings the knowledge never uses, "
                 "asked of the model before fine-tuning; empty without a probes file.",
     "probe_seen_em": "The same probe in the knowledge's own wording: recall of the text itself.",
@@ -318,6 +324,9 @@ def _report(run: StagedRun, wh: Warehouse, config: ReportConfig, available: list
         if router:
             summary += _routed_rows(run, wh, config, router, available, main_rows, checked, probes, facts, out,
                                     answers)
+    labels = {r.shown: r.label for r in available} | {routed_label(r.shown): r.label for r in main_rows}
+    out["retrieval_share"], out["retrieval_share_low"], out["retrieval_share_high"] = \
+        retrieval_shares(out, answers, labels)
     base = next((r for r in available if r.label == "base"), None)
     base_loss = checked[base.model]["heldout_loss"] if base else None
     out["heldout_loss_change"] = [100 * (loss - base_loss) / base_loss if loss is not None and base_loss else None
@@ -330,6 +339,39 @@ def _report(run: StagedRun, wh: Warehouse, config: ReportConfig, available: list
         run.write("report_refresh", "latest", {k: [r[k] for r in refreshed] for k in refreshed[0]})
     return {"rows": summary, "generation": [dict(zip(generation, r)) for r in zip(*generation.values())],
             "refreshed": sorted({r["model"] for r in refreshed})}
+
+
+RAG_LABEL = next(r.label for r in REPORT_ROWS if r.documents)
+
+
+def retrieval_shares(out: dict, answers: dict, labels: dict[str, str]) -> tuple[list, list, list]:
+    """Each report line's share of retrieval's gain with its interval (`nkb_model.metrics.retrieval_share`), None
+    for the base, RAG, and a line without both beside it: the base asked the same way, and RAG so (or its one way)."""
+    from nkb_model.metrics import retrieval_share
+    hits: dict[tuple[str, str], dict[str, bool]] = {}
+    for model, dataset, question, right in zip(*(answers[k] for k in ("model", "dataset", "question_id",
+                                                                       "exact_match"))):
+        hits.setdefault((model, dataset), {})[question] = bool(right)
+    lines = list(zip(out["model"], out["asked"], out["dataset"]))
+
+    def shown(label: str, asked: str) -> str | None:
+        mine = [m for m, a, _ in lines if labels.get(m) == label]
+        return next((m for m, a, _ in lines if labels.get(m) == label and a == asked), mine[0] if mine else None)
+    shares = []
+    for model, asked, dataset in lines:
+        base, rag = shown("base", asked), shown(RAG_LABEL, asked)
+        if labels.get(model) in ("base", RAG_LABEL) or base is None or rag is None:
+            shares.append((None, None, None))
+            continue
+        datasets = [d for m, _, d in lines if m == model and d != "average"] if dataset == "average" else [dataset]
+        groups = []
+        for d in datasets:
+            answered = [hits.get((m, d), {}) for m in (model, base, rag)]
+            common = sorted(set(answered[0]) & set(answered[1]) & set(answered[2]))
+            if common:
+                groups.append([[a[q] for q in common] for a in answered])
+        shares.append(retrieval_share(*map(list, zip(*groups))) if groups else (None, None, None))
+    return tuple(list(column) for column in zip(*shares)) if shares else ([], [], [])
 
 
 def _routed_rows(run: StagedRun, wh: Warehouse, config: ReportConfig, router, available: list[Reported],

@@ -125,6 +125,9 @@ PARQUET_TABLES: dict[str, pa.Schema] = {
         pa.field("em", pa.float64()),
         pa.field("em_low", pa.float64()),
         pa.field("em_high", pa.float64()),
+        pa.field("retrieval_share", pa.float64()),          # (EM - base) / (RAG - base), asked the same way
+        pa.field("retrieval_share_low", pa.float64()),
+        pa.field("retrieval_share_high", pa.float64()),
         pa.field("probe_em", pa.float64()),
         pa.field("probe_seen_em", pa.float64()),
         pa.field("heldout_loss", pa.float64()),

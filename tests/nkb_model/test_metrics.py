@@ -75,3 +75,18 @@ def test_seeds_intervals_bracket_the_mean_and_clear_zero_only_for_a_lead_the_que
     assert seeds_intervals(even, reference)["lead"][0] < 0 < seeds_intervals(even, reference)["lead"][1]
     with pytest.raises(ValueError, match="trainings of \\[199\\] questions against 200"):
         seeds_intervals([[True] * 199], reference)
+
+
+def test_the_share_of_retrievals_gain_is_paired_and_none_where_retrieval_gains_nothing():
+    from nkb_model.metrics import retrieval_share
+    base = [[False] * 80 + [True] * 20]
+    rag = [[False] * 40 + [True] * 60]
+    row = [[False] * 60 + [True] * 40]  # half of retrieval's 40 points
+    r, low, high = retrieval_share(row, base, rag)
+    assert r == pytest.approx(0.5) and low < 0.5 < high and high - low < 0.6
+    assert retrieval_share(row, base, base) == (None, None, None)
+    with pytest.raises(ValueError, match="same questions"):
+        retrieval_share([[True]], base, rag)
+    # two datasets, averaged as the report averages them: each weighs the same whatever its size
+    r2, _, _ = retrieval_share([row[0], [True] * 10], [base[0], [False] * 10], [rag[0], [True] * 10])
+    assert r2 == pytest.approx((0.4 + 1.0 - 0.2 - 0.0) / (0.6 + 1.0 - 0.2 - 0.0))
