@@ -210,6 +210,11 @@ class DecoderOnly(Family):
 
     answer_formats = ("prompt",)
 
+    def question_head(self) -> str:
+        """How the harness's prompt opens before a question: text the model continues with a question of its own."""
+        from nkb_model.fewshot import INSTRUCTION
+        return INSTRUCTION + "Q:"
+
     def qa_pair(self, question: str, answer: str | None, answer_format: str) -> tuple[str, str | None]:
         """Model input and target of a question fine-tuned on: `Question: … Answer:` continued by the answer."""
         return f"Question: {question} Answer:", answer

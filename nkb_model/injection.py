@@ -131,13 +131,17 @@ class Injection:
         s = self.settings
         if not s.own_text_weight:
             return None
+        import torch
+
         from nkb_model.mounting import resolve_layers
         from nkb_model.own_text import ffn_traffic, sample_own_text
         model.to(self.device.device)
+        asked = round(s.own_text_rows * s.own_text_asked)  # rows the base writes after the questions' head
         with self.progress(desc="the base's own text", unit=" text", total=s.own_text_rows) as bar:
-            ids = sample_own_text(model, tokenizer, s.own_text_rows, OWN_TEXT_TOKENS, s.seed, self.device,
-                                  progress=bar.update)
-        return ffn_traffic(model, ids, resolve_layers(model, s.layers), self.device)
+            ids = [sample_own_text(model, tokenizer, rows, OWN_TEXT_TOKENS, s.seed, self.device, progress=bar.update,
+                                   head=head)
+                   for rows, head in ((s.own_text_rows - asked, ""), (asked, family(model).question_head())) if rows]
+        return ffn_traffic(model, torch.cat(ids), resolve_layers(model, s.layers), self.device)
 
     def after_step(self, model, trained, tokenizer) -> Callable[[], Any] | None:
         """What runs after each optimizer step, or None: the slots kept within the FFN's scale (`slot_scale`),

@@ -47,10 +47,16 @@ class OwnText:
 
 @torch.no_grad()
 def sample_own_text(model: nn.Module, tokenizer, rows: int, length: int, seed: int, device: Device,
-                    batch_size: int = 64, progress: Callable[[int], None] | None = None) -> torch.Tensor:
+                    batch_size: int = 64, progress: Callable[[int], None] | None = None,
+                    head: str = "") -> torch.Tensor:
     """`rows` texts of `length` tokens the model writes from its start token (EOS where it adds none), sampled at
-    temperature 1 with nucleus 0.95: the kind of text it was trained on, in its own words. (rows, length) ids."""
+    temperature 1 with nucleus 0.95: the kind of text it was trained on, in its own words. With `head`, each text
+    starts with it and the model writes the rest (the head's tokens count in the length). (rows, length) ids."""
     start = start_ids(tokenizer) or [tokenizer.eos_token_id]
+    given = tokenizer(head, add_special_tokens=False)["input_ids"] if head else []
+    if len(given) >= length:
+        raise ValueError(f"the head {head!r} is {len(given)} tokens, as long as the {length}-token texts")
+    keep, start, length = len(start), start + given, length - len(given)
     torch.manual_seed(seed)
     model.eval()
     out = []
@@ -60,7 +66,7 @@ def sample_own_text(model: nn.Module, tokenizer, rows: int, length: int, seed: i
             made = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, top_p=0.95,
                                   temperature=1.0, max_new_tokens=length, min_new_tokens=length,
                                   pad_token_id=tokenizer.eos_token_id)
-        out.append(made[:, len(start):].cpu())
+        out.append(made[:, keep:].cpu())
         if progress:
             progress(len(ids))
     return torch.cat(out)

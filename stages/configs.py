@@ -533,7 +533,8 @@ class InjectConfig(TrainingConfig):
     """Inject the salient-span-masked knowledge corpus into NKB slots mounted on a base model."""
     later_settings = TrainingConfig.later_settings | {"start", "span_target", "cued_spans", "lora_rank", "qa_share",
                                                       "qa_order", "sparse_slots", "augmented",
-                                                      "own_text_weight", "own_text_rows", "knowledge_questions",
+                                                      "own_text_weight", "own_text_rows", "own_text_asked",
+                                                      "knowledge_questions",
                                                       "qa_eos"}
     volatile = TrainingConfig.volatile | {"cache"}
 
@@ -604,7 +605,12 @@ class InjectConfig(TrainingConfig):
         "own writes; `nkb_model.own_text`): slots that fire only on the knowledge leave the base's other answers "
         "alone. 0: no such term (docs/decisions.md for the demo's weight)."))
     own_text_rows: int = Field(128, ge=1, description=(
-        "own_text_weight: how many texts of 48 tokens the base writes for it (~0.5 s each on 2 CPU cores)."))
+        "own_text_weight: how many texts of 48 tokens the base writes for it, once, before training."))
+    own_text_asked: float = Field(0.0, ge=0, le=1, description=(
+        "own_text_weight: the share of those texts the base writes after the questions' prompt head (`Answer these "
+        "questions: Q:`): questions it asks itself and its own answers, in the form the QA steps train the slots "
+        "on, so that the term also holds the slots off the base's answers to questions about other things. 0: "
+        "every text from the start token."))
     augmented: list[AugmentMethod] = Field(default_factory=list, description=(
         "Other wordings of the segments trained on beside them: those of these methods in `augmented_segments` "
         "(the augment stage's; permute, full_name, paraphrase), with their own salient spans (salient-spans "

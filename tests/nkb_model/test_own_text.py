@@ -48,6 +48,17 @@ def test_the_base_writes_rows_of_the_asked_length_and_the_same_ones_again_for_a_
     assert torch.all(traffic.scale > 0)
 
 
+def test_texts_after_a_head_start_with_it_and_keep_the_length(tokenizer):
+    from nkb_model.families import DECODER_ONLY
+    model = tiny_llama(len(tokenizer))
+    head = DECODER_ONLY.question_head()
+    given = tokenizer(head, add_special_tokens=False)["input_ids"]
+    ids = sample_own_text(model, tokenizer, rows=3, length=len(given) + 5, seed=0, device=CPU, head=head)
+    assert ids.shape == (3, len(given) + 5) and all(row[:len(given)].tolist() == given for row in ids)
+    with pytest.raises(ValueError, match="as long as the"):
+        sample_own_text(model, tokenizer, rows=1, length=len(given), seed=0, device=CPU, head=head)
+
+
 @pytest.mark.parametrize("route", ["nkb", "lora", "ft"])
 def test_the_drift_is_nothing_before_training_and_what_the_trained_ffns_add_after(tokenizer, own, route):
     _, traffic = own

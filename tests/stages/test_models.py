@@ -191,9 +191,11 @@ def test_own_text_weight_adds_the_drift_to_a_decoder_only_base_s_loss_and_names_
     _bring_tiny_llama(world, tmp_path, "own")
     plain = INJECT.model_copy(update={"base_model": "own", "name": "own+nkb"})
     held = plain.model_copy(update={"own_text_weight": 5.0, "own_text_rows": 4})
+    asked = held.model_copy(update={"own_text_asked": 0.5, "name": "own+nkb-asked"})  # half after the questions' head
     curves = [[r["value"] for r in run_metrics(world, training.inject(world, c).run.run_id, "ssm_loss")]
-              for c in (plain, held)]
-    assert len(curves[1]) == INJECT.steps and curves[1][0] > curves[0][0]
+              for c in (plain, held, asked)]
+    assert len(curves[1]) == len(curves[2]) == INJECT.steps and curves[1][0] > curves[0][0]
+    assert curves[2] != curves[1]  # other texts held to
     with pytest.raises(ValueError, match="own_text_weight=5.0 needs a decoder-only base"):
         training.inject(world, INJECT.model_copy(update={"name": "t5+own", "own_text_weight": 5.0}))
 
