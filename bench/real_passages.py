@@ -80,19 +80,21 @@ def steps_for(passages: int) -> int:
     return max(100, int(round(REAL_STEPS * passages / REAL_STEPS_PASSAGES, -2)))
 
 
-def experiment(template: Path, steps: int) -> dict:
-    """The demo's experiment with the files written here in place of the sample world's, at `steps`, with the
-    real-corpus template's `REAL_TEXT_SETTINGS`."""
+def experiment(template: Path, steps: int, name: str = "real-nq-smollm2", corpus: str = "nqwiki",
+               dataset: str = "nq", knowledge: str = "passages.jsonl") -> dict:
+    """The demo's experiment with the files written beside it in place of the sample world's (the knowledge file,
+    general.jsonl, train.jsonl and validation.jsonl), at `steps`, with the real-corpus template's
+    `REAL_TEXT_SETTINGS`."""
     config = yaml.safe_load(template.read_text())
     for key in ("sample_world", "probes"):
         config.pop(key, None)
     real_text = yaml.safe_load(REAL_CORPUS_TEMPLATE.read_text())["stages"]["inject"]
     inject = config.setdefault("stages", {}).setdefault("inject", {})
     inject.update({key: real_text[key] for key in REAL_TEXT_SETTINGS}, steps=steps)
-    return {**config, "name": "real-nq-smollm2",
-            "knowledge": [{"path": "passages.jsonl", "corpus": "nqwiki"}],
+    return {**config, "name": name,
+            "knowledge": [{"path": knowledge, "corpus": corpus}],
             "general": [{"path": "general.jsonl", "corpus": "general"}],
-            "questions": [{"path": f"{s}.jsonl", "format": "jsonl", "dataset": "nq", "split": s}
+            "questions": [{"path": f"{s}.jsonl", "format": "jsonl", "dataset": dataset, "split": s}
                           for s in ("train", "validation")]}
 
 

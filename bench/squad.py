@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.real_passages import REAL_CORPUS_TEMPLATE, REAL_TEXT_SETTINGS, steps_for
+from bench.real_passages import experiment, steps_for
 from corpus.squad import Paragraph, read_squad
 from stages.experiment import SAMPLE_WORLD_SMOLLM2
 
@@ -55,21 +55,6 @@ def protocol(paragraphs: tuple[Paragraph, ...], validation: int, by: str, genera
     return parts
 
 
-def experiment(steps: int, name: str) -> dict:
-    """The demo's experiment over the files written here, at `steps`, with the real-text settings."""
-    config = yaml.safe_load(SAMPLE_WORLD_SMOLLM2.read_text())
-    for key in ("sample_world", "probes"):
-        config.pop(key, None)
-    real_text = yaml.safe_load(REAL_CORPUS_TEMPLATE.read_text())["stages"]["inject"]
-    inject = config.setdefault("stages", {}).setdefault("inject", {})
-    inject.update({key: real_text[key] for key in REAL_TEXT_SETTINGS}, steps=steps)
-    return {**config, "name": name,
-            "knowledge": [{"path": "knowledge.jsonl", "corpus": "squadwiki"}],
-            "general": [{"path": "general.jsonl", "corpus": "general"}],
-            "questions": [{"path": f"{s}.jsonl", "format": "jsonl", "dataset": "squad", "split": s}
-                          for s in ("train", "validation")]}
-
-
 def write(out: Path, parts: dict[str, list], steps: int, name: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for part in ("knowledge", "general"):
@@ -81,7 +66,8 @@ def write(out: Path, parts: dict[str, list], steps: int, name: str) -> None:
             for q in parts[split]))
     (out / EXPERIMENT).write_text(f"# Written by python -m bench.squad: {SAMPLE_WORLD_SMOLLM2.name}'s settings, "
                                   "SQuAD's paragraphs and questions\n"
-                                  + yaml.safe_dump(experiment(steps, name), sort_keys=False))
+                                  + yaml.safe_dump(experiment(SAMPLE_WORLD_SMOLLM2, steps, name, "squadwiki", "squad",
+                                                              "knowledge.jsonl"), sort_keys=False))
 
 
 def main(argv=None) -> int:
