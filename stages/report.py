@@ -206,6 +206,7 @@ class Reported:
     directory: Path
     evaluated: str
     way: tuple[int, bool] = (0, False)  # (K examples, asked in the prompt with none): how `evaluated` was asked
+    asked: str = "fine-tuned"  # that way as the report says it (a row with documents is never fine-tuned: 0-shot)
 
 
 def reported_rows(wh: Warehouse, config: ReportConfig) -> list[Reported]:
@@ -231,7 +232,7 @@ def reported_rows(wh: Warehouse, config: ReportConfig) -> list[Reported]:
         asked = {(way_of_asking(shots, row.documents, prompted),
                   evaluated_name(name, shots, row.documents, prompted)): (shots, prompted) for shots, prompted in ways}
         available += [Reported(f"{row.label} ({way})" if labelled else row.label, row.label, name, directory,
-                               evaluated, how) for (way, evaluated), how in asked.items()]
+                               evaluated, how, way) for (way, evaluated), how in asked.items()]
     if not available:
         raise ValueError("no model of the report exists yet; run base-model, inject, finetune and evaluate first")
     return available
@@ -354,12 +355,14 @@ def retrieval_shares(out: dict, answers: dict, labels: dict[str, str]) -> tuple[
         hits.setdefault((model, dataset), {})[question] = bool(right)
     lines = list(zip(out["model"], out["asked"], out["dataset"]))
 
-    def shown(label: str, asked: str) -> str | None:
+    def shown(label: str, asked: str, or_any: bool = False) -> str | None:
+        """The line of row `label` asked `asked`; with `or_any`, its first line where none was asked so."""
         mine = [m for m, a, _ in lines if labels.get(m) == label]
-        return next((m for m, a, _ in lines if labels.get(m) == label and a == asked), mine[0] if mine else None)
+        same = [m for m, a, _ in lines if labels.get(m) == label and a == asked]
+        return same[0] if same else mine[0] if mine and or_any else None
     shares = []
     for model, asked, dataset in lines:
-        base, rag = shown("base", asked), shown(RAG_LABEL, asked)
+        base, rag = shown("base", asked), shown(RAG_LABEL, asked, or_any=True)
         if labels.get(model) in ("base", RAG_LABEL) or base is None or rag is None:
             shares.append((None, None, None))
             continue
@@ -410,8 +413,7 @@ def _report_row(run: StagedRun, wh: Warehouse, config: ReportConfig, row: Report
         intervals = em_intervals_of(mine)
     for dataset, em in em_rows:
         low, high = intervals.get(dataset, (None, None))
-        values = {"model": row.shown, "asked": way_of_asking(row.way[0], 0, row.way[1]), "answers": row.evaluated,
-                  "dataset": dataset,
+        values = {"model": row.shown, "asked": row.asked, "answers": row.evaluated, "dataset": dataset,
                   "split": config.split, "em": em, "em_low": low, "em_high": high,
                   "heldout_loss_change": None,  # against the base's, once every row is measured
                   "heldout_loss_unmounted": checks["heldout_loss_nkb_unmounted"],

@@ -37,6 +37,12 @@ def test_a_row_is_weighed_against_the_base_asked_its_way_and_rag_in_its_one_way(
     assert r == pytest.approx(0.5) and low < r < high
 
 
+def test_a_row_asked_a_way_the_base_was_not_has_no_share():
+    out, answers = report_of({("base (5-shot)", "5-shot"): [True, False], ("RAG (5-shot)", "5-shot"): [True, True],
+                              ("base+NKB (fine-tuned)", "fine-tuned"): [True, True]})
+    assert retrieval_shares(out, answers, LABELS | {"base+NKB (fine-tuned)": "base+NKB"})[0] == [None] * 6
+
+
 def test_without_rag_there_is_no_share():
     out, answers = report_of({("base (5-shot)", "5-shot"): [False, True], ("base+NKB (5-shot)", "5-shot"): [True, True]})
     assert retrieval_shares(out, answers, LABELS) == ([None] * 4, [None] * 4, [None] * 4)
