@@ -21,6 +21,7 @@ import json
 import sys
 import time
 
+from stages.configs import FIELD_ROUTES
 from stages.experiment import SAMPLE_WORLD_SMOLLM2
 
 
@@ -28,7 +29,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--home", required=True, help="the warehouse the experiment built (its base, data, spans)")
     parser.add_argument("--experiment", default=str(SAMPLE_WORLD_SMOLLM2), help="the experiment file it ran")
-    parser.add_argument("--row", default="base+nkb", help="the route trained: base+nkb, base+lora, base+lora-8, base+ft")
+    parser.add_argument("--row", default="base+nkb",
+                        help=f"the route trained: base+nkb, {', '.join(FIELD_ROUTES)}")
     parser.add_argument("--name", required=True, help="the trained model's name in the warehouse")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an experiment setting, e.g. stages.inject.qa_share=0.2 (repeatable)")

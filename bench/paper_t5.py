@@ -12,8 +12,8 @@ Prints each seed's figures and their mean, and compares base+NKB's average EM an
 record this CPU kind has in `bench/records/paper-t5/` (the kind: vendor, family and model numbers, bf16 units).
 The check fails (exit 1) where a mean moved beyond the seeds' spread: by more than twice the standard error of the
 difference of the two means (Welch), and at least `MIN_SHIFT` points. `--record` makes this run the kind's record
-(after a change meant to move the figures, with the reason in the commit); `--page` writes `docs/paper-t5.md` and
-the README's lines on this experiment from every kind's record, which a test holds to the records.
+(after a change meant to move the figures, with the reason in the commit); `--page` writes every page from the records
+(`python -m bench.pages`: `docs/paper-t5.md`, the README's lines on this experiment, ...), which a test holds to them.
 """
 
 from __future__ import annotations
@@ -195,7 +195,8 @@ def main(argv=None) -> int:
     parser.add_argument("--home", default="bench/results/paper-t5", help="the warehouse the runs use (kept: a rerun "
                         "reuses its world, base and injections where the code left them unchanged)")
     parser.add_argument("--record", action="store_true", help="make this run the record of this CPU kind")
-    parser.add_argument("--page", action="store_true", help="only write docs/paper-t5.md from the records")
+    parser.add_argument("--page", action="store_true", help="only write the pages from the records (python -m "
+                                                              "bench.pages: docs/paper-t5.md, the README's blocks, ...)")
     args = parser.parse_args(argv)
     if args.page:
         print(write_pages())

@@ -28,6 +28,7 @@ import sys
 import time
 from collections import defaultdict
 
+from stages.configs import FIELD_ROUTES
 from stages.experiment import SAMPLE_WORLD_SMOLLM2
 
 # Operator name fragments by kind of work; the first that matches names an operator's kind.
@@ -42,7 +43,7 @@ def main(argv=None) -> int:
     parser.add_argument("--home", required=True, help="the warehouse the experiment built (its base, data, spans)")
     parser.add_argument("--experiment", default=str(SAMPLE_WORLD_SMOLLM2), help="the experiment file it ran")
     parser.add_argument("--row", default="base+nkb",
-                        help="the route profiled: base+nkb, base+lora, base+lora-8, base+ft")
+                        help=f"the route profiled: base+nkb, {', '.join(FIELD_ROUTES)}")
     parser.add_argument("--steps", type=int, default=30, help="steps profiled")
     parser.add_argument("--warmup", type=int, default=10, help="steps run first, not profiled")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

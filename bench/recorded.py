@@ -15,15 +15,11 @@ README = ROOT / "README.md"
 
 
 def commit() -> str:
-    """The checkout's short commit, `-dirty` when tracked files differ from it."""
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """The checkout's commit as a record shows it: 7 digits, `-dirty` when tracked files differ from it."""
+    from warehouse.fingerprint import code_version
+    version = code_version()  # the runs' own: 12 digits
+    sha, dirty, _ = version.partition("-dirty")
+    return sha[:7] + dirty if " " not in sha else version
 
 
 def today() -> str:

@@ -1,7 +1,7 @@
 """SQuAD as a closed-book-after-reading protocol: the paragraphs of a slice of SQuAD's train-set articles as the
 knowledge, their questions as QA, and the demo's experiment (with the settings measured on real text) over them.
 
-    python -m bench.squad train-v2.0.json --out squad [--validation 1000] [--split paragraph|article]
+    python -m bench.squad_protocol train-v2.0.json --out squad [--validation 1000] [--split paragraph|article]
     nkb --home squad/.nkb pipeline squad/squad-smollm2.yaml
 
 Articles are taken in the file's order until the validation split holds `--validation` answerable questions.
@@ -31,6 +31,10 @@ EXPERIMENT = "squad-smollm2.yaml"
 def protocol(paragraphs: tuple[Paragraph, ...], validation: int, by: str, general: int) -> dict[str, list]:
     """{knowledge, general, train, validation}: the first articles whose split reaches `validation` answerable
     questions, split by paragraph or by article, and the next `general` articles' paragraphs as general text."""
+    if by not in ("paragraph", "article"):
+        raise ValueError(f"split by {by!r}: by paragraph or by article")
+    if general < 1:
+        raise ValueError("general text needs at least one article (the held-out loss is measured on it)")
     articles: dict[int, list[Paragraph]] = {}
     for p in paragraphs:
         articles.setdefault(p.article, []).append(p)
@@ -64,14 +68,14 @@ def write(out: Path, parts: dict[str, list], steps: int, name: str) -> None:
         (out / f"{split}.jsonl").write_text("".join(
             json.dumps({"id": q.qid, "question": q.question, "answers": list(q.answers)}) + "\n"
             for q in parts[split]))
-    (out / EXPERIMENT).write_text(f"# Written by python -m bench.squad: {SAMPLE_WORLD_SMOLLM2.name}'s settings, "
+    (out / EXPERIMENT).write_text(f"# Written by python -m bench.squad_protocol: {SAMPLE_WORLD_SMOLLM2.name}'s settings, "
                                   "SQuAD's paragraphs and questions\n"
                                   + yaml.safe_dump(experiment(SAMPLE_WORLD_SMOLLM2, steps, name, "squadwiki", "squad",
                                                               "knowledge.jsonl"), sort_keys=False))
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.squad", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.squad_protocol", description=__doc__.split("\n\n")[0])
     parser.add_argument("squad", type=Path, help="SQuAD's train-v1.1.json or train-v2.0.json (or, --dev, a dev file)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the data and the experiment file")
     parser.add_argument("--validation", type=int, default=1000, help="answerable validation questions at least")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from corpus.errors import InputFileError, require_file
-from corpus.files import kind
+from corpus.files import kind, open_input, parse_json
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,9 @@ def title_text(title: str) -> str:
 
 def read_squad(path: str | os.PathLike) -> SquadFile:
     """The whole file; an `InputFileError` names the JSON place at fault (data[3].paragraphs[2].qas[5])."""
-    from corpus.qa import load_json
     require_file(path)
-    top = load_json(path)
+    with open_input(path) as stream:
+        top = parse_json(stream.read(), path, None)
     if not isinstance(top, dict) or not isinstance(top.get("data"), list):
         raise InputFileError(path, None, f"not SQuAD's JSON: an object with a `data` list of articles is expected, "
                                          f"found {kind(top)}" + (f" with keys {', '.join(top)}" if isinstance(top, dict)

@@ -11,7 +11,7 @@ from pathlib import Path
 from flows.cli_common import (config_epilog, experiment_epilog, home_flag, import_uninterrupted, local_flow_settings,
                               parse_sets, prepare_environment, program)
 from flows.cli_warehouse import cmd_report
-from stages.configs import ARCHITECTURES, DEFAULT_ARCH
+from stages.configs import ARCHITECTURES, DEFAULT_ARCH, FIELD_ROUTES_HELP
 from warehouse import Warehouse, resolve_home, row_counts
 
 SMOLLM2 = "smollm2"  # `nkb demo`'s default: the real SmolLM2-135M-Instruct; every other --arch, a base built here
@@ -299,9 +299,8 @@ def add_commands(sub) -> None:
         "they are T5 baselines)"))
     for p, func in ((pipe, cmd_pipeline), (demo, cmd_demo)):
         p.add_argument("--routes", action="store_true", help=(
-            "also train the field's routes on the slots' blocks, batches and steps, for the table that weighs them: "
-            "LoRA through PEFT at the slots' parameter count and at PEFT's default rank (base+lora, base+lora-8), "
-            "and those blocks' own FFN maps (base+ft); what the experiment built is reused"))
+            "also train the field's routes on the slots' blocks, batches and steps, for the table that weighs them "
+            f"({FIELD_ROUTES_HELP}); what the experiment built is reused"))
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help=experiment_help)
         p.add_argument("--force", action="store_true", help="rerun stages even when their inputs are unchanged")
         p.add_argument("--only", type=_stage_list, metavar="STAGE[,STAGE...]", help=(

@@ -79,8 +79,8 @@ def load_model(directory: str | Path, with_nkb: bool = True):
     weights = hf_dir(directory)
     model = model_class(weights).from_pretrained(weights)
     tokenizer = load_tokenizer(weights)
-    # Each method's saved changes, once a folder (nkb and nkb-a share `nkb/`); the slots last, over merged maps
-    loads = {m.folder: m for m in sorted(METHODS.values(), key=lambda m: m.slots) if m.folder}
+    # Each method's saved changes, once a folder (nkb and nkb-a share `nkb/`), in their load order
+    loads = {m.folder: m for m in sorted(METHODS.values(), key=lambda m: m.load_order) if m.folder}
     for folder, method in loads.items():
         if (directory / folder).exists() and (with_nkb or not method.slots):
             model = method.load(model, directory / folder)

@@ -263,6 +263,8 @@ def qa_pair(question: str, answer: str | None, answer_format: str) -> tuple[str,
 def answer_frame(tokenizer, answer_format: str) -> tuple[list[int], int]:
     """The ids a target in `answer_format` has before its answer, and the token that closes it."""
     return answering(answer_format).answer_frame(tokenizer, answer_format)
+
+
 FAMILIES = {f.name: f for f in (ENCODER_DECODER, DECODER_ONLY)}
 
 

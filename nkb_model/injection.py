@@ -45,8 +45,15 @@ class Prepared:
     after_step: Callable[[], Any] | None
 
 
+class _Unshown:
+    """A progress bar that shows nothing."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+
 def _quiet(**_) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext(type("Bar", (), {"update": staticmethod(lambda n=1: None)})())
+    return contextlib.nullcontext(_Unshown())
 
 
 class Injection:
@@ -123,8 +130,7 @@ class Injection:
         """The general text's batches, as the family `kind`'s base was pretrained on it (span corruption, or
         next-token)."""
         rows = self.data.general
-        return kind.text_batches(rows, tokenizer, min(self.settings.general_batch_size, len(rows)),
-                                          self.settings.seed)
+        return kind.text_batches(rows, tokenizer, min(self.settings.general_batch_size, len(rows)), self.settings.seed)
 
     def own_text(self, model, tokenizer):
         """Text the base writes and its FFNs' traffic on it at the trained blocks (`own_text_weight`), or None."""
@@ -137,10 +143,10 @@ class Injection:
         from nkb_model.own_text import ffn_traffic, sample_own_text
         model.to(self.device.device)
         asked = round(s.own_text_rows * s.own_text_asked)  # rows the base writes after the questions' head
+        parts = [(s.own_text_rows - asked, "")] + ([(asked, family(model).question_head())] if asked else [])
         with self.progress(desc="the base's own text", unit=" text", total=s.own_text_rows) as bar:
             ids = [sample_own_text(model, tokenizer, rows, OWN_TEXT_TOKENS, s.seed, self.device, progress=bar.update,
-                                   head=head)
-                   for rows, head in ((s.own_text_rows - asked, ""), (asked, family(model).question_head())) if rows]
+                                   head=head) for rows, head in parts if rows]
         return ffn_traffic(model, torch.cat(ids), resolve_layers(model, s.layers), self.device)
 
     def after_step(self, model, trained, tokenizer) -> Callable[[], Any] | None:

@@ -44,6 +44,8 @@ class Method:
     trains: Callable[[Any, InjectSettings, Path | None], Trained] | None = None  # inject: (model, settings, start)
     folder: str | None = None  # the folder of a saved model its changes are in, beside the base's weights
     load: Callable[[Any, Path], Any] | None = None  # (model, that folder) -> the model with them put on
+    load_order: int = 50      # where its folder loads among a model's: changed maps first, merged adapters, then
+                              # the slots (mounted over the maps they add to), Kformer last (it refuses slots it meets)
     variant: str = ""         # inject's variant that trains it; default its name (lora-8 is lora at rank 8)
     planned: tuple[tuple[str, Any], ...] = ()  # inject settings the method fixes over the experiment's
     settings_key: str | None = None  # a key of an experiment's `stages:` that sets its trainings over inject's

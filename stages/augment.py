@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from corpus import rewordings as aug
+from corpus import rewordings
 from corpus.segment import sentences
 from stages import reads
 from stages.configs import AugmentConfig
@@ -130,7 +130,7 @@ def segments_to_augment(wh: Warehouse, corpus: str) -> tuple[list[dict], dict[st
     named: dict[str, list[str]] = {}  # the PERSON spans' texts by document
     for row in rows:
         named.setdefault(row["doc_id"], []).extend(people.get(row["segment_id"], []))
-    return [row | {"person": aug.is_person_subject(row["title"], named[row["doc_id"]])} for row in rows], spans
+    return [row | {"person": rewordings.is_person_subject(row["title"], named[row["doc_id"]])} for row in rows], spans
 
 
 def augmented_rows(segments: list[dict], spans: dict, config: AugmentConfig, writer: Paraphraser | None, loaded,
@@ -147,10 +147,10 @@ def augmented_rows(segments: list[dict], spans: dict, config: AugmentConfig, wri
     for segment in segments:
         rng = random.Random(f"{config.seed}:{segment['segment_id']}")
         if "permute" in config.methods:
-            add(segment, "permute", aug.permuted(segment["text"], rng))
+            add(segment, "permute", rewordings.permuted(segment["text"], rng))
         if "full_name" in config.methods and segment["person"]:
             people = [(a, b) for a, b, label in spans[segment["segment_id"]] if label == "PERSON"]
-            add(segment, "full_name", aug.with_full_name(segment["text"], segment["title"], people))
+            add(segment, "full_name", rewordings.with_full_name(segment["text"], segment["title"], people))
     if writer:
         for segment, k, text in paraphrased(segments, spans, config, loaded, device, advance):
             add(segment, "paraphrase", text, k, writer.name)
@@ -173,7 +173,7 @@ def paraphrased(segments: list[dict], spans: dict, config: AugmentConfig, loaded
     written = write_paraphrases([(k, sentence) for _, sentence, k, _ in jobs], config, loaded, device, advance)
     by_segment: dict[tuple[int, int], list[tuple[str, str | None]]] = {}
     for (i, sentence, k, keep), out in zip(jobs, written):
-        by_segment.setdefault((i, k), []).append((sentence, aug.kept_paraphrase(sentence, out, keep)))
+        by_segment.setdefault((i, k), []).append((sentence, rewordings.kept_paraphrase(sentence, out, keep)))
     for (i, k), parts in sorted(by_segment.items()):
         changed = any(p for _, p in parts)
         yield segments[i], k, " ".join(p or s for s, p in parts) if changed else None
@@ -186,9 +186,9 @@ def write_paraphrases(asked: list[tuple[int, str]], config: AugmentConfig, loade
     written up to twice its longest request and a little more (a longer paraphrase is dropped anyway)."""
     from nkb_model.decoding import SharedPrefix
     lm, tokenizer = loaded
-    requests = [aug.paraphrase_request(sentence) for _, sentence in asked]
+    requests = [rewordings.paraphrase_request(sentence) for _, sentence in asked]
     lengths = [len(ids) for ids in tokenizer(requests, add_special_tokens=False)["input_ids"]]
-    heads = {k: SharedPrefix(lm, tokenizer, aug.paraphrase_demonstrations(k), device) for k in {k for k, _ in asked}}
+    heads = {k: SharedPrefix(lm, tokenizer, rewordings.paraphrase_demonstrations(k), device) for k in {k for k, _ in asked}}
     written: dict[int, str] = {}
     for k, head in heads.items():
         mine = sorted((j for j, (kj, _) in enumerate(asked) if kj == k), key=lengths.__getitem__)

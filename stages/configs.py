@@ -726,6 +726,9 @@ class Route:
 
 ROUTES = {m.name: Route(m.name, "inject", (m.settings_key,) if m.settings_key else (), m.trained_by, m.planned)
           for m in of_kind("inject")}
+# The field's routes beside the NKB, each a training of its own: the rows `routes` adds, as help texts list them.
+FIELD_ROUTES = [m.row_key for m in of_kind("inject") if m.named_only]
+FIELD_ROUTES_HELP = "; ".join(f"{m.row_key}: {m.summary}" for m in of_kind("inject") if m.named_only)
 # Keys of an experiment's `stages:` that set one kind of a stage's runs over that stage's own settings.
 RUN_SETTINGS = {m.settings_key: ("inject", f"the {m.label} training, over inject's")
                 for m in variants().values() if m.settings_key} | {

@@ -32,7 +32,7 @@ from corpus.sample_world import WorldFiles
 from corpus.sample_world_sizes import split_sizes
 from nkb_model.architectures import DEFAULT_ARCH
 from nkb_model.families import family_of
-from stages.configs import (MAIN_ROW, REPORT_ROWS, ROUTES, RUN_SETTINGS, BaseModelConfig, DaskAddress, DeviceChoice,
+from stages.configs import (FIELD_ROUTES, FIELD_ROUTES_HELP, MAIN_ROW, REPORT_ROWS, ROUTES, RUN_SETTINGS, BaseModelConfig, DaskAddress, DeviceChoice,
                             GenerationDataConfig, GenerationRow, IngestConfig, JoinCorporaConfig, Name,
                             PrecisionChoice, PretrainingDataConfig, QuestionsConfig, ReportRow, Row,
                             SampleWorldConfig, StageConfig, ZeroShot, asks_zero_shot, load_yaml,
@@ -202,12 +202,11 @@ class Experiment(StageConfig):
         "The larger-base row of a base built here: base-model fields that differ (default: the next size up)."))
     rows: Optional[list[Row]] = Field(None, description=(
         "Report rows to train and evaluate; default every row that applies (transformer and large need a base "
-        "built here) but the field's routes beside the NKB (base+lora, base+lora-8, base+ft), each a training of its "
+        f"built here) but the field's routes beside the NKB ({', '.join(FIELD_ROUTES)}), each a training of its "
         "own: named here or added by routes."))
     routes: bool = Field(False, description=(
-        "Also train and report the field's routes beside the rows (base+lora, base+lora-8, base+ft: LoRA through "
-        "PEFT at the slots' parameter count and at PEFT's default rank, and the slot blocks' own FFN maps), on the "
-        "slots' blocks, batches and steps; zero_shot may name them. `--routes` sets it."))
+        f"Also train and report the field's routes beside the rows ({FIELD_ROUTES_HELP}), on the slots' blocks, "
+        "batches and steps; zero_shot may name them. `--routes` sets it."))
     generation_rows: Optional[list[GenerationRow]] = Field(None, description=(
         "Rows fine-tuned on each generation task (of those in rows); default base, base+nkb and base+nkb-a."))
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(

@@ -15,5 +15,5 @@ METHODS = (
            "output) trained on the slot blocks' FFN maps as the slots are, at the rank that gives them as many "
            "parameters as the slots.", "DoRA adapters (PEFT) trained on the slot blocks' FFN maps", order=55,
            trains=lambda model, settings, start: train_adapters(model, settings, start, FOLDER, use_dora=True),
-           folder=FOLDER, load=load_adapters, settings_key="dora", later=True, named_only=True),
+           folder=FOLDER, load=load_adapters, load_order=20, settings_key="dora", later=True, named_only=True),
 )

@@ -31,5 +31,5 @@ def load_maps(model, folder: Path):
 METHODS = (
     Method("ft", "inject", "base+FT", "The base with the slot blocks' own FFN maps trained as the slots are "
            "(continued pretraining of those blocks).", "the slot blocks' own FFN maps trained", order=60,
-           trains=train_maps, folder=FOLDER, load=load_maps, settings_key="ft", later=True, named_only=True),
+           trains=train_maps, folder=FOLDER, load=load_maps, load_order=10, settings_key="ft", later=True, named_only=True),
 )

@@ -21,7 +21,7 @@ METHODS = (
            "the retrieved documents in its prompt", order=20, documents=3, later=True),
     Method("kformer", "finetune", "Kformer", "The base fine-tuned with Kformer (a fine-tuned model).",
            "the retrieved documents as Kformer knowledge vectors in its FFNs, trained end to end", order=100,
-           folder="kformer", load=load_kformer_folder, needs_encoder=True),
+           folder="kformer", load=load_kformer_folder, load_order=90, needs_encoder=True),
     Method("concat", "finetune", "concat", "The base fine-tuned on questions with their retrieved documents "
            "appended (a fine-tuned model).",
            "the retrieved documents appended to each question (then cut to max_input_len), fine-tuned on the questions",

@@ -40,7 +40,7 @@ METHODS = (
     Method("lora", "inject", "base+LoRA", "The base with LoRA adapters (PEFT) trained on the slot blocks' FFN maps "
            "as the slots are, at the rank that gives them as many parameters as the slots.",
            "LoRA adapters (PEFT) trained on the slot blocks' FFN maps", order=50, trains=train_adapters,
-           folder=FOLDER, load=load_adapters, settings_key="lora", later=True, named_only=True),
+           folder=FOLDER, load=load_adapters, load_order=20, settings_key="lora", later=True, named_only=True),
     Method(f"lora-{PEFT_DEFAULT_RANK}", "inject", f"base+LoRA (r={PEFT_DEFAULT_RANK})",
            f"The same LoRA training at PEFT's default rank ({PEFT_DEFAULT_RANK}).",
            f"LoRA adapters (PEFT) of rank {PEFT_DEFAULT_RANK} on the slot blocks' FFN maps", order=51,

@@ -43,9 +43,9 @@ def load_slots(model, folder: Path):
 METHODS = (
     Method("nkb", "inject", "base+NKB", "The base with NKB slots injected.",
            "Neural Knowledge Bank slots injected (the base frozen)", order=30, trains=mount_slots, folder=FOLDER,
-           load=load_slots, slots=True, sparse_slots=True, generation=True, main=True),
+           load=load_slots, load_order=70, slots=True, sparse_slots=True, generation=True, main=True),
     Method("nkb-a", "inject", "base+NKB-a", "The base with NKB injected while training everything.",
            "NKB slots injected while every weight trained (NKB-a)", order=40,
            trains=lambda model, settings, start: mount_slots(model, settings, start, train_everything=True),
-           folder=FOLDER, load=load_slots, settings_key="nkb-a", slots=True, generation=True),
+           folder=FOLDER, load=load_slots, load_order=70, settings_key="nkb-a", slots=True, generation=True),
 )

@@ -1,11 +1,11 @@
-"""bench.squad's protocol on a SQuAD-shaped file written here: which questions train, which are held out, and what
-is general text."""
+"""bench.squad_protocol on a SQuAD-shaped file written here: which questions train, which are held out, and what is
+general text."""
 
 import json
 
 import pytest
 
-from bench import squad
+from bench import squad_protocol
 from corpus.squad import read_squad
 from stages.experiment import Experiment
 
@@ -29,7 +29,7 @@ def squad_file(tmp_path):
 
 
 def test_by_paragraph_each_validation_questions_paragraph_also_trains_one(squad_file):
-    parts = squad.protocol(squad_file, validation=8, by="paragraph", general=1)
+    parts = squad_protocol.protocol(squad_file, validation=8, by="paragraph", general=1)
     assert len(parts["validation"]) == 8 and len(parts["train"]) == 8  # two articles of 2 x 4, alternating
     trained = {q.qid.rsplit("-", 1)[0] for q in parts["train"]}
     assert {q.qid.rsplit("-", 1)[0] for q in parts["validation"]} == trained
@@ -39,7 +39,7 @@ def test_by_paragraph_each_validation_questions_paragraph_also_trains_one(squad_
 
 
 def test_by_article_a_validation_articles_questions_never_train(squad_file):
-    parts = squad.protocol(squad_file, validation=16, by="article", general=2)
+    parts = squad_protocol.protocol(squad_file, validation=16, by="article", general=2)
     train_articles = {q.qid.split("-")[0] for q in parts["train"]}
     held_articles = {q.qid.split("-")[0] for q in parts["validation"]}
     assert held_articles == {"A1", "A3"} and train_articles == {"A0", "A2"}
@@ -49,15 +49,15 @@ def test_by_article_a_validation_articles_questions_never_train(squad_file):
 
 def test_too_few_questions_or_no_article_left_for_general_text_is_refused(squad_file):
     with pytest.raises(ValueError, match="give 24 validation questions, fewer than the 100 asked"):
-        squad.protocol(squad_file, validation=100, by="paragraph", general=1)
+        squad_protocol.protocol(squad_file, validation=100, by="paragraph", general=1)
     with pytest.raises(ValueError, match="no article is left after the knowledge's 6"):
-        squad.protocol(squad_file, validation=24, by="paragraph", general=1)
+        squad_protocol.protocol(squad_file, validation=24, by="paragraph", general=1)
 
 
 def test_the_written_experiment_plans_the_demos_rows_over_squads_files(squad_file, tmp_path):
-    parts = squad.protocol(squad_file, validation=8, by="paragraph", general=1)
-    squad.write(tmp_path / "out", parts, steps=200, name="squad-test")
-    experiment = Experiment.load(tmp_path / "out" / squad.EXPERIMENT)
+    parts = squad_protocol.protocol(squad_file, validation=8, by="paragraph", general=1)
+    squad_protocol.write(tmp_path / "out", parts, steps=200, name="squad-test")
+    experiment = Experiment.load(tmp_path / "out" / squad_protocol.EXPERIMENT)
     assert experiment.name == "squad-test" and "base+nkb" in experiment.rows
     inject = next(config for stage, config in experiment.plan() if stage == "inject")
     assert inject.steps == 200 and inject.qa_eos  # the settings measured on real text

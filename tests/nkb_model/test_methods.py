@@ -36,12 +36,15 @@ def test_an_inject_method_is_a_variant_a_route_and_a_model_card_line(tmp_path):
     assert set(variants()) == {m.trained_by for m in of_kind("inject")}
 
 
-def test_each_saved_folder_has_one_loader_and_the_slots_load_last():
+def test_each_saved_folder_has_one_loader_and_they_load_maps_adapters_slots_then_kformer():
     from nkb_model import checkpoint
     loaders = {m.folder: m.load for m in METHODS.values() if m.folder}
-    assert all(loaders.values())
+    assert all(loaders.values()) and checkpoint.INFO not in loaders
     slot_folders = {m.folder for m in METHODS.values() if m.slots}
-    assert len(slot_folders) == 1 and checkpoint.INFO not in loaders
+    assert len(slot_folders) == 1
+    order = [m.folder for m in sorted(METHODS.values(), key=lambda m: m.load_order) if m.folder]
+    assert order.index("blocks") < order.index("lora") < order.index("nkb") < order.index("kformer")
+    assert order.index("dora") < order.index("nkb")
 
 
 def test_a_finetune_method_is_a_knowledge_mode_and_a_prompt_method_asks_documents():

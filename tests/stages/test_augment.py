@@ -3,7 +3,7 @@ method, resumable by shard, and their own salient spans for injection."""
 
 import pytest
 
-from corpus import rewordings as aug
+from corpus import rewordings
 from stages import augment, data
 from stages.configs import AugmentConfig, IndexConfig, RetrieveConfig, SalientSpansConfig
 from tests.stages.test_retrieval import load_world
@@ -46,13 +46,13 @@ def test_augmented_segments_name_their_source_and_method_resume_after_a_crash_an
                      "JOIN segments s ON s.segment_id = a.source_segment_id ORDER BY a.segment_id").to_pylist()
     spanned = query(wh, "SELECT DISTINCT s.segment_id, s.text FROM segments s JOIN salient_spans p "
                         "USING (segment_id) WHERE s.segment_id NOT LIKE '%~%'").to_pylist()
-    several = [r for r in spanned if len(aug.sentence_texts(r["text"])) > 1]
+    several = [r for r in spanned if len(rewordings.sentence_texts(r["text"])) > 1]
     permuted = [r for r in rows if r["method"] == "permute"]
     assert len(permuted) == len(several) > 0  # every segment of two or more sentences, once
     for row in permuted:
         assert row["segment_id"] == row["source_segment_id"] + "~permute" and row["doc_id"] == row["source_doc"]
         assert row["text"] != row["source"]
-        assert sorted(aug.sentence_texts(row["text"])) == sorted(aug.sentence_texts(row["source"]))
+        assert sorted(rewordings.sentence_texts(row["text"])) == sorted(rewordings.sentence_texts(row["source"]))
     assert resumed.value["written"] == {"permute": len(permuted), "full_name": len(rows) - len(permuted)}
     # what salient-spans reads: the same rows as segments of <corpus>.augmented; their spans found there
     as_segments = query(wh, "SELECT segment_id, text FROM segments WHERE segment_id LIKE '%~%' ORDER BY 1")
