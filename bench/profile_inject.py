@@ -117,7 +117,7 @@ def prepared(wh, config, steps: int):
     data = injection_data(wh, config, model, tokenizer, base)
     loaded = time.perf_counter()
     ready = Injection(config, data, device).prepare(model, tokenizer)  # as the stage does
-    trained, batches, after = ready.trained, ready.batches, ready.after_step
+    trained, batches, after = ready.module, ready.batches, ready.after_step
     return model, trained, batches, device, after, {
         "setup_load_seconds": round(loaded - started, 1),
         "setup_batches_seconds": round(time.perf_counter() - loaded, 1),

@@ -36,10 +36,11 @@ class InjectionData:
 
 @dataclass(frozen=True)
 class Prepared:
-    """An injection ready to train: what the method made trainable, the module the loop trains (the model, or its
-    tail over cached states), the SSM batches alone, every step's batches, and what runs after each step."""
-    made: Trained
-    trained: Any
+    """An injection ready to train: what the method mounted (and how it is saved), the module the loop trains (the
+    model, or its tail over cached states), the SSM batches alone, every step's batches, and what runs after each
+    step."""
+    mounted: Trained
+    module: Any
     ssm: Any
     batches: Any
     after_step: Callable[[], Any] | None

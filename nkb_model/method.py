@@ -64,6 +64,16 @@ class Method:
         return self.variant or self.name
 
     @property
+    def inject_settings(self) -> dict[str, Any]:
+        """What the method sets on inject's config: its variant, and the settings it fixes."""
+        return {"variant": self.trained_by} | dict(self.planned)
+
+    @property
+    def settings_keys(self) -> tuple[str, ...]:
+        """The keys of an experiment's `stages:` that set its trainings over inject's own."""
+        return (self.settings_key,) if self.settings_key else ()
+
+    @property
     def row_key(self) -> str:
         """Its row's name in an experiment's `rows`: base+NAME for a route, NAME otherwise."""
         return f"base+{self.name}" if self.kind == "inject" else self.name

@@ -708,24 +708,7 @@ class EvaluateConfig(AskingStageConfig):
         return answers_name(self.model, self.shots, self.documents)
 
 
-@dataclass(frozen=True)
-class Route:
-    """A knowledge route: how knowledge is added to a base before its questions are asked, by one of a stage's runs
-    (an injection's variant)."""
-    name: str                       # the route's part of a model's name: BASE+ROUTE
-    stage: str                      # the stage whose run adds it
-    settings: tuple[str, ...] = ()  # keys of an experiment's `stages:` that set that run over the stage's own
-    variant: str = ""               # the stage's variant that adds it; default its name
-    planned: tuple[tuple[str, Any], ...] = ()  # settings the route itself fixes, over all of those
-
-    @property
-    def values(self) -> dict[str, Any]:
-        """What the route sets on its stage's config."""
-        return {"variant": self.variant or self.name} | dict(self.planned)
-
-
-ROUTES = {m.name: Route(m.name, "inject", (m.settings_key,) if m.settings_key else (), m.trained_by, m.planned)
-          for m in of_kind("inject")}
+ROUTES = {m.name: m for m in of_kind("inject")}  # the knowledge routes an inject run adds to a base, by name
 # The field's routes beside the NKB, each a training of its own: the rows `routes` adds, as help texts list them.
 FIELD_ROUTES = [m.row_key for m in of_kind("inject") if m.named_only]
 FIELD_ROUTES_HELP = "; ".join(f"{m.row_key}: {m.summary}" for m in of_kind("inject") if m.named_only)
@@ -745,7 +728,7 @@ class ReportRow:
     label: str                # how the report shows it
     description: str
     base: str = "base"        # the experiment's base, or one built here beside it (transformer, large)
-    route: str | None = None  # the knowledge route added to the base (ROUTES)
+    route: str | None = None  # the knowledge route added to the base by an inject run (ROUTES)
     knowledge: str | None = None  # fine-tuned with the questions' retrieved documents, read this way (no model before)
     needs_encoder: bool = False  # a T5 baseline: reads the retrieved documents with the base's encoder
     documents: int = 0        # asked with each question's top N retrieved documents in its prompt, never trained

@@ -497,9 +497,8 @@ class Experiment(StageConfig):
         steps = self._base_steps(rows, knowledge, general)
         for row in (r for r in rows if r.route):
             route = ROUTES[row.route]
-            steps.append((route.stage, self._stage(route.stage, route.settings, corpus=knowledge,
-                                                   general_corpus=general, base_model=row.base, name=row.model,
-                                                   **route.values)))
+            steps.append(("inject", self._stage("inject", route.settings_keys, corpus=knowledge, general_corpus=general,
+                                                base_model=row.base, name=row.model, **route.inject_settings)))
         steps += self._asking_steps(rows)
         tasks = list(dict.fromkeys(g.task for g in self.generation))
         for row in (r for r in rows if r.generation and r.key in (self.generation_rows or [r.key])):

@@ -283,8 +283,8 @@ def _inject(run: StagedRun, wh: Warehouse, config: InjectConfig, base: SourceMod
     model, tokenizer, _ = base.load()
     prepared = Injection(config, injection_data(wh, config, model, tokenizer, base), device, progress).prepare(
         model, tokenizer, previous.directory / "nkb" if previous else None)
-    made, batches = prepared.made, prepared.batches
-    losses = train(prepared.trained, batches, config.train_config(config.steps), device, resumable_dir(run, target),
+    made, batches = prepared.mounted, prepared.batches
+    losses = train(prepared.module, batches, config.train_config(config.steps), device, resumable_dir(run, target),
                    f"inject {config.model_name()}", progress, after_step=prepared.after_step)
     for step, loss in losses:
         run.metric(metric_at(batches, step - 1), loss, dataset=config.corpus, split="train", step=step)

@@ -42,6 +42,6 @@ def test_dora_trains_its_magnitudes_and_directions_and_loads_back_merged_into_a_
 def test_dora_is_a_variant_a_route_a_row_and_a_setting_of_its_own():
     from stages.configs import REPORT_ROWS, ROUTES, RUN_SETTINGS, InjectConfig, ReportConfig
     assert METHODS["dora"].row_key == "base+dora" and InjectConfig(variant="dora").model_name() == "base+dora"
-    assert ROUTES["dora"].values == {"variant": "dora"} and RUN_SETTINGS["dora"][0] == "inject"
+    assert ROUTES["dora"].inject_settings == {"variant": "dora"} and RUN_SETTINGS["dora"][0] == "inject"
     assert "dora" in ReportConfig.model_fields and ReportConfig().dora is None  # off in old reports unless named
     assert [r.key for r in REPORT_ROWS].index("base+dora") == [r.key for r in REPORT_ROWS].index("base+lora-8") + 1

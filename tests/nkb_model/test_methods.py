@@ -26,8 +26,8 @@ def test_an_inject_method_is_a_variant_a_route_and_a_model_card_line(tmp_path):
     for method in of_kind("inject"):
         assert InjectConfig(variant=method.trained_by).variant == method.trained_by
         assert variants()[method.trained_by].trains is not None
-        assert ROUTES[method.name].values["variant"] == method.trained_by
-        assert dict(method.planned).items() <= ROUTES[method.name].values.items()
+        assert ROUTES[method.name].inject_settings["variant"] == method.trained_by
+        assert dict(method.planned).items() <= ROUTES[method.name].inject_settings.items()
         if method.settings_key:
             assert RUN_SETTINGS[method.settings_key][0] == "inject" and method.settings_key in experiment_settings()
     for variant, method in variants().items():  # a model's info names the variant that trained it

@@ -379,8 +379,8 @@ def test_each_row_is_made_by_its_recipe_alone():
             assert ("base-model", row.base) in [(s, c.name) for s, c in plan if s == "base-model"]
         if row.route:
             stage, config = made[row.model]
-            assert (stage, config.base_model) == (ROUTES[row.route].stage, row.base)
-            assert all(getattr(config, k) == v for k, v in ROUTES[row.route].values.items())
+            assert (stage, config.base_model) == ("inject", row.base)
+            assert all(getattr(config, k) == v for k, v in ROUTES[row.route].inject_settings.items())
         if row.knowledge:  # a fine-tuned model: evaluated as it is
             stage, config = made[row.model]
             assert (stage, config.model, config.knowledge) == ("finetune", row.base, row.knowledge)
