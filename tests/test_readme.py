@@ -16,7 +16,13 @@ def slug(heading: str) -> str:
 
 
 def anchors(page: Path) -> set[str]:
-    return {slug(line.lstrip("#")) for line in page.read_text().splitlines() if line.startswith("#")}
+    """The page's headings' anchors (a line starting with # inside a fenced code block is no heading)."""
+    found, fenced = set(), False
+    for line in page.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        if line.startswith("#") and not fenced:
+            found.add(slug(line.lstrip("#")))
+    return found
 
 
 def test_the_slug_is_githubs():
