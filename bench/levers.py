@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     if not args.measure_only:
         trained = training.inject(wh, inject.model_copy(update={"name": args.name}))
         seconds = None if trained.skipped else round(time.perf_counter() - started, 1)
-    result = {"row": args.row, "name": args.name, "sets": args.set}
+    from bench.recorded import commit
+    result = {"row": args.row, "name": args.name, "sets": args.set, "commit": commit()}
     for i, way in enumerate(asked):  # each way the experiment asks the row: K-shot, then 0-shot where it asks so
         answered = evaluation.evaluate(wh, way.model_copy(update={"model": args.name}))
         hits = wh.read("predictions", ["exact_match"], pc.field("run_id") == answered.run.run_id,

@@ -21,7 +21,7 @@ RECORDS = Records("routes-demo")
 PAGE = ROOT / "docs" / "routes.md"
 
 
-def row_of(measured: dict, params: int | None) -> dict:
+def row_of(measured: dict, params: int | None, measured_at: str | None = None) -> dict:
     """What the page shows of one `bench.levers` result."""
     base = measured["heldout_loss_base"]
     return {"em": measured["em"], "em_interval": measured["em_interval"], "em_0shot": measured.get("em_0shot"),
@@ -29,7 +29,8 @@ def row_of(measured: dict, params: int | None) -> dict:
             "probe_unseen": measured["probe_unseen"], "probe_seen": measured["probe_seen"],
             "heldout_loss_change": round(100 * (measured["heldout_loss"] - base) / base, 2),
             "capitals_kept": measured["capitals_kept"], "capitals_known": measured["capitals_known"],
-            "train_seconds": measured["train_seconds"], "params_trained": params, "commit": commit(),
+            "train_seconds": measured["train_seconds"], "params_trained": params,
+            "commit": measured_at or measured.get("commit") or commit(),
             "date": today()}
 
 
@@ -66,6 +67,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.routes", description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", help="`bench.levers` JSON outputs, one per route")
     parser.add_argument("--home", required=True, help="the warehouse the routes were trained in (their parameters)")
+    parser.add_argument("--commit", help="the commit the results were measured at (default: the one their JSON "
+                                         "names, else this checkout's)")
     args = parser.parse_args(argv)
     from stages.machine import cpu_kind
     from stages.models import find_model
@@ -76,7 +79,7 @@ def main(argv=None) -> int:
     for path in args.results:
         measured = json.loads(Path(path).read_text())
         info = json.loads((find_model(wh, measured["name"]) / "nkb-model.json").read_text())
-        record["rows"][measured["row"]] = row_of(measured, info.get("params_injected"))
+        record["rows"][measured["row"]] = row_of(measured, info.get("params_injected"), args.commit)
     print(f"recorded {RECORDS.write(kind, record)}; {write_pages()}")
     return 0
 
