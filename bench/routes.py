@@ -21,7 +21,7 @@ RECORDS = Records("routes-demo")
 PAGE = ROOT / "docs" / "routes.md"
 
 
-def row_of(measured: dict, params: int | None, measured_at: str | None = None) -> dict:
+def row_of(measured: dict, params: int | None, measured_at: str | None = None, note: str = "") -> dict:
     """What the page shows of one `bench.levers` result."""
     base = measured["heldout_loss_base"]
     return {"em": measured["em"], "em_interval": measured["em_interval"], "em_0shot": measured.get("em_0shot"),
@@ -30,7 +30,7 @@ def row_of(measured: dict, params: int | None, measured_at: str | None = None) -
             "heldout_loss_change": round(100 * (measured["heldout_loss"] - base) / base, 2),
             "capitals_kept": measured["capitals_kept"], "capitals_known": measured["capitals_known"],
             "train_seconds": measured["train_seconds"], "params_trained": params,
-            "commit": measured_at or measured.get("commit") or commit(),
+            "commit": measured_at or measured.get("commit") or commit(), "note": note,
             "date": today()}
 
 
@@ -48,6 +48,7 @@ def page(recorded: list[dict]) -> str:
         lines += [f"## {kind_title(record['machine'])}", "",
                   "| row | parameters trained | 5-shot EM | 0-shot EM | probe unseen / seen | held-out loss change "
                   "| capitals kept | training (s) | commit, date |", "|---|---|---|---|---|---|---|---|---|"]
+        notes = [f"{name}: {r['note']}" for name, r in sorted(record["rows"].items()) if r.get("note")]
         for name, r in sorted(record["rows"].items()):
             def em(key: str) -> str:
                 if r.get(key) is None:
@@ -59,7 +60,7 @@ def page(recorded: list[dict]) -> str:
             lines.append(f"| {name} | {params} | {em('em')} | {em('em_0shot')} | {r['probe_unseen']:.1f} / "
                          f"{r['probe_seen']:.1f} | {r['heldout_loss_change']:+.2f} % | {r['capitals_kept']} of "
                          f"{r['capitals_known']} | {seconds} | {r['commit']}, {r['date']} |")
-        lines.append("")
+        lines += [""] + [f"- {note}" for note in notes] + ([""] if notes else [])
     return "\n".join(lines)
 
 
@@ -67,6 +68,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.routes", description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", help="`bench.levers` JSON outputs, one per route")
     parser.add_argument("--home", required=True, help="the warehouse the routes were trained in (their parameters)")
+    parser.add_argument("--note", default="", help="what the page should say beside these rows (e.g. that their "
+                                                   "training ran beside another job)")
     parser.add_argument("--commit", help="the commit the results were measured at (default: the one their JSON "
                                          "names, else this checkout's)")
     args = parser.parse_args(argv)
@@ -79,7 +82,7 @@ def main(argv=None) -> int:
     for path in args.results:
         measured = json.loads(Path(path).read_text())
         info = json.loads((find_model(wh, measured["name"]) / "nkb-model.json").read_text())
-        record["rows"][measured["row"]] = row_of(measured, info.get("params_injected"), args.commit)
+        record["rows"][measured["row"]] = row_of(measured, info.get("params_injected"), args.commit, args.note)
     print(f"recorded {RECORDS.write(kind, record)}; {write_pages()}")
     return 0
 
