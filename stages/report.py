@@ -416,6 +416,7 @@ def _report_row(run: StagedRun, wh: Warehouse, config: ReportConfig, row: Report
         values = {"model": row.shown, "asked": row.asked, "answers": row.evaluated, "dataset": dataset,
                   "split": config.split, "em": em, "em_low": low, "em_high": high,
                   "heldout_loss_change": None,  # against the base's, once every row is measured
+                  "retrieval_share": None, "retrieval_share_low": None, "retrieval_share_high": None,  # the same
                   "heldout_loss_unmounted": checks["heldout_loss_nkb_unmounted"],
                   "facts_retained": checks["retained_em"], "params_trained": checks["params_injected"]}
         for key in out:

@@ -186,6 +186,10 @@ def test_a_decoder_only_experiment_trains_every_row_that_applies_and_reports(tmp
     assert formats == ["plain"]  # asked of a causal LM as a prompt (the model's card and info say so)
     report = query(wh, "SELECT DISTINCT model FROM report").column("model").to_pylist()
     assert sorted(report) == sorted(["Transformer", "base", "RAG", "base+NKB", "base+NKB-a", "large"])  # RAG: 0-shot
+    shares = query(wh, "SELECT model, retrieval_share AS r, retrieval_share_low AS lo, retrieval_share_high AS hi "
+                       "FROM report").to_pylist()  # each trained row against the base and RAG, where RAG gains
+    assert all(s["r"] is None for s in shares if s["model"] in ("base", "RAG"))
+    assert all(s["lo"] is None or s["lo"] <= s["r"] <= s["hi"] for s in shares)
     held_out = {r["model"]: r["heldout_loss"] for r in query(wh, "SELECT DISTINCT model, heldout_loss FROM report")
                 .to_pylist()}
     unmounted = query(wh, "SELECT value FROM metrics WHERE metric = 'heldout_loss_nkb_unmounted' AND dataset = "
