@@ -70,7 +70,7 @@ def documents(prefix: str, passages) -> list[dict]:
 # The injection's steps on the real passages: those of docs/results.md's runs, 1,800 for the default draw's ~600
 # passages. The demo's own (1,400) are nine passes over its smaller world's segments; 600 passages at 1,800 steps
 # were already memorised without answers. A larger draw gets steps in proportion (`steps_for`), so the passes over
-# the passages stay those measured: 796 passages, 2,400 steps (journal NT2).
+# the passages stay those measured (docs/results.md, real passages).
 REAL_STEPS = 1800
 REAL_STEPS_PASSAGES = 600
 

@@ -34,6 +34,14 @@ def row_of(measured: dict, params: int | None, measured_at: str | None = None, n
             "date": today()}
 
 
+def em_cell(row: dict, key: str) -> str:
+    """An EM figure of a recorded row with its interval, or that the row was not asked so."""
+    if row.get(key) is None:
+        return "not asked"
+    low, high = row[f"{key}_interval"]
+    return f"{row[key]:.1f} ({low:.1f}-{high:.1f})"
+
+
 def page(recorded: list[dict]) -> str:
     lines = ["# The routes beside the NKB on the demo", "",
              "<!-- Written by `python -m bench.pages` from bench/records/routes-demo/; do not edit. -->", "",
@@ -50,14 +58,9 @@ def page(recorded: list[dict]) -> str:
                   "| capitals kept | training (s) | commit, date |", "|---|---|---|---|---|---|---|---|---|"]
         notes = [f"{name}: {r['note']}" for name, r in sorted(record["rows"].items()) if r.get("note")]
         for name, r in sorted(record["rows"].items()):
-            def em(key: str) -> str:
-                if r.get(key) is None:
-                    return "not asked"
-                low, high = r[f"{key}_interval"]
-                return f"{r[key]:.1f} ({low:.1f}-{high:.1f})"
             params = f"{r['params_trained']:,}" if r.get("params_trained") else ""
             seconds = f"{r['train_seconds']:.0f}" if r.get("train_seconds") else ""
-            lines.append(f"| {name} | {params} | {em('em')} | {em('em_0shot')} | {r['probe_unseen']:.1f} / "
+            lines.append(f"| {name} | {params} | {em_cell(r, 'em')} | {em_cell(r, 'em_0shot')} | {r['probe_unseen']:.1f} / "
                          f"{r['probe_seen']:.1f} | {r['heldout_loss_change']:+.2f} % | {r['capitals_kept']} of "
                          f"{r['capitals_known']} | {seconds} | {r['commit']}, {r['date']} |")
         lines += [""] + [f"- {note}" for note in notes] + ([""] if notes else [])

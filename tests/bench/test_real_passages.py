@@ -45,7 +45,7 @@ def test_questions_and_passages_are_split_without_overlap(oracle):
 
 def test_the_steps_follow_the_draws_passages_as_measured():
     assert steps_for(598) == REAL_STEPS == 1800  # the default draw: docs/results.md's runs
-    assert steps_for(796) == 2400  # twice the questions (journal NT2): the same passes over the passages
+    assert steps_for(796) == 2400  # twice the questions: the same passes over the passages
     assert steps_for(3) == 100
 
 
