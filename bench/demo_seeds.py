@@ -51,6 +51,14 @@ def figures_of(home: Path) -> dict[str, dict]:
             for model, row in by_model(report_rows(Warehouse(home, create=False))).items()}
 
 
+WHAT = "`make demo` over injection seeds"
+
+
+def headline(record: dict) -> str:
+    return (f"base+NKB 5-shot {cell(record, 'base+NKB (5-shot)', 'em')}, 0-shot {cell(record, 'base+NKB (0-shot)', 'em')}"
+            f", base {cell(record, 'base (5-shot)', 'em')} (EM, seed 0 [range over seeds]; {record['commit']})")
+
+
 def records() -> list[dict]:
     return RECORDS.all()
 

@@ -8,7 +8,8 @@ seed is our `shots_seed`, so that both draw the same examples for every question
 each side encodes them, are compared one by one). The model is the same object in memory (the harness's `HFLM`
 wraps it), NKB slots included.
 
-    python -m bench.fewshot_vs_harness --home WAREHOUSE --model base+nkb [--shots 5] [--split validation] [--limit 200]
+    python -m bench.fewshot_vs_harness --home WAREHOUSE --model base+nkb [--shots 5] [--split validation] [--limit 200] \
+        [--record]
 
 Prints both EMs, the agreement question by question and the first disagreements (of verdict, and of answer text),
 and records `metrics` rows in the benchmark warehouse (`bench/results/fewshot` unless --results).
@@ -24,6 +25,13 @@ import time
 from pathlib import Path
 
 import yaml
+
+from bench.recorded import ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, write_pages
+
+RECORDS = Records("fewshot_vs_harness")
+PAGE = ROOT / "docs" / "fewshot-parity.md"
+WHAT = "few-shot QA beside lm-evaluation-harness"
+UNRECORDED = ("disagreements", "other_answers", "harness_prompt")  # the dataset's text and answers to it
 
 
 def harness_task(folder: Path, name: str, train: list[dict], questions: list[dict]) -> None:
@@ -66,6 +74,8 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="ask only the first N questions")
     parser.add_argument("--batch-size", type=int, default=16, help="questions per generation batch, both sides")
     parser.add_argument("--results", default="bench/results/fewshot", help="benchmark warehouse for the figures")
+    parser.add_argument("--record", action="store_true", help="keep the run as this CPU kind's record (by model, "
+                                                              "dataset, questions and shots) and write the pages")
     args = parser.parse_args(argv)
 
     import pyarrow.compute as pc
@@ -137,7 +147,46 @@ def main(argv=None) -> int:
             run.metric(f"bench.fewshot_vs_harness.{key}", result[key], dataset=datasets[0], split=args.split)
     config = {"model": args.model, "shots": args.shots, "split": args.split, "limit": args.limit, "home": args.home}
     run_stage(Warehouse(args.results), "bench-fewshot", config, "bench", body, force=True)
+    if args.record:
+        print(f"recorded {keep_run(sys.modules[__name__], result, command_line('bench.fewshot_vs_harness', argv))}; "
+              f"{write_pages()}")
     return 0
+
+
+def kind_of(result: dict) -> dict:
+    from stages.machine import cpu_kind
+    return cpu_kind()
+
+
+def label(result: dict) -> str:
+    return f"{result['model']}, {result['dataset']}, {result['questions']} questions, {result['shots']} shots"
+
+
+def headline(record: dict) -> str:
+    runs = [run["result"] for run in record["runs"].values()]
+    return (f"the same verdict on {sum(r['same_em'] for r in runs):,} of {sum(r['questions'] for r in runs):,} "
+            f"questions over {len(runs)} runs, the same prompt tokens on "
+            f"{sum(r['same_tokens'] for r in runs):,}")
+
+
+def page(records: list[dict]) -> str:
+    lines = page_head("Few-shot QA beside lm-evaluation-harness", RECORDS.name,
+                      "Our evaluate stage and EleutherAI's lm-evaluation-harness (its installed `nq_open` task: its "
+                      "prompt, stop strings, answer filter, exact match and few-shot sampler, pointed at local files "
+                      "holding the same questions in our order, its few-shot seed our `shots_seed`), given the same "
+                      "model object, batch 16 on both sides; the prompts and their tokens compared one by one. Remade "
+                      "by `python -m bench.fewshot_vs_harness --home WAREHOUSE --model MODEL --record`.")
+    for record in records:
+        lines += [f"## {kind_title(record['machine'])}", "",
+                  "| model, dataset, questions, shots | EM ours / harness | same verdict | same prompt / tokens | "
+                  "same answer text | seconds ours / harness | commit, date |", "|---|---|---|---|---|---|---|"]
+        for name, run in record["runs"].items():
+            r = run["result"]
+            lines.append(f"| {name} | {r['em_ours']:.2f} / {r['em_harness']:.2f} | **{r['same_em']} of "
+                         f"{r['questions']}** | {r['same_prompt']} / {r['same_tokens']} | {r['same_answer']} | "
+                         f"{r['seconds_ours']} / {r['seconds_harness']} | {run['commit']}, {run['date']} |")
+        lines += [""] + [f"- {name}: {run_line(run)}" for name, run in record["runs"].items()] + [""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@
 
 Prints JSON and records `metrics` rows in `bench/results/gpu`. Without CUDA it says so in one line and exits 0.
 
-    python -m bench.gpu [--steps 10] [--batch 64]
+    python -m bench.gpu [--steps 10] [--batch 64] [--record]
+
+`--record` keeps the run in the GPU kind's record (`bench/records/gpu/`), by what it timed, and writes docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -28,7 +30,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bench.recorded import (Records, command_line, dagger, gpu_kind, keep_run, page_head, run_line,
+                            transcribed_lines, write_pages)
+
 ROOT = Path(__file__).resolve().parents[1]
+RECORDS = Records("gpu")
+PAGE = ROOT / "docs" / "gpu.md"
+WHAT = "the GPU path: CUDA tests, training steps' MFU, decoding"
+MODELS = {"t5_base": "t5-base", "smollm2_135m": "SmolLM2-135M"}
 PAPER_STEPS, PAPER_BATCH = 30_000, 256  # the paper's injection: 30K steps at batch 256, 512 tokens
 
 
@@ -162,6 +171,8 @@ def main(argv=None) -> int:
                         help="which training steps to time (fine-tuning's compilation takes a minute of a short lease)")
     parser.add_argument("--frozen-fp32", action="store_true", help="keep the frozen base in fp32 under bf16 autocast "
                                                                    "(before: the inject stage holds it in bf16)")
+    parser.add_argument("--record", action="store_true", help="keep the run in the GPU kind's record and write "
+                                                              "docs/gpu.md (bench.pages)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench.gpu: skipped: no CUDA GPU on this machine (torch.cuda.is_available() is False)")
@@ -220,8 +231,71 @@ def main(argv=None) -> int:
     config = {"steps": args.steps, "batch": batch, "only": args.only, "compile": args.compile,
               "frozen_fp32": args.frozen_fp32, "mode": args.mode, "parts": list(args.parts)}
     record(Warehouse(args.home), "gpu", flat, config)
+    if args.record:
+        print(f"recorded {keep_run(sys.modules[__name__], result, command_line('bench.gpu', argv))}; {write_pages()}")
     tests = result["tests"]
     return 1 if tests.get("failed") or tests.get("error") or tests.get("returncode", 0) not in (0, 5) else 0
+
+
+def kind_of(result: dict) -> dict:
+    return gpu_kind(result["device"])
+
+
+def timed(result: dict) -> list[tuple[str, str, dict]]:
+    """(model key, part, its figures) of every training step a run timed."""
+    return [(m, part, result[m][part]) for m in MODELS if m in result for part in ("inject", "finetune")
+            if part in result[m]]
+
+
+def label(result: dict) -> str:
+    return "; ".join(f"{MODELS[m]} {part} at batch {result[m]['batch'].split()[0]}, "
+                     f"{'compiled' if result[m]['compiled'] else 'eager'}, frozen base {result[m]['frozen_base']}"
+                     for m, part, _ in timed(result))
+
+
+def headline(record: dict) -> str:
+    best = max(((run, m, figures) for run in record["runs"].values() for m, part, figures in timed(run["result"])
+                if part == "inject"), key=lambda found: found[2]["mfu"] or 0)
+    run, model, figures = best
+    hours = run["result"][model].get("paper_injection_hours")
+    return (f"{MODELS[model]} injection at {100 * figures['mfu']:.1f} % MFU ({run['commit']})"
+            + (f"; the paper's 30K-step injection {hours} h" if hours else ""))
+
+
+def page(records: list[dict]) -> str:
+    lines = page_head("The GPU path", RECORDS.name,
+                      "`python -m bench.gpu` on a lent GPU machine: the CUDA tests (`pytest -m gpu`), training steps in "
+                      "bf16 autocast on random weights of each model's config (speed does not depend on the values): "
+                      "injection (slots on the last block, the base frozen and held in bf16 unless the row says fp32) "
+                      "and fine-tuning (every parameter); model FLOPs by the project's own count (`bench.inject`), MFU "
+                      "against the card's dense bf16 datasheet peak; the paper's injection (30K steps at batch 256) "
+                      "extrapolated from the step time; batched greedy decoding (512 questions, 32 prompt and 8 new "
+                      "tokens). Remade by `python -m bench.gpu --record` (with `--compile`, `--batch`, `--only`, "
+                      "`--parts` for each row).")
+    for record in records:
+        lines += [f"## {record['machine']['name']}", "", *transcribed_lines(record["runs"].values()),
+                  "| model, step | batch | frozen base | compiled | s/step | MFU | peak GiB | the paper's injection, h "
+                  "| commit, date |", "|---|---|---|---|---|---|---|---|---|"]
+        for run in record["runs"].values():
+            for model, part, f in timed(run["result"]):
+                place = run["result"][model]
+                peak = f"{f['peak_memory_gib']}" if f.get("peak_memory_gib") is not None else "-"
+                lines.append(f"| {MODELS[model]}, {part} | {place['batch'].split()[0]} | "
+                             f"{place['frozen_base'] if part == 'inject' else '(all trained)'} | "
+                             f"{'yes' if place['compiled'] else 'no'} | {f['step_s']} | {100 * f['mfu']:.1f} % | {peak} | "
+                             f"{place.get('paper_injection_hours', '-') if part == 'inject' else ''} | "
+                             f"{run['commit']}, {run['date']}{dagger(run)} |")
+        lines.append("")
+        for name, run in record["runs"].items():
+            tests = run["result"].get("tests", {})
+            greedy = [f"{MODELS[m]} {run['result'][m]['greedy']['questions_per_s']:,.0f}" for m in MODELS
+                      if "greedy" in run["result"].get(m, {})]
+            lines.append(f"- {name}: {run_line(run)}; torch {run['result']['torch']}; CUDA tests "
+                         + (f"{tests.get('passed', 0)} passed, {tests.get('failed', 0)} failed, "
+                            f"{tests.get('skipped', 0)} skipped" if "passed" in tests else "not run")
+                         + (f"; greedy decoding, questions/s: {', '.join(greedy)}" if greedy else "") + ".")
+        lines.append("")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

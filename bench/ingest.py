@@ -12,7 +12,7 @@ recorded as `metrics` rows of the ingest runs in the benchmark warehouse (`bench
 --home).
 
     python -m bench.ingest [--mb 50] [--home DIR]
-    python -m bench.ingest --dump enwiki-...-pages-articles1.xml-p1p41242.bz2 [--repeats 1,20,80]
+    python -m bench.ingest --dump enwiki-...-pages-articles1.xml-p1p41242.bz2 [--repeats 1,20,80] [--record]
 
 With --dump, WikiExtractor (the tool users would otherwise pick; a dev dependency) runs on each dump with as many
 processes as the ingest's wikitext workers, and both are reported side by side: pages/s, characters kept, pages
@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.recorded import ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, write_pages
 from corpus.sample_world import SampleWorld
 
 _CHILD = """
@@ -193,6 +194,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", default="1,20,80", help="with --dump: how many times to repeat its pages, "
                                                              "comma-separated (default 1,20,80)")
     parser.add_argument("--home", default="bench/results/warehouse", help="benchmark warehouse directory")
+    parser.add_argument("--record", action="store_true", help="keep the run as this CPU kind's record and write "
+                                                              "docs/ingest.md (bench.pages)")
     args = parser.parse_args(argv)
     home = Path(args.home)
     home.mkdir(parents=True, exist_ok=True)
@@ -229,7 +232,73 @@ def main(argv=None) -> int:
                     "enwiki_hours_at_this_rate": round(ENWIKI_ARTICLES / best["pages_per_s"] / 3600, 1)}
     _record(home, summary)
     print(json.dumps(summary, indent=1))
+    if args.record:
+        print(f"recorded {keep_run(sys.modules[__name__], summary, command_line('bench.ingest', argv))}; "
+              f"{write_pages()}")
     return 0
+
+
+RECORDS = Records("ingest")
+PAGE = ROOT / "docs" / "ingest.md"
+WHAT = "Wikipedia ingest beside WikiExtractor"
+
+
+def kind_of(result: dict) -> dict:
+    from stages.machine import cpu_kind
+    return cpu_kind()
+
+
+def label(result: dict) -> str:
+    return Path(result["source"]).name
+
+
+def headline(record: dict) -> str:
+    """The largest dump's rate beside WikiExtractor's, of the record's first run with WikiExtractor beside it."""
+    for run in record["runs"].values():
+        largest = run["result"]["results"][-1]
+        if isinstance(largest.get("wikiextractor"), dict):
+            return (f"{largest['pages_per_s']:.0f} pages/s, {largest['ours_over_wikiextractor_pages_per_s']:.2f}x "
+                    f"WikiExtractor's, on {largest['uncompressed_mb']:.0f} MB ({run['commit']})")
+    return "no run beside WikiExtractor"
+
+
+def page(records: list[dict]) -> str:
+    lines = page_head("Wikipedia ingest beside WikiExtractor", RECORDS.name,
+                      "The `ingest` stage in a fresh process with its wikitext workers, and WikiExtractor (`--processes "
+                      "N --no-templates --json`, N the same) on the same files: a real dump and its pages repeated "
+                      "under new ids. Markup left: a page whose text still holds `<ref`, `{{`, `[[` or `|}`. Remade by "
+                      "`python -m bench.ingest --dump FILE --record`.")
+    for record in records:
+        lines += [f"## {kind_title(record['machine'])}", ""]
+        for name, run in record["runs"].items():
+            result = run["result"]
+            lines += [f"### {name}", "", f"Measured at {run_line(run)}, {result['cpus']} cores.", "",
+                      "| dump, uncompressed | pages kept, ours / WikiExtractor | seconds | pages/s | ours ÷ theirs "
+                      "| characters kept | pages (articles) with markup left | peak RSS with workers |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for r in result["results"]:
+                theirs = r["wikiextractor"] if isinstance(r.get("wikiextractor"), dict) else {}
+                def both(key, form="{:,}"):
+                    return " / ".join(form.format(x) if x is not None else "-" for x in (r["ours"][key], theirs.get(key)))
+                lines.append(f"| {r['dump']}, {r['uncompressed_mb']:.1f} MB | {both('pages')} | "
+                             f"{r['seconds']} / {theirs.get('seconds', '-')} | {r['pages_per_s']:.0f} / "
+                             f"{theirs.get('pages_per_s', 0):.0f} | {r.get('ours_over_wikiextractor_pages_per_s', '-')} | "
+                             f"{both('characters', '{:,}')} | {r['ours']['pages_with_markup']} "
+                             f"({r['ours']['articles_with_markup']}) / {theirs.get('pages_with_markup', '-')} "
+                             f"({theirs.get('articles_with_markup', '-')}) | {r['peak_rss_with_workers_mb']:.0f} MB |")
+            loop = result.get("plain_mwparserfromhell_loop", {})
+            lines += ["", f"- Peak memory, the largest dump over the next: "
+                          f"{result.get('peak_rss_ratio_largest_over_next', '-')}x (bounded by one Parquet row group)."]
+            if loop:
+                lines.append(f"- A plain single-process mwparserfromhell `strip_code` loop on the first dump: "
+                             f"{loop['pages_per_s']:.0f} pages/s.")
+            if result["results"][-1].get("ours_enwiki_hours"):
+                hours = result["results"][-1]
+                lines.append(f"- The English Wikipedia at the largest dump's rate: {hours['ours_enwiki_hours']['2_cores']} h "
+                             f"on 2 cores (WikiExtractor {hours['wikiextractor_enwiki_hours']['2_cores']} h), "
+                             f"{hours['ours_enwiki_hours']['64_cores']} h on 64 if cleaning scales with the cores.")
+            lines.append("")
+    return "\n".join(lines)
 
 
 def _ratio(larger: dict, smaller: dict) -> float:

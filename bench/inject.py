@@ -5,7 +5,7 @@ block (as `nkb demo --arch` mounts them); and, when a CUDA GPU is present, the s
 for a randomly initialised T5-base-sized model in bf16 with model FLOPs utilisation (MFU). Without a GPU that
 part says it is skipped. Prints JSON and records `metrics` rows in `bench/results/inject`.
 
-    python -m bench.inject [--steps 5] [--size small]
+    python -m bench.inject [--steps 5] [--size small] [--record]
 
 MFU counts model FLOPs from the model's structure (`step_flops`): each linear layer's matmuls on the
 tokens it actually sees (the encoder's, and the decoder's cross-attention keys and values, on the input;
@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 
+from bench.recorded import ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, write_pages
 from nkb_model.base_model import FEED_FORWARD, SIZES, causal_config
 from nkb_model.architectures import ARCHITECTURES
 from nkb_model.families import family, family_of
@@ -199,6 +200,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per variant (after one warm-up)")
     parser.add_argument("--size", default="small", choices=list(SIZES), help="model size for the CPU comparison")
     parser.add_argument("--home", default="bench/results/inject", help="benchmark warehouse")
+    parser.add_argument("--record", action="store_true", help="keep the run as this CPU kind's record and write "
+                                                              "docs/inject.md (bench.pages)")
     args = parser.parse_args(argv)
 
     result = {"benchmark": "inject"}
@@ -244,7 +247,62 @@ def main(argv=None) -> int:
         flat.update({f"{where}.{path}.{k}": v for path in ("cached", "uncached") for k, v in cached[path].items()})
         flat.update({f"{where}.{k}": v for k, v in cached.items()})
     record(Warehouse(args.home), "inject", flat, {"steps": args.steps, "size": args.size})
+    if args.record:
+        print(f"recorded {keep_run(sys.modules[__name__], result, command_line('bench.inject', argv))}; "
+              f"{write_pages()}")
     return 0
+
+
+RECORDS = Records("inject")
+PAGE = ROOT / "docs" / "inject.md"
+WHAT = "injection's speed on CPU: the slots against every parameter, the segment cache"
+CACHED = {"cpu_smollm2_cached": "a training sentence", "cpu_smollm2_cached_passage": "a passage's text up to a span"}
+
+
+def kind_of(result: dict) -> dict:
+    from stages.machine import cpu_kind
+    return cpu_kind()
+
+
+def label(result: dict) -> str:
+    return f"{result['cpu']['model']} models"
+
+
+def headline(record: dict) -> str:
+    run = next(iter(record["runs"].values()))
+    ratios = [run["result"][key]["cached_over_uncached_tokens_per_s"] for key in CACHED if key in run["result"]]
+    return (f"cached injection on SmolLM2 {min(ratios)}-{max(ratios)}x the uncached tokens/s; slots alone "
+            f"{run['result']['cpu']['nkb_over_nkb_a_step_time']}x NKB-a's step time on T5 ({run['commit']})")
+
+
+def page(records: list[dict]) -> str:
+    lines = page_head("Injection's speed on CPU", RECORDS.name,
+                      "`python -m bench.inject`: training steps of the slots alone (NKB, the base frozen) against every "
+                      "parameter (NKB-a) at the same batch, on models of the project's own sizes (random weights: speed "
+                      "does not depend on the values), and on SmolLM2-135M's config the injection the inject stage runs "
+                      "on its segment cache (the states entering the lowest slot block read off the cache; the blocks "
+                      "above, and the head at the target positions only) against training through the whole model. "
+                      "Median step time after one warm-up; fp32. Remade by `python -m bench.inject --record`.")
+    for record in records:
+        lines += [f"## {kind_title(record['machine'])}", ""]
+        for name, run in record["runs"].items():
+            result = run["result"]
+            lines += [f"### {name}", "", f"Measured at {run_line(run)}.", "",
+                      "| model | batch | NKB s/step | NKB-a s/step | NKB ÷ NKB-a step time |", "|---|---|---|---|---|"]
+            for key, place in result.items():
+                if key.startswith("cpu") and isinstance(place, dict) and "nkb" in place:
+                    lines.append(f"| {place['model']} | {place['batch']} | {place['nkb']['step_s']} | "
+                                 f"{place['nkb-a']['step_s']} | {place['nkb_over_nkb_a_step_time']} |")
+            lines += ["", "| SmolLM2-135M, sequence | uncached s/step | cached s/step | tokens/s ratio | cache build, s "
+                          "per segment | 10 epochs with the cache's build |", "|---|---|---|---|---|---|"]
+            for key, what in CACHED.items():
+                if key in result:
+                    c = result[key]
+                    lines.append(f"| {what}, {c['batch']} | {c['uncached']['step_s']} | {c['cached']['step_s']} | "
+                                 f"**{c['cached_over_uncached_tokens_per_s']}x** | {c['cache_s_per_segment']} | "
+                                 f"{c['speedup_with_cache_build_10_epochs']}x |")
+            lines.append("")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ repeated under new ids), then measured, each figure the best of a few runs (the 
   first) and on a bare read_parquet of the file.
 Prints JSON and records `metrics` rows.
 
-    python -m bench.integrity [--mb 2000]
+    python -m bench.integrity [--mb 2000] [--record]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from bench import record
+from bench.recorded import ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, write_pages
 from stages import data
 from stages.configs import SampleWorldConfig
 from warehouse import Warehouse, file_digest, query, run_stage
@@ -119,6 +120,8 @@ def main(argv=None) -> int:
     parser.add_argument("--mb", type=int, default=2000, help="size of the documents table to build, in MB")
     parser.add_argument("--people", type=int, default=20_000, help="people in the sample world whose articles repeat")
     parser.add_argument("--home", default="bench/results/integrity", help="benchmark warehouse (rebuilt)")
+    parser.add_argument("--record", action="store_true", help="keep the run as this CPU kind's record and write "
+                                                              "docs/integrity.md (bench.pages)")
     args = parser.parse_args(argv)
     os.environ.setdefault("NKB_PROGRESS", "0")
     home = Path(args.home)
@@ -143,8 +146,62 @@ def main(argv=None) -> int:
     figures["write_overhead_pct"] = round(100 * (figures["write_with_checksums_s"] /
                                                  figures["write_without_checksums_s"] - 1), 1)
     figures["run_id"] = record(wh, "integrity", figures, {"mb": args.mb, "people": args.people})
-    print(json.dumps({"benchmark": "integrity", "cpus": os.cpu_count(), **figures}, indent=1))
+    result = {"benchmark": "integrity", "cpus": os.cpu_count(), **figures}
+    print(json.dumps(result, indent=1))
+    if args.record:
+        print(f"recorded {keep_run(sys.modules[__name__], result, command_line('bench.integrity', argv))}; "
+              f"{write_pages()}")
     return 0
+
+
+RECORDS = Records("integrity")
+PAGE = ROOT / "docs" / "integrity.md"
+WHAT = "what it costs that a read returns only committed bytes"
+ROWS = (("writing the file with page checksums / without, s", ("write_with_checksums_s", "write_without_checksums_s")),
+        ("the check before each read: each file's size and footer digest (`Warehouse.table_files`), s",
+         ("check_before_read_s",)),
+        ("hashing every byte instead (the registry's SHA-256 checked on each read), s", ("whole_digest_s",)),
+        ("full scan `SELECT count(*), sum(length(text))`, pages verified / not verified, s",
+         ("scan_verified_s", "scan_unverified_s")),
+        ("the same scan through `nkb sql` (registry, checks, sandbox, pages verified), s", ("nkb_sql_scan_s",)),
+        ("`count(*)` through `nkb sql`, s", ("nkb_sql_count_s",)),
+        ("the scan through the duckdb CLI on the warehouse's view / on a bare read_parquet, s",
+         ("cli_view_scan_s", "cli_bare_scan_s")))
+
+
+def kind_of(result: dict) -> dict:
+    from stages.machine import cpu_kind
+    return cpu_kind()
+
+
+def label(result: dict) -> str:
+    return f"{result['bytes'] / 1e9:.0f} GB"
+
+
+def headline(record: dict) -> str:
+    return "; ".join(f"{name}: the check before a read {run['result']['check_before_read_s'] * 1000:.0f} ms, a full "
+                     f"scan {run['result']['scan_overhead_pct']:+.1f} % with pages verified ({run['commit']})"
+                     for name, run in record["runs"].items())
+
+
+def page(records: list[dict]) -> str:
+    lines = page_head("Reading only what was committed", RECORDS.name,
+                      "One `documents` partition (the sample world's articles repeated under new ids) written by a stage "
+                      "run, then read every way a read can be checked; each figure the best of a few runs. Remade by "
+                      "`python -m bench.integrity --mb 2000 --record`.")
+    for record in records:
+        runs = list(record["runs"].items())
+        lines += [f"## {kind_title(record['machine'])}", ""] + [f"- {name}: {run_line(run)}" for name, run in runs]
+        lines += ["", "| what | " + " | ".join(f"{r['result']['bytes'] / 1e6:,.0f} MB, {r['result']['rows']:,} rows"
+                                               for _, r in runs) + " |", "|---" * (len(runs) + 1) + "|"]
+        for what, keys in ROWS:
+            cells = [" / ".join(str(r["result"][k]) for k in keys) if all(k in r["result"] for k in keys) else "-"
+                     for _, r in runs]
+            lines.append(f"| {what} | " + " | ".join(cells) + " |")
+        lines += ["", "The scan's cost of verifying pages: " + ", ".join(
+            f"{r['result']['scan_overhead_pct']:+.1f} % at {name}" for name, r in runs) + "; writing with checksums: "
+            + ", ".join(f"{r['result']['write_overhead_pct']:+.1f} %" for _, r in runs) + ".", ""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@
     python -m bench.pages            # write them
     python -m bench.pages --check    # exit 1 naming each that differs from its records (a test runs it)
 
-The demo over seeds (docs/demo-smollm2.md and the README's table: `bench.demo_seeds`), the paper's T5 experiment
-(docs/paper-t5.md and the README's lines: `bench.paper_t5`), the routes beside the NKB (docs/routes.md:
-`bench.routes`)."""
+Each page belongs to the benchmark that records it (`PAGES`): the demo over seeds (docs/demo-smollm2.md and the
+README's table), the paper's T5 experiment (docs/paper-t5.md and the README's lines), the routes beside the NKB, real
+passages, ingest, integrity, few-shot parity, injection's speed, its profile and the GPU path. results.md's index gives each page's headline."""
 
 from __future__ import annotations
 
@@ -13,32 +13,24 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench import demo_seeds, paper_t5, routes
+from bench import (demo_seeds, fewshot_vs_harness, gpu, ingest, inject, integrity, paper_t5, profile_inject,
+                   real_passages, routes)
 from bench.recorded import README, ROOT, with_block
 
-
+# Each page's module: its RECORDS, PAGE, WHAT, page(records) and headline(record), in the index's order.
+PAGES = (demo_seeds, paper_t5, routes, real_passages, ingest, integrity, fewshot_vs_harness, inject, profile_inject, gpu)
 RESULTS = ROOT / "docs" / "results.md"
 INDEX_MARKS = ("<!-- pages: written by `python -m bench.pages` from bench/records -->", "<!-- /pages -->")
 
 
 def index_block() -> str:
-    """results.md's index of the generated pages, each with its headline on each CPU kind recorded."""
-    lines = [INDEX_MARKS[0], "", "| page | what | headline, per CPU kind recorded |", "|---|---|---|"]
-    for record in demo_seeds.records():
-        lines.append(f"| [demo-smollm2.md](demo-smollm2.md) | `make demo` over injection seeds | "
-                     f"{record['machine']['slug']}, {record['commit']}: base+NKB 5-shot "
-                     f"{demo_seeds.cell(record, 'base+NKB (5-shot)', 'em')}, 0-shot "
-                     f"{demo_seeds.cell(record, 'base+NKB (0-shot)', 'em')}, base "
-                     f"{demo_seeds.cell(record, 'base (5-shot)', 'em')} (EM, seed 0 [range over seeds]) |")
-    for record in paper_t5.records():
-        s = record["summary"]
-        lines.append(f"| [paper-t5.md](paper-t5.md) | `nkb demo --arch t5`, the paper's Table 3 | "
-                     f"{record['cpu']['slug']}, {record['commit']}: base+NKB {s[f'em_{paper_t5.MAIN}']['mean']:.1f} "
-                     f"against the base's {s['em_base']['mean']:.1f} (mean EM over {len(record['seeds'])} seeds) |")
-    for record in routes.RECORDS.all():
-        rows = ", ".join(f"{name} {row['em']:.1f}" for name, row in sorted(record["rows"].items()))
-        lines.append(f"| [routes.md](routes.md) | the routes beside the NKB on the demo | "
-                     f"{record['machine']['slug']}: {rows} (5-shot EM) |")
+    """results.md's index of the generated pages, each with its headline on each machine kind recorded."""
+    lines = [INDEX_MARKS[0], "", "| page | what | headline, per machine kind recorded |", "|---|---|---|"]
+    for module in PAGES:
+        name = module.PAGE.name
+        for record in module.RECORDS.all():
+            lines.append(f"| [{name}]({name}) | {module.WHAT} | {record['machine']['slug']}: "
+                         f"{module.headline(record)} |")
     return "\n".join(lines + ["", INDEX_MARKS[1]])
 
 
@@ -47,9 +39,8 @@ def generated() -> dict[Path, str]:
     readme = README.read_text()
     readme = with_block(readme, demo_seeds.README_MARKS, demo_seeds.readme_block(demo_seeds.records()))
     readme = with_block(readme, paper_t5.README_MARKS, paper_t5.readme_block(paper_t5.records()))
-    return {README: readme, RESULTS: with_block(RESULTS.read_text(), INDEX_MARKS, index_block()),
-            demo_seeds.PAGE: demo_seeds.page(demo_seeds.records()),
-            paper_t5.PAGE: paper_t5.page(paper_t5.records()), routes.PAGE: routes.page(routes.RECORDS.all())}
+    pages = {module.PAGE: module.page(module.RECORDS.all()) for module in PAGES}
+    return {README: readme, RESULTS: with_block(RESULTS.read_text(), INDEX_MARKS, index_block()), **pages}
 
 
 def stale() -> list[Path]:

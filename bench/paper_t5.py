@@ -133,7 +133,7 @@ def page(records: list[dict]) -> str:
              "EM in % on the 300 validation questions (100 per dataset); the interval is each seed's 95 % "
              "bootstrap interval of base+NKB's EM.", ""]
     for r in sorted(records, key=lambda r: r["date"], reverse=True):
-        kind, s = r["cpu"], r["summary"]
+        kind, s = r["machine"], r["summary"]
         lines += [f"## {kind['name']} (family {kind['family']}, model {kind['model']}"
                   f"{', ' + ' and '.join(kind['bf16_units']) if kind['bf16_units'] else ', no bf16 units'})", "",
                   f"Commit {r['commit']}, {r['date']}, {r['cpus']} cores, {r['precision']}; {len(r['seeds'])} "
@@ -166,7 +166,7 @@ def readme_block(records: list[dict]) -> str:
     text = []
     for r in sorted(records, key=lambda r: r["date"], reverse=True):
         s, first = r["summary"], r["seeds"]["0"]
-        text.append(f"On a 2-core {r['cpu']['name']} (family {r['cpu']['family']}, model {r['cpu']['model']}), "
+        text.append(f"On a 2-core {r['machine']['name']} (family {r['machine']['family']}, model {r['machine']['model']}), "
                     f"commit {r['commit']}, {len(r['seeds'])} fine-tuning seeds: base+NKB "
                     f"**{s[f'em_{MAIN}']['mean']:.1f}** EM on average ({s[f'em_{MAIN}']['low']:.1f}-"
                     f"{s[f'em_{MAIN}']['high']:.1f}) against the base's {s['em_base']['mean']:.1f} and base+NKB-a's "
@@ -181,6 +181,15 @@ def readme_block(records: list[dict]) -> str:
 def _get(figures: dict, key: str) -> str:
     value = figures.get(key)
     return "" if value is None else f"{value:.1f}"
+
+
+WHAT = "`nkb demo --arch t5`, the paper's Table 3"
+
+
+def headline(record: dict) -> str:
+    s = record["summary"]
+    return (f"base+NKB {s[f'em_{MAIN}']['mean']:.1f} against the base's {s['em_base']['mean']:.1f} (mean EM over "
+            f"{len(record['seeds'])} seeds; {record['commit']})")
 
 
 def records() -> list[dict]:
@@ -213,7 +222,7 @@ def main(argv=None) -> int:
     kind = cpu_kind()
     # the stages' precision on this machine (the experiment leaves it at auto: fp32 on a CPU)
     precision = "bf16" if choose_device().autocast_dtype else "fp32"
-    run = {"cpu": kind, "cpus": os.cpu_count(), "precision": precision, "commit": commit(),
+    run = {"machine": kind, "cpus": os.cpu_count(), "precision": precision, "commit": commit(),
            "date": today(), "seconds": round(sum(s["seconds"] for s in seeds.values())),
            "seeds": seeds, "summary": summary(seeds)}
     path = RECORDS.path(kind)

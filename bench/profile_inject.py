@@ -1,7 +1,7 @@
 """Where an injection's time goes on this machine: the demo's injection (or any route of an experiment) set up as
 the inject stage sets it up, then a few of its steps under PyTorch's profiler, with what the CPU can do beside it.
 
-    python -m bench.profile_inject --home .nkb [--row base+nkb] [--steps 30] [--warmup 10] [--set KEY=VALUE]
+    python -m bench.profile_inject --home .nkb [--row base+nkb] [--steps 30] [--warmup 10] [--set KEY=VALUE] [--record]
 
 Prints, and records as `metrics` rows in `bench/results/profile_inject`:
 - the machine: CPU model, the instruction sets bf16 matrix products can use (AVX512-BF16, AMX), PyTorch's CPU
@@ -28,6 +28,7 @@ import sys
 import time
 from collections import defaultdict
 
+from bench.recorded import ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, write_pages
 from stages.configs import FIELD_ROUTES
 from stages.experiment import SAMPLE_WORLD_SMOLLM2
 
@@ -49,6 +50,8 @@ def main(argv=None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an experiment setting, e.g. stages.inject.precision=fp32 (repeatable)")
     parser.add_argument("--results", default="bench/results/profile_inject", help="benchmark warehouse for the figures")
+    parser.add_argument("--record", action="store_true", help="keep the run as this CPU kind's record (by row, "
+                                                              "settings and steps) and write docs/profile-inject.md")
     args = parser.parse_args(argv)
     if args.steps < 2 or args.warmup < 0:
         parser.error("--steps: at least 2 (a rate needs two step ends); --warmup: 0 or more")
@@ -62,7 +65,7 @@ def main(argv=None) -> int:
     except (ValueError, WarehouseError) as exc:
         parser.error(str(exc))
 
-    result = {"row": args.row, "sets": args.set, **machine()}
+    result = {"row": args.row, "sets": args.set, "warmup": args.warmup, "steps": args.steps, **machine()}
     model, trained, batches, device, after, setup = prepared(wh, inject, args.warmup + args.steps)
     result.update(setup)
     result.update(profiled_steps(trained, batches, inject, device, after, args.warmup, args.steps))
@@ -71,7 +74,61 @@ def main(argv=None) -> int:
     result["step_gflops"] = round(result["step_gflop"] * result["steps_per_second"], 1)  # beside matmul_gflops_*
     record(Warehouse(args.results), "profile_inject", result, vars(args))
     print(json.dumps(result, indent=1))
+    if args.record:
+        print(f"recorded {keep_run(sys.modules[__name__], result, command_line('bench.profile_inject', argv))}; "
+              f"{write_pages()}")
     return 0
+
+
+RECORDS = Records("profile_inject")
+PAGE = ROOT / "docs" / "profile-inject.md"
+WHAT = "where an injection step's time goes"
+
+
+def kind_of(result: dict) -> dict:
+    from stages.machine import cpu_kind
+    return cpu_kind()
+
+
+def label(result: dict) -> str:
+    return " ".join([result["row"], *result["sets"], f"after {result['warmup']} steps, {result['steps']} profiled"])
+
+
+def headline(record: dict) -> str:
+    return "; ".join(f"{name}: {run['result']['steps_per_second']} steps/s, matrix products "
+                     f"{run['result'].get('share_matmul', 0)} % of the time ({run['commit']})"
+                     for name, run in record["runs"].items())
+
+
+def page(records: list[dict]) -> str:
+    lines = page_head("Where an injection step's time goes", RECORDS.name,
+                      "`python -m bench.profile_inject --home WAREHOUSE`: the demo's injection (or a route's) set up "
+                      "as the inject stage sets it up in the warehouse of a `make demo`, then steps of its training "
+                      "loop under PyTorch's profiler, by kind of work (the operators' own CPU time); beside them, one "
+                      "FFN's up-projection alone at the step's size in bf16 and fp32, and a step's GFLOP by PyTorch's "
+                      "FLOP counter with the rate the steps ran at. Remade by `python -m bench.profile_inject --home "
+                      "H --warmup W --steps S --record`.")
+    for record in records:
+        lines += [f"## {kind_title(record['machine'])}", "",
+                  "| steps profiled | steps a second | matrix products | attention | copies | optimizer | the rest | "
+                  "a step's GFLOP, run at GFLOP/s | the FFN's product alone, bf16 / fp32 GFLOP/s | commit, date |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for name, run in record["runs"].items():
+            r = run["result"]
+            lines.append(f"| {name} | **{r['steps_per_second']}** | {r.get('share_matmul', 0)} % | "
+                         f"{r.get('share_attention', 0)} % | {r.get('share_copies', 0)} % | {r.get('share_optimizer', 0)} % | "
+                         f"{r.get('share_other', 0)} % | {r['step_gflop']}, {r['step_gflops']} | "
+                         f"{r['matmul_gflops_bf16']} / {r['matmul_gflops_fp32']} ({r['matmul_tokens']} tokens) | "
+                         f"{run['commit']}, {run['date']} |")
+        lines.append("")
+        for name, run in record["runs"].items():
+            r = run["result"]
+            lines += [f"- {name}: {run_line(run)}; precision {r['precision']}, PyTorch {r['torch']} (CPU capability "
+                      f"{r['torch_cpu_capability']}, {r['torch_threads']} threads); set-up: the base loaded "
+                      f"{r['setup_load_seconds']} s, the batches and the segment cache {r['setup_batches_seconds']} s. "
+                      f"The top operators: {'; '.join(r['top_operators'][:5])}."]
+        lines.append("")
+    return "\n".join(lines)
 
 
 def machine() -> dict:
@@ -146,7 +203,7 @@ def profiled_steps(trained, batches, config, device, after, warmup: int, steps: 
     for event in prof.key_averages():
         if event.self_cpu_time_total <= 0:
             continue
-        by_kind[kind_of(event.key)] += event.self_cpu_time_total
+        by_kind[work_of(event.key)] += event.self_cpu_time_total
         top.append((event.self_cpu_time_total, event.key, event.count))
     total = sum(by_kind.values())
     top.sort(reverse=True)
@@ -166,7 +223,7 @@ def step_flops(trained, batches, config, device, steps: int = 2) -> float:
     return counter.get_total_flops() / steps
 
 
-def kind_of(operator: str) -> str:
+def work_of(operator: str) -> str:
     name = operator.lower()
     return next((kind for kind, fragments in KINDS if any(f in name for f in fragments)), "other")
 

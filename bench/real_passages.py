@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from bench.recorded import ROOT, Records, dagger, kind_title, page_head, run_line, transcribed_lines
 from corpus.files import iter_jsonl
 from stages.experiment import SAMPLE_WORLD_SMOLLM2
 
@@ -134,6 +135,66 @@ def main(argv=None) -> int:
           f"{len(parts['passages'])} passages, {len(parts['general'])} general passages, {steps} steps: "
           f"nkb --home {args.out}/.nkb pipeline {args.out / EXPERIMENT}")
     return 0
+
+
+RECORDS = Records("real-passages")
+PAGE = ROOT / "docs" / "real-passages.md"
+WHAT = "NQ-open questions and the Wikipedia passages that answer them"
+
+
+def figure(value: float) -> str:
+    """A figure as measured: one decimal, or two where a mean of two seeds has them."""
+    return f"{value:.1f}" if round(value, 1) == value else f"{value:.2f}"
+
+
+def seeds_cell(row: dict, key: str, form=figure) -> str:
+    """Each seed's figure, then their mean with its 95 % interval over the questions where one was measured."""
+    values = row.get(key)
+    if not values:
+        return ""
+    cell = ", ".join(map(form, values))
+    mean = row.get(f"{key}_mean")
+    interval = f" ({figure(mean[1])}-{figure(mean[2])})" if mean else ""
+    return cell + (f": **{figure(mean[0])}**{interval}" if mean and len(values) > 1 else interval)
+
+
+def headline(record: dict) -> str:
+    run = next(iter(record["runs"].values()))
+    rows = run["result"]["rows"]
+    nkb, base = rows["base+NKB"], rows["base"]
+    return (f"base+NKB {nkb['em_5shot_mean'][0]:.1f} 5-shot over {len(nkb['em_5shot'])} seeds against the base's "
+            f"{base['em_5shot'][0]:.1f}, a lead of {nkb['lead'][0]:.1f} ({nkb['lead'][1]:.1f}-{nkb['lead'][2]:.1f}) "
+            f"({run['commit']})")
+
+
+def page(records: list[dict]) -> str:
+    lines = page_head("Real passages: NQ-open questions and the Wikipedia passages that answer them", RECORDS.name,
+                      "`python -m bench.real_passages nq-open-oracle.jsonl.gz --out real-nq` writes NQ-open questions "
+                      "and the Wikipedia passages NQ's annotators marked as holding their answers (lost-in-the-middle's "
+                      "file), with an experiment of the demo's settings but those measured on real text (taken from "
+                      "`experiments/example-causal-lm.yaml`); `nkb --home real-nq/.nkb pipeline "
+                      "real-nq/real-nq-smollm2.yaml` runs it, each route and seed by `python -m bench.levers "
+                      "--experiment real-nq/real-nq-smollm2.yaml --row ROUTE --set stages.inject.seed=N`, and "
+                      "`python -m bench.seeds` reads the seeds together (means and paired leads over the same "
+                      "questions, with 95 % bootstrap intervals).")
+    for record in records:
+        lines += [f"## {kind_title(record['machine'])}", "", *transcribed_lines(record["runs"].values())]
+        for name, run in record["runs"].items():
+            result = run["result"]
+            lines += [f"### {name}", "", f"Measured at {run_line(run)}{dagger(run)}. {result['setting']}", "",
+                      "| model | 5-shot EM per seed: mean (95 %) | 0-shot EM | 5-shot lead over the base (95 %) | "
+                      f"held-out loss change (base {result['heldout_loss_base']}) | capitals kept of "
+                      f"{result['capitals_known']} (routed) | parameters trained | training s |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for model, row in result["rows"].items():
+                lead = f"{figure(row['lead'][0])} ({figure(row['lead'][1])}-{figure(row['lead'][2])})" if row.get("lead") else ""
+                routed = f" ({', '.join(map(str, row['capitals_routed']))})" if row.get("capitals_routed") else ""
+                lines.append(f"| {model} | {seeds_cell(row, 'em_5shot')} | {seeds_cell(row, 'em_0shot')} | {lead} | "
+                             f"{seeds_cell(row, 'heldout_change', lambda v: f'{v:+.1f} %')} | "
+                             f"{', '.join(map(str, row['capitals_kept']))}{routed} | {row['params_trained']:,} | "
+                             f"{', '.join(f'{s:,}' for s in row.get('train_seconds', []))} |")
+            lines += [""] + [f"- {note}" for note in result.get("notes", [])] + [""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,12 @@ README's blocks are written from the records alone (`python -m bench.pages`), so
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
+import shlex
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +70,80 @@ def with_block(text: str, marks: tuple[str, str], block: str) -> str:
 
 
 def kind_title(kind: dict) -> str:
-    """A CPU kind as a heading says it."""
+    """A machine kind as a heading says it: a GPU by its name, a CPU by its family, model and bf16 units."""
+    if kind.get("gpu"):
+        return kind["name"]
     units = " and ".join(kind["bf16_units"]) if kind["bf16_units"] else "no bf16 units"
     return f"{kind['name']} (family {kind['family']}, model {kind['model']}, {units})"
+
+
+def gpu_kind(name: str) -> dict:
+    """A GPU's kind, from `torch.cuda.get_device_name`: its name is all its figures depend on here."""
+    slug = "-".join(part for part in name.lower().replace("_", " ").split() if part not in ("nvidia", "80gb", "hbm3"))
+    return {"gpu": True, "name": name, "slug": f"nvidia-{slug}"}
+
+
+def command_line(module: str, argv: list[str] | None) -> str:
+    """The command a run was made by, as a page shows it."""
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+
+
+def keep(records: Records, kind: dict, label: str, result: dict, command: str, measured_at: str | None = None,
+         date: str | None = None, transcribed: str | None = None) -> Path:
+    """Keep one run of a benchmark in its machine kind's record under `label` (what was measured, e.g. the dump or
+    the model asked): a later run of the same label replaces it, other labels stay. `transcribed` says where the
+    figures were copied from when the run's own output was not kept."""
+    record = records.of(kind) or {"machine": kind, "runs": {}}
+    run = {"command": command, "commit": measured_at or commit(), "date": date or today(), "result": result}
+    record["runs"][label] = run | ({"transcribed": transcribed} if transcribed else {})
+    return records.write(kind, record)
+
+
+def keep_run(module, result: dict, command: str, measured_at: str | None = None, date: str | None = None) -> Path:
+    """Keep a benchmark module's printed result as a run of its record (its `UNRECORDED` keys, which hold a
+    dataset's text, left out); the module says the machine kind and the run's label."""
+    result = {k: v for k, v in result.items() if k not in getattr(module, "UNRECORDED", ())}
+    return keep(module.RECORDS, module.kind_of(result), module.label(result), result, command, measured_at, date)
+
+
+def run_line(run: dict) -> str:
+    """Where a kept run came from, as a page says it."""
+    return f"commit {run['commit']}, {run['date']}: `{run['command']}`"
+
+
+def transcribed_lines(runs) -> list[str]:
+    """A page's note on the runs whose figures were copied from a text, not kept by the benchmark itself."""
+    sources = sorted({run["transcribed"] for run in runs if run.get("transcribed")})
+    return [f"Figures marked † were transcribed from {source}: their run's own output was not kept; a recorded rerun "
+            f"replaces them." for source in sources] + ([""] if sources else [])
+
+
+def dagger(run: dict) -> str:
+    return " †" if run.get("transcribed") else ""
+
+
+def page_head(title: str, name: str, intro: str) -> list[str]:
+    return [f"# {title}", "", f"<!-- Written by `python -m bench.pages` from bench/records/{name}/; do not edit. -->", "",
+            intro, ""]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.recorded", description="Keep a benchmark's printed "
+                                     "result (its JSON on stdout, saved to a file) as a run of its record, as the "
+                                     "benchmark's own --record does, then write the pages.")
+    parser.add_argument("name", help="the record: the benchmark module's name (ingest, integrity, fewshot_vs_harness, "
+                                     "inject, profile_inject, gpu)")
+    parser.add_argument("output", type=Path, help="the JSON the benchmark printed")
+    parser.add_argument("--commit", required=True, help="the commit the benchmark ran at")
+    parser.add_argument("--command", required=True, help="the command that printed it")
+    parser.add_argument("--date", help="the day it ran (default: today)")
+    args = parser.parse_args(argv)
+    import importlib
+    module = importlib.import_module(f"bench.{args.name}")
+    path = keep_run(module, json.loads(args.output.read_text()), args.command, args.commit, args.date)
+    print(f"recorded {path.relative_to(ROOT)}; {write_pages()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,6 +19,7 @@ from bench.recorded import ROOT, Records, commit, kind_title, today, write_pages
 
 RECORDS = Records("routes-demo")
 PAGE = ROOT / "docs" / "routes.md"
+WHAT = "the routes beside the NKB on the demo"
 
 
 def row_of(measured: dict, params: int | None, measured_at: str | None = None, note: str = "") -> dict:
@@ -40,6 +41,10 @@ def em_cell(row: dict, key: str) -> str:
         return "not asked"
     low, high = row[f"{key}_interval"]
     return f"{row[key]:.1f} ({low:.1f}-{high:.1f})"
+
+
+def headline(record: dict) -> str:
+    return ", ".join(f"{name} {row['em']:.1f}" for name, row in sorted(record["rows"].items())) + " (5-shot EM)"
 
 
 def page(recorded: list[dict]) -> str:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bench.inject import causal_model_for
-from bench.profile_inject import cpu_of, ffn_matmul_speed, kind_of, profiled_steps, step_flops
+from bench.profile_inject import cpu_of, ffn_matmul_speed, profiled_steps, step_flops, work_of
 from nkb_model.families import family
 from nkb_model.train import TrainConfig, choose_device
 
@@ -15,11 +15,11 @@ VOCAB = 300
 
 
 def test_operators_are_sorted_by_kind():
-    assert kind_of("aten::mm") == kind_of("aten::addmm") == kind_of("aten::linear") == "matmul"
-    assert kind_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
-    assert kind_of("Optimizer.step#Adafactor.step") == "optimizer"
-    assert kind_of("aten::copy_") == "copies"
-    assert kind_of("aten::mul") == kind_of("aten::silu") == "other"
+    assert work_of("aten::mm") == work_of("aten::addmm") == work_of("aten::linear") == "matmul"
+    assert work_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert work_of("Optimizer.step#Adafactor.step") == "optimizer"
+    assert work_of("aten::copy_") == "copies"
+    assert work_of("aten::mul") == work_of("aten::silu") == "other"
 
 
 def test_the_cpu_is_named_by_its_family_and_model_numbers_where_its_name_is_the_vendors_alone():
