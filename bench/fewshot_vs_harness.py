@@ -106,6 +106,7 @@ def main(argv=None) -> int:
     ours_s = time.perf_counter() - started
     predictions = wh.read("predictions", ["question_id", "prediction", "exact_match"],
                           partitions=[f"{ours.run.config['model_name']}.{args.split}"])
+    evaluated = predictions.num_rows  # the stage asks its whole split; --limit compares the first N of it
     wanted = pc.is_in(predictions.column("question_id"), asked.column("question_id"))
     predictions = predictions.filter(wanted).sort_by("question_id")
 
@@ -130,7 +131,7 @@ def main(argv=None) -> int:
               "same_em": len(mine) - len(differ),
               "same_prompt": sum(a == b for a, b in zip(prompts, theirs["prompts"])),
               "same_tokens": sum(a == b for a, b in zip(encode_prompts(tokenizer, prompts), theirs["tokens"])),
-              "seconds_ours": round(ours_s, 1),
+              "seconds_ours": round(ours_s, 1), "questions_ours": evaluated,
               "seconds_harness": round(theirs_s, 1),
               "disagreements": [{"question": questions[i]["question"], "ours": answers[i],
                                  "harness": theirs["answers"][i], "gold": questions[i]["answer"]}
@@ -169,22 +170,30 @@ def headline(record: dict) -> str:
             f"{sum(r['same_tokens'] for r in runs):,}")
 
 
+def per_100(seconds: float, questions: int) -> str:
+    return f"{100 * seconds / questions:.1f}"
+
+
 def page(records: list[dict]) -> str:
     lines = page_head("Few-shot QA beside lm-evaluation-harness", RECORDS.name,
                       "Our evaluate stage and EleutherAI's lm-evaluation-harness (its installed `nq_open` task: its "
                       "prompt, stop strings, answer filter, exact match and few-shot sampler, pointed at local files "
                       "holding the same questions in our order, its few-shot seed our `shots_seed`), given the same "
-                      "model object, batch 16 on both sides; the prompts and their tokens compared one by one. Remade "
+                      "model object, batch 16 on both sides; the prompts and their tokens compared one by one. Our "
+                      "stage asks its whole split (the time per question compares); the verdicts are the first N "
+                      "questions' (`--limit`). Remade "
                       "by `python -m bench.fewshot_vs_harness --home WAREHOUSE --model MODEL --record`.")
     for record in records:
         lines += [f"## {kind_title(record['machine'])}", "",
                   "| model, dataset, questions, shots | EM ours / harness | same verdict | same prompt / tokens | "
-                  "same answer text | seconds ours / harness | commit, date |", "|---|---|---|---|---|---|---|"]
+                  "same answer text | seconds per 100 questions, ours / harness | commit, date |",
+                  "|---|---|---|---|---|---|---|"]
         for name, run in record["runs"].items():
             r = run["result"]
             lines.append(f"| {name} | {r['em_ours']:.2f} / {r['em_harness']:.2f} | **{r['same_em']} of "
                          f"{r['questions']}** | {r['same_prompt']} / {r['same_tokens']} | {r['same_answer']} | "
-                         f"{r['seconds_ours']} / {r['seconds_harness']} | {run['commit']}, {run['date']} |")
+                         f"{per_100(r['seconds_ours'], r.get('questions_ours', r['questions']))} / "
+                         f"{per_100(r['seconds_harness'], r['questions'])} | {run['commit']}, {run['date']} |")
         lines += [""] + [f"- {name}: {run_line(run)}" for name, run in record["runs"].items()] + [""]
     return "\n".join(lines)
 

@@ -36,7 +36,7 @@ def test_a_transcribed_run_says_where_its_figures_came_from(records):
 def fewshot_result(questions=300, same=300):
     return {"model": "base", "shots": 5, "questions": questions, "dataset": "nq", "em_ours": 2.0, "em_harness": 2.0,
             "same_answer": 294, "same_em": same, "same_prompt": questions, "same_tokens": questions,
-            "seconds_ours": 103.0, "seconds_harness": 203.0, "em_difference": 0.0,
+            "seconds_ours": 103.0, "questions_ours": 1000, "seconds_harness": 203.0, "em_difference": 0.0,
             "disagreements": [{"question": "a dataset's question"}], "other_answers": [],
             "harness_prompt": "Q: a dataset's question?"}
 
@@ -50,7 +50,7 @@ def test_the_few_shot_record_leaves_the_datasets_text_out_and_its_page_shows_the
     assert "a dataset's question" not in text
     record = records.of(CPU)
     assert fewshot_vs_harness.headline(record).startswith("the same verdict on 449 of 450 questions over 2 runs")
-    assert "| base, nq, 300 questions, 5 shots | 2.00 / 2.00 | **300 of 300** | 300 / 300 | 294 | 103.0 / 203.0 |" \
+    assert "| base, nq, 300 questions, 5 shots | 2.00 / 2.00 | **300 of 300** | 300 / 300 | 294 | 10.3 / 67.7 |" \
         in fewshot_vs_harness.page([record])
 
 
