@@ -99,7 +99,7 @@ class Injection:
                        else Sequenced(qa, batches, round(s.qa_share * s.steps)))
         if own is not None:
             from nkb_model.own_text import HeldToOwnText, WithOwnText
-            trained, batches = (HeldToOwnText(trained, model, own, s.own_text_weight),
+            trained, batches = (HeldToOwnText(trained, model, own, s.own_text_weight, s.own_text_kl),
                                 WithOwnText(batches, own, s.seed))
         return trained, ssm, batches
 
@@ -134,9 +134,10 @@ class Injection:
         return kind.text_batches(rows, tokenizer, min(self.settings.general_batch_size, len(rows)), self.settings.seed)
 
     def own_text(self, model, tokenizer):
-        """Text the base writes and its FFNs' traffic on it at the trained blocks (`own_text_weight`), or None."""
+        """Text the base writes, its FFNs' traffic on it at the trained blocks (`own_text_weight`) and its own next
+        tokens' distribution (`own_text_kl`), or None."""
         s = self.settings
-        if not s.own_text_weight:
+        if not (s.own_text_weight or s.own_text_kl):
             return None
         import torch
 
@@ -148,7 +149,8 @@ class Injection:
         with self.progress(desc="the base's own text", unit=" text", total=s.own_text_rows) as bar:
             ids = [sample_own_text(model, tokenizer, rows, OWN_TEXT_TOKENS, s.seed, self.device, progress=bar.update,
                                    head=head) for rows, head in parts if rows]
-        return ffn_traffic(model, torch.cat(ids), resolve_layers(model, s.layers), self.device)
+        return ffn_traffic(model, torch.cat(ids), resolve_layers(model, s.layers), self.device,
+                           teacher=bool(s.own_text_kl))
 
     def after_step(self, model, trained, tokenizer) -> Callable[[], Any] | None:
         """What runs after each optimizer step, or None: the slots kept within the FFN's scale (`slot_scale`),

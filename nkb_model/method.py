@@ -20,6 +20,7 @@ class InjectSettings(Protocol):
     """What a method's training reads of inject's settings."""
     layers: list[str]
     slots: int | None
+    slot_bias: float | None
     seed: int
     lora_rank: int | None
 

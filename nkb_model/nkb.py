@@ -48,6 +48,8 @@ class NKBConfig:
     zero_values: bool = False         # start as an exact no-op (outputs bit-identical to the base)
     gated: bool | None = None         # gated like the FFN; default: as the FFN is. Slots saved before this
                                       # setting existed are ungated (`load_nkb`)
+    key_bias: float | None = None     # each slot's key score starts at this learned bias (negative: the slot is
+                                      # quiet unless its key matches); None: a bias only where the FFN's map has one
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -57,17 +59,20 @@ class NKBFeedForward(FeedForwardAddition):
     """An FFN plus NKB slots: `base_layer(x) + nkb_values(slot_weights(x))`."""
 
     def __init__(self, base_layer: nn.Module, slots: int, dropout: float = 0.0, zero_values: bool = False,
-                 gated: bool = False):
+                 gated: bool = False, key_bias: float | None = None):
         super().__init__(base_layer)
         if gated and not is_gated(base_layer):
             raise ValueError(f"gated NKB slots need a gated FFN; this {type(base_layer).__name__} has one input map")
         key, linear = key_layer(base_layer), linear_layer(base_layer)
-        self.nkb_keys = self.linear(self.d_model, slots, like=key, bias=getattr(key, "bias", None) is not None)
+        self.nkb_keys = self.linear(self.d_model, slots, like=key,
+                                    bias=key_bias is not None or getattr(key, "bias", None) is not None)
         self.nkb_keys_linear = self.linear(self.d_model, slots, like=linear, bias=linear.bias is not None) \
             if gated else None
         self.nkb_dropout = nn.Dropout(dropout)
         self.nkb_values = self.linear(slots, self.d_model, like=value_layer(base_layer))
         self.init_key_values(self.nkb_keys, self.nkb_values, slots ** -0.5, zero_values)
+        if key_bias is not None:
+            nn.init.constant_(self.nkb_keys.bias, key_bias)
         if gated:  # like T5's wi_1: std d_model^-0.5
             nn.init.normal_(self.nkb_keys_linear.weight, 0.0, self.d_model ** -0.5)
             if self.nkb_keys_linear.bias is not None:
@@ -121,9 +126,10 @@ def mount_nkb(model: nn.Module, config: NKBConfig | None = None) -> list[str]:
     slots = config.slots or rows(key_layer(first)).shape[0]
     gated = config.gated if config.gated is not None else is_gated(first)
     for name in names:
-        set_ffn(model, name, NKBFeedForward(get_ffn(model, name), slots, config.dropout, config.zero_values, gated))
+        set_ffn(model, name, NKBFeedForward(get_ffn(model, name), slots, config.dropout, config.zero_values, gated,
+                                            config.key_bias))
     model.nkb_config = NKBConfig(layers=names, slots=slots, dropout=config.dropout, zero_values=config.zero_values,
-                                 gated=gated)
+                                 gated=gated, key_bias=config.key_bias)
     return names
 
 

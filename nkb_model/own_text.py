@@ -11,6 +11,11 @@ its start token once, before anything trains: no corpus is needed, and no probe'
 Each FFN is given the input the base gave it, so the term runs no block, only the trained blocks' FFNs (the slots'
 output alone, for the NKB, where FFN' = FFN + slots). Every route has an FFN to hold: the NKB's slots, LoRA's
 adapters on the FFN maps, and the fine-tuned maps themselves.
+
+`own_text_kl` holds what the model says instead: on `KL_ROWS` of the same texts each step, the whole model runs and
+the KL divergence from the base's next-token distribution (its top `TEACHER_TOP` tokens and the rest of the
+vocabulary as one outcome, kept when the texts were written) to the model's is added, so that a change anywhere that moves the output on the base's own text
+costs, whichever route made it.
 """
 
 from __future__ import annotations
@@ -30,16 +35,23 @@ from nkb_model.nkb import NKBFeedForward
 from nkb_model.train import Device
 
 INPUTS, WRITES = "own_text_inputs", "own_text_writes"  # the batch keys the rows travel under
+IDS, TOP_IDS, TOP_LOGP = "own_text_ids", "own_text_top_ids", "own_text_top_logp"
+TEACHER_TOP = 32  # the base's most likely next tokens kept per position: most of its probability mass
+KL_ROWS = 4       # own texts the whole model reads each step for the KL term
 
 
 @dataclass(frozen=True)
 class OwnText:
     """Text the base wrote, as the FFNs of the trained blocks `layers` saw it: inputs and writes (rows, blocks, tokens,
-    d_model), and each block's mean squared write (the drift's scale)."""
+    d_model), and each block's mean squared write (the drift's scale); with a teacher, the texts' ids (rows, tokens)
+    and the base's top next tokens at each position with their log-probabilities (rows, tokens, TEACHER_TOP)."""
     layers: list[str]
     inputs: torch.Tensor
     writes: torch.Tensor
     scale: torch.Tensor    # (blocks,)
+    ids: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_logp: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.inputs.shape[0]
@@ -74,11 +86,12 @@ def sample_own_text(model: nn.Module, tokenizer, rows: int, length: int, seed: i
 
 @torch.no_grad()
 def ffn_traffic(model: nn.Module, ids: torch.Tensor, layers: list[str], device: Device,
-                batch_size: int = 32) -> OwnText:
+                batch_size: int = 32, teacher: bool = False) -> OwnText:
     """What the FFNs of `layers` read and write while the model reads `ids` (the untrained base's: call it before
-    anything is mounted or trains)."""
+    anything is mounted or trains); with `teacher`, also its top next tokens at each position."""
     ffns = [get_ffn(model, name) for name in layers]
     seen: dict[int, list] = {i: [] for i in range(len(ffns))}
+    tops = []
 
     def keep(i):
         return lambda module, args, out: seen[i].append((args[0].float().cpu(), out.float().cpu()))
@@ -88,13 +101,19 @@ def ffn_traffic(model: nn.Module, ids: torch.Tensor, layers: list[str], device: 
         for lo in range(0, len(ids), batch_size):
             part = ids[lo:lo + batch_size].to(device.device)
             with device.autocast():
-                model(input_ids=part, attention_mask=torch.ones_like(part), use_cache=False)
+                out = model(input_ids=part, attention_mask=torch.ones_like(part), use_cache=False)
+            if teacher:
+                tops.append(out.logits.float().log_softmax(-1).topk(TEACHER_TOP, dim=-1))
     finally:
         for handle in handles:
             handle.remove()
     inputs = torch.stack([torch.cat([x for x, _ in seen[i]]) for i in seen], dim=1)
     writes = torch.stack([torch.cat([y for _, y in seen[i]]) for i in seen], dim=1)
-    return OwnText(list(layers), inputs, writes, writes.pow(2).sum(-1).mean(dim=(0, 2)))
+    taught = {}
+    if teacher:
+        taught = {"ids": ids.cpu(), "top_ids": torch.cat([t.indices for t in tops]).cpu(),
+                  "top_logp": torch.cat([t.values for t in tops]).cpu()}
+    return OwnText(list(layers), inputs, writes, writes.pow(2).sum(-1).mean(dim=(0, 2)), **taught)
 
 
 def write_change(ffn: nn.Module, x: torch.Tensor, base_write: torch.Tensor) -> torch.Tensor:
@@ -115,23 +134,43 @@ def drift(ffns: list[nn.Module], inputs: torch.Tensor, writes: torch.Tensor, sca
     return total
 
 
+def teacher_kl(model: nn.Module, ids: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(teacher ‖ model) over the teacher's top tokens and the rest of the vocabulary as one
+    more outcome: exact where the model is the teacher, and the model pays for mass it moves off the top tokens."""
+    logp = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits.float().log_softmax(-1)
+    student = logp.gather(-1, top_ids)
+    teacher = top_logp.float()
+
+    def with_rest(top: torch.Tensor) -> torch.Tensor:  # log-probabilities of the top tokens, then of the rest
+        rest = torch.log((1 - top.exp().sum(-1, keepdim=True)).clamp_min(1e-8))
+        return torch.cat([top, rest], -1)
+    teacher, student = with_rest(teacher), with_rest(student)
+    return (teacher.exp() * (teacher - student)).sum(-1).mean()
+
+
 class HeldToOwnText(nn.Module):
     """What the training loop calls: the wrapped model's loss on the batch, plus `weight` times the drift of the
-    FFNs of `own`'s blocks over the batch's own-text rows (`WithOwnText` puts them in)."""
+    FFNs of `own`'s blocks over the batch's own-text rows (`WithOwnText` puts them in), plus `kl` times the model's
+    KL divergence from the base on `KL_ROWS` of them."""
 
-    def __init__(self, inner: nn.Module, model: nn.Module, own: OwnText, weight: float):
+    def __init__(self, inner: nn.Module, model: nn.Module, own: OwnText, weight: float, kl: float = 0.0):
         super().__init__()
-        self.inner, self.weight = inner, weight
+        self.inner, self.model, self.weight, self.kl = inner, model, weight, kl
         self.ffns = [get_ffn(model, name) for name in own.layers]
         self.register_buffer("scale", own.scale.clone(), persistent=False)
 
     def forward(self, **batch):
         inputs, writes = batch.pop(INPUTS, None), batch.pop(WRITES, None)
+        taught = [batch.pop(key, None) for key in (IDS, TOP_IDS, TOP_LOGP)]
         out = self.inner(**batch)
         if inputs is None:  # a batch from elsewhere (sparse_slots' measure of general text)
             return out
-        return SimpleNamespace(loss=out.loss + self.weight * drift(self.ffns, inputs, writes,
-                                                                       self.scale.to(inputs.device)))
+        loss = out.loss
+        if self.weight:
+            loss = loss + self.weight * drift(self.ffns, inputs, writes, self.scale.to(inputs.device))
+        if self.kl and taught[0] is not None:
+            loss = loss + self.kl * teacher_kl(self.model, *(t[:KL_ROWS] for t in taught))
+        return SimpleNamespace(loss=loss)
 
 
 class WithOwnText(Mix):
@@ -149,7 +188,9 @@ class WithOwnText(Mix):
         n = next(iter(batch.values())).shape[0]
         pick = torch.as_tensor(np.random.default_rng([self.seed, step]).choice(len(self.own), n,
                                                                                replace=n > len(self.own)))
-        return {**batch, INPUTS: self.own.inputs[pick], WRITES: self.own.writes[pick]}
+        taught = {} if self.own.ids is None else {IDS: self.own.ids[pick], TOP_IDS: self.own.top_ids[pick],
+                                                  TOP_LOGP: self.own.top_logp[pick]}
+        return {**batch, INPUTS: self.own.inputs[pick], WRITES: self.own.writes[pick], **taught}
 
     def __getattr__(self, name):  # per_epoch, batch_size, ...: the source's own
         return getattr(self.first, name)

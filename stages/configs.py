@@ -534,7 +534,7 @@ class InjectConfig(TrainingConfig):
     later_settings = TrainingConfig.later_settings | {"start", "span_target", "cued_spans", "lora_rank", "qa_share",
                                                       "qa_order", "sparse_slots", "augmented",
                                                       "own_text_weight", "own_text_rows", "own_text_asked",
-                                                      "knowledge_questions",
+                                                      "own_text_kl", "slot_bias", "knowledge_questions",
                                                       "qa_eos"}
     volatile = TrainingConfig.volatile | {"cache"}
 
@@ -577,6 +577,11 @@ class InjectConfig(TrainingConfig):
         "No slot's key, gate or value longer than this many times the FFN's longest neuron's (after every step); "
         "null: unbounded. Unbounded at a high rate, slots grow thousands of times louder than the FFN and take "
         "over the model on any text they fire on a little, which general generation pays for."))
+    slot_bias: Optional[float] = Field(None, le=0, description=(
+        "NKB slots: each slot's key score starts at this bias, learned with the slots (negative: a slot adds next "
+        "to nothing unless its key matches, a gate the slots carry themselves); null: no bias unless the FFN's input "
+        "map has one. `nkb export` writes it as the FFN's bias (Llama's mlp_bias; T5 has none: export the slots "
+        "with --adapter)."))
     general_batch_size: int = Field(16, ge=1, description="Packed general-text sequences per general step.")
     sparse_slots: Optional[int] = Field(None, ge=1, description=(
         "Each step updates only this many slots per block: those that fire most on its batch against their firing "
@@ -604,8 +609,13 @@ class InjectConfig(TrainingConfig):
         "what the base's wrote, on text the base wrote itself (sampled once before training; relative to the base's "
         "own writes; `nkb_model.own_text`): slots that fire only on the knowledge leave the base's other answers "
         "alone. 0: no such term (docs/decisions.md for the demo's weight)."))
+    own_text_kl: float = Field(0.0, ge=0, description=(
+        "A decoder-only base: add to each step's loss this many times the KL divergence from the base's next-token "
+        "distribution (its top 32 tokens, the rest as one) to the model's, on a few of the texts the base wrote itself (own_text_rows; "
+        "the whole model runs on them each step): what the model says held to what the base said, where "
+        "own_text_weight holds only what the trained blocks' FFNs write. 0: no such term."))
     own_text_rows: int = Field(128, ge=1, description=(
-        "own_text_weight: how many texts of 48 tokens the base writes for it, once, before training."))
+        "own_text_weight, own_text_kl: how many texts of 48 tokens the base writes for them, once, before training."))
     own_text_asked: float = Field(0.0, ge=0, le=1, description=(
         "own_text_weight: the share of those texts the base writes after the questions' prompt head (`Answer these "
         "questions: Q:`): questions it asks itself and its own answers, in the form the QA steps train the slots "

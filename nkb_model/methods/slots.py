@@ -18,7 +18,7 @@ def mount_slots(model, settings: InjectSettings, start: Path | None, train_every
     from nkb_model.checkpoint import save_model
     from nkb_model.nkb import NKBConfig, load_nkb_weights, mark_only_nkb_trainable, mount_nkb, mounted_layers
     torch.manual_seed(settings.seed)
-    mount_nkb(model, NKBConfig(layers=settings.layers, slots=settings.slots))
+    mount_nkb(model, NKBConfig(layers=settings.layers, slots=settings.slots, key_bias=settings.slot_bias))
     if start:
         load_nkb_weights(model, start)
     if train_everything:

@@ -144,3 +144,43 @@ def test_layer_names_follow_the_model_and_decoder_is_an_alias_on_decoder_only_mo
         resolve_layers(t5, ["layers.0"])
     with pytest.raises(ValueError, match="the h has 2 blocks"):
         resolve_layers(gpt2, ["h.2"])
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_slots_with_a_key_bias_gate_themselves_and_export_as_the_ffns_bias(family, tmp_path):
+    model = tiny(family)
+    before = logits(model)
+    mount_nkb(model, NKBConfig(layers=["decoder.-1"], slots=20, key_bias=-2.0))
+    slots = get_ffn(model, FAMILIES[family][1])
+    assert torch.equal(slots.nkb_keys.bias, torch.full((20,), -2.0))
+    x = torch.randn(3, 9, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        quiet = slots.addition(x).norm()
+        slots.nkb_keys.bias.zero_()
+        assert slots.addition(x).norm() > 2 * quiet  # the bias quiets the slots
+        slots.nkb_keys.bias.normal_(-1.0, 0.5)
+    mounted = logits(model)
+    assert not torch.equal(mounted, before)
+    save_nkb(model, tmp_path / "nkb")
+    fresh = tiny(family)
+    load_nkb(fresh, tmp_path / "nkb")
+    assert torch.equal(logits(fresh), mounted)
+    merged = merge_nkb(model)
+    merged.save_pretrained(tmp_path / "stock")
+    stock = type(model).from_pretrained(tmp_path / "stock").eval()
+    assert torch.allclose(logits(stock), mounted, atol=1e-5)
+    if family != "gpt2":  # the maps' biases turned on for the slots' alone
+        assert stock.config.mlp_bias
+        mlp = stock.model.layers[0].mlp
+        assert not mlp.gate_proj.bias.any() and not mlp.up_proj.bias.any() and not mlp.down_proj.bias.any()
+
+
+def test_slots_with_a_key_bias_and_zero_values_leave_the_base_bit_identical_and_ffns_without_a_bias_refuse_them():
+    model = tiny("llama")
+    before = logits(model)
+    mount_nkb(model, NKBConfig(layers=["decoder.-1"], key_bias=-3.0, zero_values=True))
+    assert torch.equal(logits(model), before)
+    for other in (tiny_t5("relu"), tiny("qwen2")):
+        mount_nkb(other, NKBConfig(layers=["decoder.-1"], slots=4, key_bias=-1.0))
+        with pytest.raises(ValueError, match="key bias and .*'s FFN has no bias to hold it: export them with --adapter"):
+            merge_nkb(other)

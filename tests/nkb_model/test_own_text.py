@@ -11,7 +11,8 @@ from nkb_model.base_model import Named, metric_at
 from nkb_model.causal import encode_pairs, pad_causal
 from nkb_model.mounting import get_ffn
 from nkb_model.nkb import NKBConfig, mark_only_nkb_trainable, mount_nkb, nkb_parameters
-from nkb_model.own_text import HeldToOwnText, WithOwnText, drift, ffn_traffic, sample_own_text
+from nkb_model.own_text import (TEACHER_TOP, HeldToOwnText, WithOwnText, drift, ffn_traffic, sample_own_text,
+                                 teacher_kl)
 from nkb_model.train import TrainConfig, choose_device, train
 from tests.nkb_model.test_causal import TEXTS, byte_level_bpe
 
@@ -123,4 +124,43 @@ def slot_drift_after_training(tokenizer, traffic, weight: float) -> float:
 def test_the_term_keeps_trained_slots_quieter_on_the_base_own_text(tokenizer, own):
     _, traffic = own
     free, held = (slot_drift_after_training(tokenizer, traffic, w) for w in (0.0, 10.0))
+    assert free > 0 and held < free / 4
+
+
+@pytest.fixture(scope="module")
+def taught(tokenizer):
+    model = tiny_llama(len(tokenizer))
+    ids = sample_own_text(model, tokenizer, rows=6, length=10, seed=0, device=CPU, batch_size=4)
+    return ffn_traffic(model, ids, LAYERS, CPU, batch_size=4, teacher=True)
+
+
+def test_the_teacher_is_the_bases_top_next_tokens_and_the_base_is_nothing_from_it(tokenizer, taught):
+    model = tiny_llama(len(tokenizer))
+    assert taught.top_ids.shape == taught.top_logp.shape == (6, 10, TEACHER_TOP)
+    with torch.no_grad():
+        best = model(input_ids=taught.ids).logits.argmax(-1)
+        assert torch.equal(taught.top_ids[..., 0], best)
+        assert teacher_kl(model, taught.ids, taught.top_ids, taught.top_logp).abs() < 1e-5
+        mount_nkb(model, NKBConfig(layers=LAYERS, slots=16))
+        assert teacher_kl(model, taught.ids, taught.top_ids, taught.top_logp) > 1e-4
+    rows = WithOwnText(lambda step: {"input_ids": torch.zeros(5, 3)}, taught, seed=0)(7)
+    assert rows["own_text_ids"].shape == (5, 10) and rows["own_text_top_ids"].shape == (5, 10, TEACHER_TOP)
+
+
+def kl_after_training(tokenizer, traffic, kl: float) -> float:
+    model = tiny_llama(len(tokenizer))
+    mount_nkb(model, NKBConfig(layers=LAYERS, slots=16, zero_values=True))
+    mark_only_nkb_trainable(model)
+    pairs = encode_pairs(tokenizer, [t.rsplit(" company", 1)[0] for t in TEXTS[:16]],
+                         [t.rsplit(" company", 1)[1] for t in TEXTS[:16]], eos=False)
+    batch = pad_causal(pairs, tokenizer.pad_token_id)
+    trained = HeldToOwnText(model, model, traffic, 0.0, kl)
+    torch.manual_seed(0)
+    train(trained, WithOwnText(lambda step: batch, traffic, seed=0), TrainConfig(steps=40, batch_size=16, lr=3e-2), CPU)
+    with torch.no_grad():
+        return teacher_kl(model, traffic.ids, traffic.top_ids, traffic.top_logp).item()
+
+
+def test_the_kl_term_keeps_what_the_trained_model_says_on_the_base_own_text_near_the_base(tokenizer, taught):
+    free, held = (kl_after_training(tokenizer, taught, kl) for kl in (0.0, 100.0))
     assert free > 0 and held < free / 4
