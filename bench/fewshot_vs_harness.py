@@ -26,11 +26,13 @@ from pathlib import Path
 
 import yaml
 
-from bench.recorded import ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, write_pages
+from bench.recorded import (ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, this_cpu,
+                            write_pages)
 
 RECORDS = Records("fewshot_vs_harness")
 PAGE = ROOT / "docs" / "fewshot-parity.md"
 WHAT = "few-shot QA beside lm-evaluation-harness"
+kind_of = this_cpu
 UNRECORDED = ("disagreements", "other_answers", "harness_prompt")  # the dataset's text and answers to it
 
 
@@ -152,11 +154,6 @@ def main(argv=None) -> int:
         print(f"recorded {keep_run(sys.modules[__name__], result, command_line('bench.fewshot_vs_harness', argv))}; "
               f"{write_pages()}")
     return 0
-
-
-def kind_of(result: dict) -> dict:
-    from stages.machine import cpu_kind
-    return cpu_kind()
 
 
 def label(result: dict) -> str:

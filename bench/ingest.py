@@ -32,7 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.recorded import ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, write_pages
+from bench.recorded import (ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, this_cpu,
+                            write_pages)
 from corpus.sample_world import SampleWorld
 
 _CHILD = """
@@ -241,11 +242,7 @@ def main(argv=None) -> int:
 RECORDS = Records("ingest")
 PAGE = ROOT / "docs" / "ingest.md"
 WHAT = "Wikipedia ingest beside WikiExtractor"
-
-
-def kind_of(result: dict) -> dict:
-    from stages.machine import cpu_kind
-    return cpu_kind()
+kind_of = this_cpu
 
 
 def label(result: dict) -> str:

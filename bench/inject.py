@@ -27,7 +27,8 @@ import torch
 from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 
-from bench.recorded import ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, write_pages
+from bench.recorded import (ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, this_cpu,
+                            write_pages)
 from nkb_model.base_model import FEED_FORWARD, SIZES, causal_config
 from nkb_model.architectures import ARCHITECTURES
 from nkb_model.families import family, family_of
@@ -256,12 +257,8 @@ def main(argv=None) -> int:
 RECORDS = Records("inject")
 PAGE = ROOT / "docs" / "inject.md"
 WHAT = "injection's speed on CPU: the slots against every parameter, the segment cache"
+kind_of = this_cpu
 CACHED = {"cpu_smollm2_cached": "a training sentence", "cpu_smollm2_cached_passage": "a passage's text up to a span"}
-
-
-def kind_of(result: dict) -> dict:
-    from stages.machine import cpu_kind
-    return cpu_kind()
 
 
 def label(result: dict) -> str:

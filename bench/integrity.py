@@ -33,7 +33,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from bench import record
-from bench.recorded import ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, write_pages
+from bench.recorded import (ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, this_cpu,
+                            write_pages)
 from stages import data
 from stages.configs import SampleWorldConfig
 from warehouse import Warehouse, file_digest, query, run_stage
@@ -157,6 +158,7 @@ def main(argv=None) -> int:
 RECORDS = Records("integrity")
 PAGE = ROOT / "docs" / "integrity.md"
 WHAT = "what it costs that a read returns only committed bytes"
+kind_of = this_cpu
 ROWS = (("writing the file with page checksums / without, s", ("write_with_checksums_s", "write_without_checksums_s")),
         ("the check before each read: each file's size and footer digest (`Warehouse.table_files`), s",
          ("check_before_read_s",)),
@@ -167,11 +169,6 @@ ROWS = (("writing the file with page checksums / without, s", ("write_with_check
         ("`count(*)` through `nkb sql`, s", ("nkb_sql_count_s",)),
         ("the scan through the duckdb CLI on the warehouse's view / on a bare read_parquet, s",
          ("cli_view_scan_s", "cli_bare_scan_s")))
-
-
-def kind_of(result: dict) -> dict:
-    from stages.machine import cpu_kind
-    return cpu_kind()
 
 
 def label(result: dict) -> str:

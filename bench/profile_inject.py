@@ -28,7 +28,8 @@ import sys
 import time
 from collections import defaultdict
 
-from bench.recorded import ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, write_pages
+from bench.recorded import (ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, this_cpu,
+                            write_pages)
 from stages.configs import FIELD_ROUTES
 from stages.experiment import SAMPLE_WORLD_SMOLLM2
 
@@ -83,11 +84,7 @@ def main(argv=None) -> int:
 RECORDS = Records("profile_inject")
 PAGE = ROOT / "docs" / "profile-inject.md"
 WHAT = "where an injection step's time goes"
-
-
-def kind_of(result: dict) -> dict:
-    from stages.machine import cpu_kind
-    return cpu_kind()
+kind_of = this_cpu
 
 
 def label(result: dict) -> str:

@@ -77,6 +77,12 @@ def kind_title(kind: dict) -> str:
     return f"{kind['name']} (family {kind['family']}, model {kind['model']}, {units})"
 
 
+def this_cpu(result: dict) -> dict:
+    """A CPU benchmark's machine kind: the CPU it ran on (`stages.machine.cpu_kind`), whatever the result says."""
+    from stages.machine import cpu_kind
+    return cpu_kind()
+
+
 def gpu_kind(name: str) -> dict:
     """A GPU's kind, from `torch.cuda.get_device_name`: its name is all its figures depend on here."""
     slug = "-".join(part for part in name.lower().replace("_", " ").split() if part not in ("nvidia", "80gb", "hbm3"))
