@@ -163,8 +163,8 @@ def label(result: dict) -> str:
 def headline(record: dict) -> str:
     runs = [run["result"] for run in record["runs"].values()]
     return (f"the same verdict on {sum(r['same_em'] for r in runs):,} of {sum(r['questions'] for r in runs):,} "
-            f"questions over {len(runs)} runs, the same prompt tokens on "
-            f"{sum(r['same_tokens'] for r in runs):,}")
+            f"questions, the same prompt tokens on {sum(r['same_tokens'] for r in runs):,} "
+            f"({', '.join(record['runs'])})")
 
 
 def per_100(seconds: float, questions: int) -> str:

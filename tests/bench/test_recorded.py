@@ -49,7 +49,7 @@ def test_the_few_shot_record_leaves_the_datasets_text_out_and_its_page_shows_the
     text = records.path(CPU).read_text()
     assert "a dataset's question" not in text
     record = records.of(CPU)
-    assert fewshot_vs_harness.headline(record).startswith("the same verdict on 449 of 450 questions over 2 runs")
+    assert fewshot_vs_harness.headline(record).startswith("the same verdict on 449 of 450 questions, the same prompt tokens on 450 (base, nq, 300 questions")
     assert "| base, nq, 300 questions, 5 shots | 2.00 / 2.00 | **300 of 300** | 300 / 300 | 294 | 10.3 / 67.7 |" \
         in fewshot_vs_harness.page([record])
 
