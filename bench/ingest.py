@@ -259,6 +259,20 @@ def headline(record: dict) -> str:
     return "no run beside WikiExtractor"
 
 
+def dump_row(r: dict) -> str:
+    """One dump's row: ours beside WikiExtractor's ("-" where it did not run)."""
+    theirs = r["wikiextractor"] if isinstance(r.get("wikiextractor"), dict) else {}
+
+    def both(key: str) -> str:
+        return " / ".join(f"{x:,}" if x is not None else "-" for x in (r["ours"][key], theirs.get(key)))
+    return (f"| {r['dump']}, {r['uncompressed_mb']:.1f} MB | {both('pages')} | {r['seconds']} / "
+            f"{theirs.get('seconds', '-')} | {r['pages_per_s']:.0f} / {theirs.get('pages_per_s', 0):.0f} | "
+            f"{r.get('ours_over_wikiextractor_pages_per_s', '-')} | {both('characters')} | "
+            f"{r['ours']['pages_with_markup']} ({r['ours']['articles_with_markup']}) / "
+            f"{theirs.get('pages_with_markup', '-')} ({theirs.get('articles_with_markup', '-')}) | "
+            f"{r['peak_rss_with_workers_mb']:.0f} MB |")
+
+
 def page(records: list[dict]) -> str:
     lines = page_head("Wikipedia ingest beside WikiExtractor", RECORDS.name,
                       "The `ingest` stage in a fresh process with its wikitext workers, and WikiExtractor (`--processes "
@@ -273,16 +287,7 @@ def page(records: list[dict]) -> str:
                       "| dump, uncompressed | pages kept, ours / WikiExtractor | seconds | pages/s | ours ÷ theirs "
                       "| characters kept | pages (articles) with markup left | peak RSS with workers |",
                       "|---|---|---|---|---|---|---|---|"]
-            for r in result["results"]:
-                theirs = r["wikiextractor"] if isinstance(r.get("wikiextractor"), dict) else {}
-                def both(key, form="{:,}"):
-                    return " / ".join(form.format(x) if x is not None else "-" for x in (r["ours"][key], theirs.get(key)))
-                lines.append(f"| {r['dump']}, {r['uncompressed_mb']:.1f} MB | {both('pages')} | "
-                             f"{r['seconds']} / {theirs.get('seconds', '-')} | {r['pages_per_s']:.0f} / "
-                             f"{theirs.get('pages_per_s', 0):.0f} | {r.get('ours_over_wikiextractor_pages_per_s', '-')} | "
-                             f"{both('characters', '{:,}')} | {r['ours']['pages_with_markup']} "
-                             f"({r['ours']['articles_with_markup']}) / {theirs.get('pages_with_markup', '-')} "
-                             f"({theirs.get('articles_with_markup', '-')}) | {r['peak_rss_with_workers_mb']:.0f} MB |")
+            lines += [dump_row(r) for r in result["results"]]
             loop = result.get("plain_mwparserfromhell_loop", {})
             lines += ["", f"- Peak memory, the largest dump over the next: "
                           f"{result.get('peak_rss_ratio_largest_over_next', '-')}x (bounded by one Parquet row group)."]

@@ -1,6 +1,7 @@
-"""Recorded reproductions: a benchmark that reproduces a headline keeps one record per CPU kind, as JSON under
-`bench/records/<name>/<kind>.json`, with the commit, the machine and the date; the pages under `docs/` and the
-README's blocks are written from the records alone (`python -m bench.pages`), so that no figure there is typed."""
+"""Recorded reproductions: a benchmark that reproduces a result keeps one record per machine kind (a CPU's, or a GPU's),
+as JSON under `bench/records/<name>/<kind>.json`, with the commit, the date and the command of each run kept (`keep`:
+one run per label, the thing measured); the pages under `docs/` and the README's blocks are written from the records
+alone (`python -m bench.pages`), so that no figure there is typed."""
 
 from __future__ import annotations
 
@@ -58,7 +59,6 @@ class Records:
 def write_pages() -> str:
     """Write every page from the records (`python -m bench.pages`, run apart: the pages import the benchmarks that
     call this); its line."""
-    import sys
     done = subprocess.run([sys.executable, "-m", "bench.pages"], cwd=ROOT, capture_output=True, text=True, check=True)
     return done.stdout.strip()
 
