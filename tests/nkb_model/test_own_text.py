@@ -106,17 +106,22 @@ def test_each_step_has_its_own_rows_beside_its_batch_and_keeps_its_source_metric
     assert metric_at(mixed, 5) == "ssm_loss"
 
 
-def slot_drift_after_training(tokenizer, traffic, weight: float) -> float:
+def trained_slots(tokenizer, traffic, weight: float, kl: float = 0.0) -> HeldToOwnText:
+    """Slots trained 40 steps on a few sentences, held to the base's own text at `weight` (and `kl`)."""
     model = tiny_llama(len(tokenizer))
     mount_nkb(model, NKBConfig(layers=LAYERS, slots=16, zero_values=True))
     mark_only_nkb_trainable(model)
     pairs = encode_pairs(tokenizer, [t.rsplit(" company", 1)[0] for t in TEXTS[:16]],
                          [t.rsplit(" company", 1)[1] for t in TEXTS[:16]], eos=False)
     batch = pad_causal(pairs, tokenizer.pad_token_id)
-    steps = WithOwnText(lambda step: batch, traffic, seed=0)
-    trained = HeldToOwnText(model, model, traffic, weight)
+    trained = HeldToOwnText(model, model, traffic, weight, kl)
     torch.manual_seed(0)
-    train(trained, steps, TrainConfig(steps=40, batch_size=16, lr=3e-2), CPU)
+    train(trained, WithOwnText(lambda step: batch, traffic, seed=0), TrainConfig(steps=40, batch_size=16, lr=3e-2), CPU)
+    return trained
+
+
+def slot_drift_after_training(tokenizer, traffic, weight: float) -> float:
+    trained = trained_slots(tokenizer, traffic, weight)
     with torch.no_grad():
         return drift(trained.ffns, traffic.inputs, traffic.writes, traffic.scale).item()
 
@@ -148,17 +153,9 @@ def test_the_teacher_is_the_bases_top_next_tokens_and_the_base_is_nothing_from_i
 
 
 def kl_after_training(tokenizer, traffic, kl: float) -> float:
-    model = tiny_llama(len(tokenizer))
-    mount_nkb(model, NKBConfig(layers=LAYERS, slots=16, zero_values=True))
-    mark_only_nkb_trainable(model)
-    pairs = encode_pairs(tokenizer, [t.rsplit(" company", 1)[0] for t in TEXTS[:16]],
-                         [t.rsplit(" company", 1)[1] for t in TEXTS[:16]], eos=False)
-    batch = pad_causal(pairs, tokenizer.pad_token_id)
-    trained = HeldToOwnText(model, model, traffic, 0.0, kl)
-    torch.manual_seed(0)
-    train(trained, WithOwnText(lambda step: batch, traffic, seed=0), TrainConfig(steps=40, batch_size=16, lr=3e-2), CPU)
+    trained = trained_slots(tokenizer, traffic, 0.0, kl)
     with torch.no_grad():
-        return teacher_kl(model, traffic.ids, traffic.top_ids, traffic.top_logp).item()
+        return teacher_kl(trained.model, traffic.ids, traffic.top_ids, traffic.top_logp).item()
 
 
 def test_the_kl_term_keeps_what_the_trained_model_says_on_the_base_own_text_near_the_base(tokenizer, taught):
