@@ -26,8 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.recorded import (ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, this_cpu,
-                            write_pages)
+from bench.recorded import ROOT, Records, kind_title, page_head, record_if_asked, record_option, run_line, this_cpu
 
 RECORDS = Records("fewshot_vs_harness")
 PAGE = ROOT / "docs" / "fewshot-parity.md"
@@ -76,8 +75,7 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="ask only the first N questions")
     parser.add_argument("--batch-size", type=int, default=16, help="questions per generation batch, both sides")
     parser.add_argument("--results", default="bench/results/fewshot", help="benchmark warehouse for the figures")
-    parser.add_argument("--record", action="store_true", help="keep the run as this CPU kind's record (by model, "
-                                                              "dataset, questions and shots) and write the pages")
+    record_option(parser)
     args = parser.parse_args(argv)
 
     import pyarrow.compute as pc
@@ -150,9 +148,7 @@ def main(argv=None) -> int:
             run.metric(f"bench.fewshot_vs_harness.{key}", result[key], dataset=datasets[0], split=args.split)
     config = {"model": args.model, "shots": args.shots, "split": args.split, "limit": args.limit, "home": args.home}
     run_stage(Warehouse(args.results), "bench-fewshot", config, "bench", body, force=True)
-    if args.record:
-        print(f"recorded {keep_run(sys.modules[__name__], result, command_line('bench.fewshot_vs_harness', argv))}; "
-              f"{write_pages()}")
+    record_if_asked(args, __name__, result, argv)
     return 0
 
 

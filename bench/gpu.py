@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.recorded import (Records, command_line, dagger, gpu_kind, keep_run, page_head, run_line,
-                            transcribed_lines, write_pages)
+from bench.recorded import (Records, dagger, gpu_kind, page_head, record_if_asked, record_option, run_line,
+                            transcribed_lines)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = Records("gpu")
@@ -171,8 +171,7 @@ def main(argv=None) -> int:
                         help="which training steps to time (fine-tuning's compilation takes a minute of a short lease)")
     parser.add_argument("--frozen-fp32", action="store_true", help="keep the frozen base in fp32 under bf16 autocast "
                                                                    "(before: the inject stage holds it in bf16)")
-    parser.add_argument("--record", action="store_true", help="keep the run in the GPU kind's record and write "
-                                                              "docs/gpu.md (bench.pages)")
+    record_option(parser)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench.gpu: skipped: no CUDA GPU on this machine (torch.cuda.is_available() is False)")
@@ -231,8 +230,7 @@ def main(argv=None) -> int:
     config = {"steps": args.steps, "batch": batch, "only": args.only, "compile": args.compile,
               "frozen_fp32": args.frozen_fp32, "mode": args.mode, "parts": list(args.parts)}
     record(Warehouse(args.home), "gpu", flat, config)
-    if args.record:
-        print(f"recorded {keep_run(sys.modules[__name__], result, command_line('bench.gpu', argv))}; {write_pages()}")
+    record_if_asked(args, __name__, result, argv)
     tests = result["tests"]
     return 1 if tests.get("failed") or tests.get("error") or tests.get("returncode", 0) not in (0, 5) else 0
 

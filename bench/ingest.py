@@ -32,8 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.recorded import (ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, this_cpu,
-                            write_pages)
+from bench.recorded import ROOT, Records, kind_title, page_head, record_if_asked, record_option, run_line, this_cpu
 from corpus.sample_world import SampleWorld
 
 _CHILD = """
@@ -195,8 +194,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", default="1,20,80", help="with --dump: how many times to repeat its pages, "
                                                              "comma-separated (default 1,20,80)")
     parser.add_argument("--home", default="bench/results/warehouse", help="benchmark warehouse directory")
-    parser.add_argument("--record", action="store_true", help="keep the run as this CPU kind's record and write "
-                                                              "docs/ingest.md (bench.pages)")
+    record_option(parser)
     args = parser.parse_args(argv)
     home = Path(args.home)
     home.mkdir(parents=True, exist_ok=True)
@@ -233,9 +231,7 @@ def main(argv=None) -> int:
                     "enwiki_hours_at_this_rate": round(ENWIKI_ARTICLES / best["pages_per_s"] / 3600, 1)}
     _record(home, summary)
     print(json.dumps(summary, indent=1))
-    if args.record:
-        print(f"recorded {keep_run(sys.modules[__name__], summary, command_line('bench.ingest', argv))}; "
-              f"{write_pages()}")
+    record_if_asked(args, __name__, summary, argv)
     return 0
 
 

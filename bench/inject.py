@@ -27,8 +27,7 @@ import torch
 from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 
-from bench.recorded import (ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, this_cpu,
-                            write_pages)
+from bench.recorded import ROOT, Records, kind_title, page_head, record_if_asked, record_option, run_line, this_cpu
 from nkb_model.base_model import FEED_FORWARD, SIZES, causal_config
 from nkb_model.architectures import ARCHITECTURES
 from nkb_model.families import family, family_of
@@ -201,8 +200,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per variant (after one warm-up)")
     parser.add_argument("--size", default="small", choices=list(SIZES), help="model size for the CPU comparison")
     parser.add_argument("--home", default="bench/results/inject", help="benchmark warehouse")
-    parser.add_argument("--record", action="store_true", help="keep the run as this CPU kind's record and write "
-                                                              "docs/inject.md (bench.pages)")
+    record_option(parser)
     args = parser.parse_args(argv)
 
     result = {"benchmark": "inject"}
@@ -248,9 +246,7 @@ def main(argv=None) -> int:
         flat.update({f"{where}.{path}.{k}": v for path in ("cached", "uncached") for k, v in cached[path].items()})
         flat.update({f"{where}.{k}": v for k, v in cached.items()})
     record(Warehouse(args.home), "inject", flat, {"steps": args.steps, "size": args.size})
-    if args.record:
-        print(f"recorded {keep_run(sys.modules[__name__], result, command_line('bench.inject', argv))}; "
-              f"{write_pages()}")
+    record_if_asked(args, __name__, result, argv)
     return 0
 
 

@@ -33,8 +33,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from bench import record
-from bench.recorded import (ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, this_cpu,
-                            write_pages)
+from bench.recorded import ROOT, Records, kind_title, page_head, record_if_asked, record_option, run_line, this_cpu
 from stages import data
 from stages.configs import SampleWorldConfig
 from warehouse import Warehouse, file_digest, query, run_stage
@@ -121,8 +120,7 @@ def main(argv=None) -> int:
     parser.add_argument("--mb", type=int, default=2000, help="size of the documents table to build, in MB")
     parser.add_argument("--people", type=int, default=20_000, help="people in the sample world whose articles repeat")
     parser.add_argument("--home", default="bench/results/integrity", help="benchmark warehouse (rebuilt)")
-    parser.add_argument("--record", action="store_true", help="keep the run as this CPU kind's record and write "
-                                                              "docs/integrity.md (bench.pages)")
+    record_option(parser)
     args = parser.parse_args(argv)
     os.environ.setdefault("NKB_PROGRESS", "0")
     home = Path(args.home)
@@ -149,9 +147,7 @@ def main(argv=None) -> int:
     figures["run_id"] = record(wh, "integrity", figures, {"mb": args.mb, "people": args.people})
     result = {"benchmark": "integrity", "cpus": os.cpu_count(), **figures}
     print(json.dumps(result, indent=1))
-    if args.record:
-        print(f"recorded {keep_run(sys.modules[__name__], result, command_line('bench.integrity', argv))}; "
-              f"{write_pages()}")
+    record_if_asked(args, __name__, result, argv)
     return 0
 
 

@@ -28,8 +28,7 @@ import sys
 import time
 from collections import defaultdict
 
-from bench.recorded import (ROOT, Records, command_line, keep_run, kind_title, page_head, run_line, this_cpu,
-                            write_pages)
+from bench.recorded import ROOT, Records, kind_title, page_head, record_if_asked, record_option, run_line, this_cpu
 from stages.configs import FIELD_ROUTES
 from stages.experiment import SAMPLE_WORLD_SMOLLM2
 
@@ -51,8 +50,7 @@ def main(argv=None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an experiment setting, e.g. stages.inject.precision=fp32 (repeatable)")
     parser.add_argument("--results", default="bench/results/profile_inject", help="benchmark warehouse for the figures")
-    parser.add_argument("--record", action="store_true", help="keep the run as this CPU kind's record (by row, "
-                                                              "settings and steps) and write docs/profile-inject.md")
+    record_option(parser)
     args = parser.parse_args(argv)
     if args.steps < 2 or args.warmup < 0:
         parser.error("--steps: at least 2 (a rate needs two step ends); --warmup: 0 or more")
@@ -75,9 +73,7 @@ def main(argv=None) -> int:
     result["step_gflops"] = round(result["step_gflop"] * result["steps_per_second"], 1)  # beside matmul_gflops_*
     record(Warehouse(args.results), "profile_inject", result, vars(args))
     print(json.dumps(result, indent=1))
-    if args.record:
-        print(f"recorded {keep_run(sys.modules[__name__], result, command_line('bench.profile_inject', argv))}; "
-              f"{write_pages()}")
+    record_if_asked(args, __name__, result, argv)
     return 0
 
 

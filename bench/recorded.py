@@ -112,6 +112,22 @@ def keep_run(module, result: dict, command: str, measured_at: str | None = None,
     return keep(module.RECORDS, module.kind_of(result), module.label(result), result, command, measured_at, date)
 
 
+def record_option(parser: argparse.ArgumentParser) -> None:
+    """A benchmark's `--record`."""
+    parser.add_argument("--record", action="store_true", help="keep this run in its machine kind's record (a rerun of "
+                                                              "the same measurement replaces it) and write the pages "
+                                                              "(python -m bench.pages)")
+
+
+def record_if_asked(args, module: str, result: dict, argv: list[str] | None) -> None:
+    """With `--record`: keep `result` as a run of the benchmark `module`'s record (`keep_run`), write the pages, and
+    say so."""
+    if args.record:
+        bench = sys.modules[module]
+        command = command_line(bench.__spec__.name, argv)  # bench.NAME, also where it runs as __main__
+        print(f"recorded {keep_run(bench, result, command)}; {write_pages()}")
+
+
 def run_line(run: dict) -> str:
     """Where a kept run came from, as a page says it."""
     return f"commit {run['commit']}, {run['date']}: `{run['command']}`"

@@ -254,8 +254,9 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
                          f"with slots beside it ({', '.join(v for v, m in variants().items() if m.sparse_slots)} "
                          "does)")
     base = source_model(wh, config.base_model)
+    has_encoder = family_of(base.info.get("arch", DEFAULT_ARCH)).has_encoder
     for setting in ("own_text_weight", "own_text_kl"):
-        if getattr(config, setting) and family_of(base.info.get("arch", DEFAULT_ARCH)).has_encoder:
+        if getattr(config, setting) and has_encoder:
             raise ValueError(f"{setting}={getattr(config, setting)} needs a decoder-only base (one that writes text "
                              f"from its start token); {config.base_model} has an encoder")
     name = config.model_name()

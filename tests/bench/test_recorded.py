@@ -1,6 +1,7 @@
 """A benchmark's run kept in its machine kind's record, and each page written from what was kept."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -52,6 +53,18 @@ def test_the_few_shot_record_leaves_the_datasets_text_out_and_its_page_shows_the
     assert fewshot_vs_harness.headline(record).startswith("the same verdict on 449 of 450 questions, the same prompt tokens on 450 (base, nq, 300 questions")
     assert "| base, nq, 300 questions, 5 shots | 2.00 / 2.00 | **300 of 300** | 300 / 300 | 294 | 10.3 / 67.7 |" \
         in fewshot_vs_harness.page([record])
+
+
+def test_record_keeps_the_run_under_the_benchmarks_own_command_and_writes_the_pages(records, monkeypatch, capsys):
+    monkeypatch.setattr(fewshot_vs_harness, "RECORDS", records)
+    monkeypatch.setattr(fewshot_vs_harness, "kind_of", lambda result: CPU)
+    monkeypatch.setattr(recorded, "write_pages", lambda: "wrote the pages")
+    recorded.record_if_asked(SimpleNamespace(record=False), "bench.fewshot_vs_harness", fewshot_result(), ["--limit", "9"])
+    assert records.of(CPU) is None
+    recorded.record_if_asked(SimpleNamespace(record=True), "bench.fewshot_vs_harness", fewshot_result(), ["--limit", "9"])
+    run = records.of(CPU)["runs"]["base, nq, 300 questions, 5 shots"]
+    assert run["command"] == "python -m bench.fewshot_vs_harness --limit 9"
+    assert capsys.readouterr().out.strip().endswith("; wrote the pages")
 
 
 def test_the_ingest_page_sets_each_dump_beside_wikiextractor():
