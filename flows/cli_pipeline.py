@@ -169,7 +169,7 @@ def run_experiment(experiment, args, export: bool = False) -> int:
     wh = Warehouse(home)  # a warehouse that cannot be written is refused here, not by Prefect's own state
     print_plan(wh, [(name, config) for name, config in picked(
         experiment.with_world(world_dir(wh)).plan(args.models), args.only, args.start)],
-        args.force or bool(args.only or args.start))
+        args.force or bool(args.only or args.start), calibrate=args.plan)
     if args.plan:
         return 0
     prepare_environment(home)
@@ -219,16 +219,18 @@ def run_experiment(experiment, args, export: bool = False) -> int:
     return code
 
 
-def print_plan(wh: Warehouse, plan, force: bool) -> None:
-    """Every run of `plan` in order: run or skip, why, and the time each run should take here (`stages.plan`)."""
+def print_plan(wh: Warehouse, plan, force: bool, calibrate: bool = False) -> None:
+    """Every run of `plan` in order: run or skip, why, and the time each run should take here (`stages.plan`;
+    `calibrate`: runs never run here timed on made-up text, where their stage can be)."""
     from stages.plan import plan_steps
-    steps = plan_steps(wh, plan, force)
+    steps = plan_steps(wh, plan, force, calibrate)
     runs = [s for s in steps if s.action == "run"]
     known = [s.seconds for s in runs if s.seconds is not None]
     unknown = len(runs) - len(known)
+    untimed = (f"{unknown} never run here and not timed" if calibrate else
+               f"{unknown} with no earlier run here to time {'it' if unknown == 1 else 'them'} by")
     total = ", and ".join(([f"about {duration(sum(known))} here"] if known else [])
-                          + ([f"{unknown} with no earlier run here to time {'it' if unknown == 1 else 'them'} by"]
-                             if unknown else [])) or "nothing to time"
+                          + ([untimed] if unknown else [])) or "nothing to time"
     print(f"Plan: {len(runs)} of {len(steps)} runs to run ({total}); `--plan` shows this and runs nothing")
     width = max(len(f"{s.stage} {s.subject}") for s in steps)
     for s in steps:
@@ -312,7 +314,9 @@ def add_commands(sub) -> None:
         p.add_argument("--plan", action="store_true", help=(
             "print the plan and stop: every stage run in order, whether it runs or is skipped and why (the setting "
             "that changed, or 'unchanged since run ...'), and how long each run should take here, from this "
-            "warehouse's earlier runs; nothing runs or is written (a pipeline prints the same plan as it starts)"))
+            "warehouse's earlier runs, or, for a base brought in or an injection never run here, from loading the "
+            "base and timing a few injection steps on made-up text; nothing runs or is written (a pipeline prints the "
+            "same plan as it starts, without the timing)"))
         p.set_defaults(func=func)
 
     run = sub.add_parser("run", help="run one stage", description="Run one stage with its config; "

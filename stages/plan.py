@@ -55,8 +55,11 @@ class Rewritten:
         return None
 
 
-def plan_steps(wh: Warehouse, plan: list[tuple[str, StageConfig]], force: bool = False) -> list[Step]:
-    """The steps of `plan` (stage, config) on this warehouse; nothing is run or written."""
+def plan_steps(wh: Warehouse, plan: list[tuple[str, StageConfig]], force: bool = False,
+               calibrate: bool = False) -> list[Step]:
+    """The steps of `plan` (stage, config) on this warehouse; nothing is run or written. `calibrate`: a run of a
+    stage never run here is timed by a short calibration on made-up text (`stages.calibrate`), where its stage
+    has one."""
     rewritten, steps = Rewritten(), []
     succeeded = functools.cache(lambda stage: [r for r in list_runs(wh, stage) if r.status == "success"])
     for name, config in plan:
@@ -75,6 +78,9 @@ def plan_steps(wh: Warehouse, plan: list[tuple[str, StageConfig]], force: bool =
                 rewritten.add(name, [], model_of(name, config.model_dump()))
         if step.action == "run":
             step.seconds, step.basis = estimate(succeeded(name), name, config.model_dump())
+            if step.seconds is None and calibrate:
+                from stages.calibrate import calibrated
+                step.seconds, step.basis = calibrated(name, config, plan)
         steps.append(step)
     return steps
 

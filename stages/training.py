@@ -187,7 +187,7 @@ def _import_base(run: StagedRun, wh: Warehouse, config: BaseModelConfig, source:
     from nkb_model import base_model
     from nkb_model.mounting import architecture_of, block_names, ffn_maps, get_ffn
     started = time.perf_counter()
-    model, tokenizer, origin = _load_brought_model(config, source, gguf)
+    model, tokenizer, origin = load_brought_model(config, source, gguf)
     ffn_maps(get_ffn(model, block_names(model)[0]))  # an unsupported family or FFN fails here, by its class
     held_out = None
     if config.pretrain_corpus:
@@ -202,7 +202,7 @@ def _import_base(run: StagedRun, wh: Warehouse, config: BaseModelConfig, source:
             "held_out": 0 if held_out is None else len(held_out), "seconds": time.perf_counter() - started}
 
 
-def _load_brought_model(config: BaseModelConfig, source: Path, gguf: bool):
+def load_brought_model(config: BaseModelConfig, source: Path, gguf: bool):
     """(model, tokenizer, what to record of its origin) of a model brought in: a GGUF file dequantised, or a
     Hugging Face folder or cached hub name (read from the local cache only unless named `hub:`)."""
     from nkb_model.checkpoint import load_gguf, load_tokenizer, model_class

@@ -225,7 +225,7 @@ def _runs_of(capsys, home) -> list[dict]:
 def test_one_stage_of_an_experiment_reruns_alone_with_the_experiments_settings(capsys, home, tmp_path):
     experiment = str(_tiny_experiment_file(tmp_path))
     code, out, _ = run_cli(capsys, "--home", home, "pipeline", experiment, "--no-models", "--plan")
-    assert code == 0 and out.startswith("Plan: 16 of 16 runs to run (16 with no earlier run here to time them by)")
+    assert code == 0 and out.startswith("Plan: 16 of 16 runs to run (16 never run here and not timed)")  # a base made here
     assert "  run   sample-world" in out and _runs_of(capsys, home) == []  # --plan runs nothing
     code, out, _ = run_cli(capsys, "--home", home, "pipeline", experiment, "--no-models")
     assert code == 0 and out.startswith("Plan: 16 of 16 runs to run")  # the plan, printed as the pipeline starts
