@@ -247,6 +247,35 @@ def test_the_ui_lists_our_deployments_the_runs_and_the_report_in_a_real_browser(
     assert "ingest-run" in dom
 
 
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
+def test_after_a_tiny_pipeline_the_ui_lists_its_runs_and_opens_its_report_in_a_real_browser(running, tmp_path):
+    """Issue 102: a whole (tiny) pipeline run from a shell on the served warehouse: its flow runs in the Runs page,
+    and the report artifact opens on its own page with the report's rows."""
+    import yaml
+
+    from stages.experiment import SAMPLE_WORLD, apply_sets
+    from tests.experiments import TINY_SETS
+    state, home = running
+    experiment = tmp_path / "tiny.yaml"
+    experiment.write_text(yaml.safe_dump(apply_sets(yaml.safe_load(open(SAMPLE_WORLD)), TINY_SETS)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}  # a user's plain shell
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "--home", str(home), "pipeline", str(experiment)],
+                          env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    artifacts = ROOT / "tests" / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    dom = rendered(state.url + "/runs", artifacts / "prefect-ui-pipeline-runs.png")
+    for name in ("report", "evaluate base+nkb.qa, on validation", "inject base+nkb from base, 3 steps"):
+        assert f"{name}<" in dom, f"the Runs page does not list the flow run {name!r}"
+    from urllib.request import Request, urlopen
+    asked = {"artifacts": {"key": {"any_": ["nkb-report"]}}, "sort": "CREATED_DESC", "limit": 1}  # the newest
+    with urlopen(Request(f"{state.api_url}/artifacts/filter", json.dumps(asked).encode(),
+                         {"Content-Type": "application/json"}), timeout=30) as answer:
+        latest = json.loads(answer.read())[0]
+    dom = rendered(f"{state.url}/artifacts/artifact/{latest['id']}", artifacts / "prefect-ui-report.png")
+    assert "NKB report (validation" in dom and "base+NKB" in dom, "the report artifact's page lacks its table"
+
+
 def test_an_experiments_deployments_hold_its_settings_in_their_run_forms(running, client):
     """`nkb deploy FILE`: Run in the UI reruns the user's experiment and its stages, not the demo's."""
     state, _ = running
