@@ -114,7 +114,7 @@ def measured(run, wh, name: str, probes_path: str | None, split: str, device, ro
 
     from corpus.files import iter_jsonl
     from corpus.routing import routed as combined
-    from nkb_model.checkpoint import load_model
+    from nkb_model.checkpoint import load_model, read_info
     from nkb_model.checks import heldout_loss
     from stages.models import base_dir_of, find_model
     from stages.report import facts_known_by, model_checks
@@ -135,7 +135,7 @@ def measured(run, wh, name: str, probes_path: str | None, split: str, device, ro
               "heldout_loss": checks["heldout_loss"], "heldout_loss_unmounted": checks["heldout_loss_nkb_unmounted"],
               "heldout_loss_base": heldout_loss(base, tokenizer, np.load(base_dir_of(directory) / "held_out.npy"),
                                                 device),
-              "capitals_known": len(facts),
+              "capitals_known": len(facts), "params_trained": read_info(directory).get("params_injected") or 0,
               "capitals_kept": round((checks["retained_em"] or 0.0) * len(facts) / 100)}
     if router:  # a fact routed away is asked of the base, which knows every one of them
         result |= {"heldout_loss_routed": checks["heldout_loss_routed"],
