@@ -175,8 +175,9 @@ def page(records: list[dict]) -> str:
                       "`experiments/example-causal-lm.yaml`); `nkb --home real-nq/.nkb pipeline "
                       "real-nq/real-nq-smollm2.yaml` runs it, each route and seed by `python -m bench.levers "
                       "--experiment real-nq/real-nq-smollm2.yaml --row ROUTE --set stages.inject.seed=N`, and "
-                      "`python -m bench.seeds` reads the seeds together (means and paired leads over the same "
-                      "questions, with 95 % bootstrap intervals).")
+                      "`python -m bench.real_passages_table --home real-nq/.nkb --label LABEL --setting TEXT --row "
+                      "ROW=MODEL,MODEL ... --record` reads each row's seeds together (means and paired leads over the "
+                      "same questions, with 95 % bootstrap intervals) and keeps the table here.")
     for record in records:
         lines += [f"## {kind_title(record['machine'])}", "", *transcribed_lines(record["runs"].values())]
         for name, run in record["runs"].items():
