@@ -69,7 +69,8 @@ def inject_seconds(config: InjectConfig, plan) -> tuple[float | None, str]:
     if timing is None:
         return None, ""
     preparing, per_step = timing
-    return preparing + per_step * config.steps, f"{TIMED_STEPS} steps timed here on made-up text: {per_step:.2f} s a step"
+    seconds = preparing + per_step * config.steps
+    return seconds, f"{TIMED_STEPS} steps timed here on made-up text: {per_step:.2f} s a step"
 
 
 def inject_timing(config: InjectConfig, plan) -> tuple[float, float] | None:
