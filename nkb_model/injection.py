@@ -99,8 +99,9 @@ class Injection:
                        else Sequenced(qa, batches, round(s.qa_share * s.steps)))
         if own is not None:
             from nkb_model.own_text import HeldToOwnText, WithOwnText
-            trained, batches = (HeldToOwnText(trained, model, own, s.own_text_weight, s.own_text_kl),
-                                WithOwnText(batches, own, s.seed))
+            kl_rows = s.own_text_kl_rows if s.own_text_kl else 0
+            trained, batches = (HeldToOwnText(trained, model, own, s.own_text_weight, s.own_text_kl, kl_rows),
+                                WithOwnText(batches, own, s.seed, kl_rows))
         return trained, ssm, batches
 
     def cached(self, model, tokenizer, pairs):

@@ -12,7 +12,7 @@ Each FFN is given the input the base gave it, so the term runs no block, only th
 output alone, for the NKB, where FFN' = FFN + slots). Every route has an FFN to hold: the NKB's slots, LoRA's
 adapters on the FFN maps, and the fine-tuned maps themselves.
 
-`own_text_kl` holds what the model says instead: on `KL_ROWS` of the same texts each step, the whole model runs and
+`own_text_kl` holds what the model says instead: on `kl_rows` of the same texts each step, the whole model runs and
 the KL divergence from the base's next-token distribution (its top `TEACHER_TOP` tokens and the rest of the
 vocabulary as one outcome, kept when the texts were written) to the model's is added, so that a change anywhere that moves the output on the base's own text
 costs, whichever route made it.
@@ -37,7 +37,7 @@ from nkb_model.train import Device
 INPUTS, WRITES = "own_text_inputs", "own_text_writes"  # the batch keys the rows travel under
 IDS, TOP_IDS, TOP_LOGP = "own_text_ids", "own_text_top_ids", "own_text_top_logp"
 TEACHER_TOP = 32  # the base's most likely next tokens kept per position: most of its probability mass
-KL_ROWS = 4       # own texts the whole model reads each step for the KL term
+KL_ROWS = 4       # own texts the whole model reads each step for the KL term, unless asked for more
 
 
 @dataclass(frozen=True)
@@ -151,11 +151,12 @@ def teacher_kl(model: nn.Module, ids: torch.Tensor, top_ids: torch.Tensor, top_l
 class HeldToOwnText(nn.Module):
     """What the training loop calls: the wrapped model's loss on the batch, plus `weight` times the drift of the
     FFNs of `own`'s blocks over the batch's own-text rows (`WithOwnText` puts them in), plus `kl` times the model's
-    KL divergence from the base on `KL_ROWS` of them."""
+    KL divergence from the base on `kl_rows` of them."""
 
-    def __init__(self, inner: nn.Module, model: nn.Module, own: OwnText, weight: float, kl: float = 0.0):
+    def __init__(self, inner: nn.Module, model: nn.Module, own: OwnText, weight: float, kl: float = 0.0,
+                 kl_rows: int = KL_ROWS):
         super().__init__()
-        self.inner, self.model, self.weight, self.kl = inner, model, weight, kl
+        self.inner, self.model, self.weight, self.kl, self.kl_rows = inner, model, weight, kl, kl_rows
         self.ffns = [get_ffn(model, name) for name in own.layers]
         self.register_buffer("scale", own.scale.clone(), persistent=False)
 
@@ -169,23 +170,24 @@ class HeldToOwnText(nn.Module):
         if self.weight:
             loss = loss + self.weight * drift(self.ffns, inputs, writes, self.scale.to(inputs.device))
         if self.kl and taught[0] is not None:
-            loss = loss + self.kl * teacher_kl(self.model, *(t[:KL_ROWS] for t in taught))
+            loss = loss + self.kl * teacher_kl(self.model, *(t[:self.kl_rows] for t in taught))
         return SimpleNamespace(loss=loss)
 
 
 class WithOwnText(Mix):
-    """`batch(step)`: the wrapped source's batch with one own-text row beside each of its rows, drawn by the step
-    (a pure function of it, as every batch source is); recorded under the source's own metric (`metric_at`)."""
+    """`batch(step)`: the wrapped source's batch with one own-text row beside each of its rows (at least `rows`),
+    drawn by the step (a pure function of it, as every batch source is); recorded under the source's own metric
+    (`metric_at`)."""
 
-    def __init__(self, batches, own: OwnText, seed: int = 0):
-        self.first, self.second, self.own, self.seed = batches, None, own, seed
+    def __init__(self, batches, own: OwnText, seed: int = 0, rows: int = 0):
+        self.first, self.second, self.own, self.seed, self.rows = batches, None, own, seed, rows
 
     def source(self, step: int) -> tuple[int, int]:
         return 0, step
 
     def __call__(self, step: int) -> dict[str, torch.Tensor]:
         batch = self.first(step)
-        n = next(iter(batch.values())).shape[0]
+        n = max(next(iter(batch.values())).shape[0], self.rows)
         pick = torch.as_tensor(np.random.default_rng([self.seed, step]).choice(len(self.own), n,
                                                                                replace=n > len(self.own)))
         taught = {} if self.own.ids is None else {IDS: self.own.ids[pick], TOP_IDS: self.own.top_ids[pick],

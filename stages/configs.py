@@ -534,7 +534,8 @@ class InjectConfig(TrainingConfig):
     later_settings = TrainingConfig.later_settings | {"start", "span_target", "cued_spans", "lora_rank", "qa_share",
                                                       "qa_order", "sparse_slots", "augmented",
                                                       "own_text_weight", "own_text_rows", "own_text_asked",
-                                                      "own_text_kl", "slot_bias", "knowledge_questions",
+                                                      "own_text_kl", "own_text_kl_rows", "slot_bias",
+                                                      "knowledge_questions",
                                                       "qa_eos"}
     volatile = TrainingConfig.volatile | {"cache"}
 
@@ -614,6 +615,9 @@ class InjectConfig(TrainingConfig):
         "distribution (its top 32 tokens, the rest as one) to the model's, on a few of the texts the base wrote itself (own_text_rows; "
         "the whole model runs on them each step): what the model says held to what the base said, where "
         "own_text_weight holds only what the trained blocks' FFNs write. 0: no such term."))
+    own_text_kl_rows: int = Field(4, ge=1, description=(
+        "own_text_kl: how many of the base's own texts the whole model reads each step for the KL term; more than "
+        "a step's batch rows draws that many own texts for the step (the FFN term then holds them all too)."))
     own_text_rows: int = Field(128, ge=1, description=(
         "own_text_weight, own_text_kl: how many texts of 48 tokens the base writes for them, once, before training."))
     own_text_asked: float = Field(0.0, ge=0, le=1, description=(

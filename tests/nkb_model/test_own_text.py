@@ -2,6 +2,8 @@
 the trained FFNs add there, it is nothing before training, each step's rows are the step's alone, and the term keeps
 trained slots quieter on that text than training without it."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -150,6 +152,23 @@ def test_the_teacher_is_the_bases_top_next_tokens_and_the_base_is_nothing_from_i
         assert teacher_kl(model, taught.ids, taught.top_ids, taught.top_logp) > 1e-4
     rows = WithOwnText(lambda step: {"input_ids": torch.zeros(5, 3)}, taught, seed=0)(7)
     assert rows["own_text_ids"].shape == (5, 10) and rows["own_text_top_ids"].shape == (5, 10, TEACHER_TOP)
+    more = WithOwnText(lambda step: {"input_ids": torch.zeros(5, 3)}, taught, seed=0, rows=9)(7)
+    assert more["own_text_ids"].shape == (9, 10) and more["input_ids"].shape == (5, 3)  # the batch's own rows kept
+
+
+def test_the_kl_term_reads_as_many_own_texts_as_asked(tokenizer, taught):
+    model = tiny_llama(len(tokenizer))
+    mount_nkb(model, NKBConfig(layers=LAYERS, slots=16))
+    read = []
+    for kl_rows in (2, 6):
+        held = HeldToOwnText(lambda **batch: SimpleNamespace(loss=torch.zeros(())), model, taught, 0.0, 1.0, kl_rows)
+        batch = WithOwnText(lambda step: {"input_ids": torch.zeros(3, 3)}, taught, seed=0, rows=kl_rows)(0)
+        with torch.no_grad():
+            read.append(held(**batch).loss.item())
+            expected = teacher_kl(model, *(batch[k][:kl_rows] for k in ("own_text_ids", "own_text_top_ids",
+                                                                       "own_text_top_logp")))
+        assert read[-1] == pytest.approx(expected.item())
+    assert read[0] != read[1]
 
 
 def kl_after_training(tokenizer, traffic, kl: float) -> float:
