@@ -83,6 +83,8 @@ def summarize(stage: str, result: StageResult, seconds: float) -> dict[str, Any]
     others = {k: v for k, v in run.outputs.items()  # parameters, files, steps...
               if k not in tables and k.removesuffix("_dropped") not in tables} | value
     row.update({k: v for k, v in others.items() if k not in row and not isinstance(v, (list, dict))})
+    row.update({f"{k}.{part}": v for k, parts in others.items() if isinstance(parts, dict)  # an EM per dataset
+                for part, v in parts.items() if isinstance(v, (int, float, str))})
     if STAGES[stage].publishes_model and run.checkpoint:
         row["model"], row["folder"] = model_of(stage, run.config), run.checkpoint
     if not result.skipped and row["rows_written"] and seconds > 0:

@@ -21,6 +21,11 @@ def test_rows_written_counts_table_rows_only():
     assert row["steps"] == 3
 
 
+def test_an_evaluations_em_per_dataset_is_in_its_summary():
+    row = summarize("evaluate", result({"predictions": 8}, {"model": "base.3shot", "em": {"nq": 12.5, "tqa": 0.0}}), 4.0)
+    assert (row["em.nq"], row["em.tqa"], row["model"]) == (12.5, 0.0, "base.3shot")
+
+
 def test_a_skipped_run_reports_no_speed():
     row = summarize("ingest", result({"documents": 10}, skipped=True), 0.5)
     assert row["skipped"] and "rows_per_second" not in row
