@@ -9,7 +9,6 @@ import os
 import shlex
 import sys
 import textwrap
-from collections import Counter
 from pathlib import Path
 
 from flows.cli_common import emit, home_flag, output_format, program, write_output
@@ -169,7 +168,7 @@ def cmd_runs(args) -> int:
 def cmd_report(args) -> int:
     from warehouse.runs import get_run
     from stages.report import (edits_summary, generation_table, refresh_table, report_rows, report_table,
-                               surgery_table)
+                               rows_to_read, surgery_table)
     wh = Warehouse(args.home, create=False)
     rows = report_rows(wh)
     if not rows:
@@ -186,8 +185,7 @@ def cmd_report(args) -> int:
         print(f"Report {rows[0]['run_id']} ({rows[0]['split']}; EM in %, with its 95 % interval; `nkb report --help` "
               "says what each column means; columns empty on every row, and a model's average of one dataset, "
               "left out)")
-        lines = Counter(r["model"] for r in rows)  # a model's datasets and its average
-        rows = [r for r in rows if r["dataset"] != "average" or lines[r["model"]] > 2]
+        rows = rows_to_read(rows)
     table = report_table(rows, digits=True)
     if fmt == "table":
         table = table.select([c for c in table.column_names if table.column(c).null_count < table.num_rows])

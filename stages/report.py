@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -469,6 +470,13 @@ def refresh_rows(before: list[dict], answers_before: list[dict], after: list[dic
 def report_rows(wh: Warehouse) -> list[dict]:
     """The latest report's rows (one per model and dataset, plus each model's average)."""
     return query(wh, "SELECT * FROM report").to_pylist()
+
+
+def rows_to_read(rows: list[dict]) -> list[dict]:
+    """The rows a person reads: a model's average of a single dataset, which repeats that dataset's row, left out
+    (CSV and JSON keep every row)."""
+    lines = Counter(r["model"] for r in rows)  # a model's datasets and its average
+    return [r for r in rows if r["dataset"] != "average" or lines[r["model"]] > 2]
 
 
 def report_table(rows: list[dict], digits: bool = False) -> pa.Table:

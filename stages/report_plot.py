@@ -181,8 +181,8 @@ def report_png(wh: Warehouse) -> bytes:
 def report_markdown(wh: Warehouse) -> str:
     """The report's rows (`stages.report.report_table`) in Markdown with the plot embedded as a data URI (for a
     Prefect artifact)."""
-    from stages.report import report_table
-    rows = report_rows(wh)
+    from stages.report import report_table, rows_to_read
+    rows = rows_to_read(report_rows(wh))
     if not rows:
         return "No report rows yet."
     table = report_table(rows, digits=True)

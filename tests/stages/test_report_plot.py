@@ -135,3 +135,12 @@ def test_the_curves_are_those_of_the_reports_models_not_of_trials_beside_them(tm
     assert panels == {"Injection": ["base+nkb: questions", "base+nkb: SSM"], "Fine-tuning": ["base+nkb.qa"]}
     questions, ssm = axes["Injection"].get_lines()  # one model: one colour, an objective each its line style
     assert questions.get_color() == ssm.get_color() and questions.get_linestyle() != ssm.get_linestyle()
+
+
+def test_a_models_average_of_one_dataset_is_left_out_where_the_report_is_read():
+    from stages.report import rows_to_read
+    rows = [{"model": "base", "dataset": "nq"}, {"model": "base", "dataset": "average"},
+            {"model": "base+NKB", "dataset": "nq"}, {"model": "base+NKB", "dataset": "tqa"},
+            {"model": "base+NKB", "dataset": "average"}]
+    assert [(r["model"], r["dataset"]) for r in rows_to_read(rows)] == [
+        ("base", "nq"), ("base+NKB", "nq"), ("base+NKB", "tqa"), ("base+NKB", "average")]
