@@ -228,7 +228,8 @@ def print_plan(wh: Warehouse, plan, force: bool, calibrate: bool = False) -> Non
     known = [s.seconds for s in runs if s.seconds is not None]
     unknown = len(runs) - len(known)
     untimed = (f"{unknown} never run here and not timed" if calibrate else
-               f"{unknown} with no earlier run here to time {'it' if unknown == 1 else 'them'} by")
+               f"{unknown} with no earlier run here to time {'it' if unknown == 1 else 'them'} by; `--plan` times "
+               "the long ones")
     total = ", and ".join(([f"about {duration(sum(known))} here"] if known else [])
                           + ([untimed] if unknown else [])) or "nothing to time"
     print(f"Plan: {len(runs)} of {len(steps)} runs to run ({total}); `--plan` shows this and runs nothing")
