@@ -5,7 +5,8 @@ Each stage function is called under `reads.planning()`: it declares its run as i
 and the declaration is compared with the warehouse's records instead of running. A run whose inputs an earlier run
 of the plan rewrites runs too: its reads name the runs (their ids and inputs fingerprints) and the models that
 earlier run replaces. The time is the last such run's here, scaled by its length (steps or epochs); a stage never run
-here has no estimate.
+here has no estimate, unless `calibrate` asks for one where the stage can be timed on made-up text
+(`stages.calibrate`).
 """
 
 from __future__ import annotations
