@@ -8,11 +8,13 @@ the base is loaded from its source, as base-model would load it."""
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from typing import Callable
 
 import numpy as np
 import pyarrow as pa
+from tqdm import tqdm
 
 from stages.configs import BaseModelConfig, InjectConfig, SalientSpansConfig, StageConfig
 
@@ -96,8 +98,8 @@ def inject_timing(config: InjectConfig, plan) -> tuple[float, float] | None:
         if prepared.after_step:
             prepared.after_step()
         ends.append(time.perf_counter())
-    train(prepared.module, prepared.batches, config.train_config(1 + TIMED_STEPS), device, progress=_Quiet,
-          after_step=timed)
+    train(prepared.module, prepared.batches, config.train_config(1 + TIMED_STEPS), device,
+          progress=functools.partial(tqdm, disable=True), after_step=timed)  # no bar: it is part of printing a plan
     per_step = (ends[-1] - ends[0]) / TIMED_STEPS
     return ends[0] - started - per_step, per_step  # the first step is a step too
 
@@ -106,52 +108,32 @@ def made_up_data(config: InjectConfig, max_words: int, kind, tokenizer):
     """InjectionData of the planned shape: MADE_UP_SEGMENTS segments of `max_words` words, each with two salient
     spans (so that a cued span has its cue), as many questions, and general text rows, where the settings read
     them."""
-    from corpus.ssm import ssm_examples
     from nkb_model.injection import InjectionData
-    from stages.training import GENERAL_SEQ_LEN
+    from stages.training import GENERAL_SEQ_LEN, ssm_draws
     texts = [" ".join(WORDS[(i + k) % len(WORDS)] for k in range(max_words)) + "."
              for i in range(MADE_UP_SEGMENTS)]
     ids = [f"made-up-{i}" for i in range(MADE_UP_SEGMENTS)]
     segments = pa.table({"segment_id": ids, "text": texts})
+    words = [_span_words(t) for t in texts]
+    unrepeated = config.model_copy(update={"skip_repeated_spans": False})  # made-up text repeats its words
     spans = pa.table({"segment_id": [i for i in ids for _ in range(2)],
-                      "start_char": [at for t in texts for at in _span_starts(t)],
-                      "end_char": [at + len(t.split(" ")[0]) for t in texts for at in _span_starts(t)]})
-    form = kind.ssm_form(and_rest=config.span_target == "span_and_rest", cued=config.cued_spans)
-
-    def drawn(epoch: int):
-        return ssm_examples(segments, spans, seed=config.seed, epoch=epoch, **form)
+                      "start_char": [start for pair in words for start, _ in pair],
+                      "end_char": [end for pair in words for _, end in pair]})
     questions = ([f"Who {t[:-1].lower()}?" for t in texts], [t.split(" ")[-1][:-1] for t in texts])
     general = None
     if config.general_share or config.sparse_slots:
         tokens = tokenizer(" ".join(texts))["input_ids"]
         reps = -(-GENERAL_SEQ_LEN * MADE_UP_SEGMENTS // len(tokens))
         general = np.array((tokens * reps)[:GENERAL_SEQ_LEN * MADE_UP_SEGMENTS]).reshape(-1, GENERAL_SEQ_LEN)
-    return InjectionData(ids, texts, drawn, questions if config.qa_share else None, general)
+    return InjectionData(ids, texts, ssm_draws(segments, spans, unrepeated, kind),
+                         questions if config.qa_share else None, general)
 
 
-def _span_starts(text: str) -> list[int]:
-    """Where a segment's two made-up spans start: its second word and its middle word (after it, so it is cued)."""
-    starts = [0] + [i + 1 for i, c in enumerate(text) if c == " "]
-    return [starts[1], starts[len(starts) // 2]]
-
-
-class _Quiet:
-    """A progress bar that shows nothing: a calibration is part of printing the plan."""
-
-    def __init__(self, **_):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *_):
-        return False
-
-    def set_postfix(self, **_):
-        pass
-
-    def update(self, n: int = 1):
-        pass
+def _span_words(text: str) -> list[tuple[int, int]]:
+    """(start, end) of a segment's two made-up spans: its second word and its middle word (after it, so cued)."""
+    words = text.split(" ")
+    starts = [sum(len(w) + 1 for w in words[:k]) for k in range(len(words))]
+    return [(starts[k], starts[k] + len(words[k])) for k in (1, len(words) // 2)]
 
 
 TIMERS: dict[str, Callable] = {"base-model": base_model_seconds, "inject": inject_seconds}

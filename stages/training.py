@@ -329,18 +329,24 @@ def injection_data(wh: Warehouse, config: InjectConfig, model, tokenizer, base: 
     """What the injection trains on, read from the warehouse: the knowledge's segments with their salient spans
     masked anew each epoch in the family's form, the QA steps' questions (qa_share), the general text (general_share,
     sparse_slots)."""
-    from corpus.ssm import ssm_examples
     segments, spans = knowledge_segments(wh, config)
-    form = family(model).ssm_form(and_rest=config.span_target == "span_and_rest", cued=config.cued_spans)
+    return InjectionData(segments.column("segment_id").to_pylist(), segments.column("text").to_pylist(),
+                         ssm_draws(segments, spans, config, family(model)),
+                         qa_pairs(wh, config) if config.qa_share else None,
+                         general_rows(wh, tokenizer, base.directory, config)
+                         if config.general_share or config.sparse_slots else None)
+
+
+def ssm_draws(segments: pa.Table, spans: pa.Table, config: InjectConfig, kind: Family):
+    """epoch -> that epoch's SSM examples of `segments` (a span of each masked anew), in the family `kind`'s form."""
+    from corpus.ssm import ssm_examples
+    form = kind.ssm_form(and_rest=config.span_target == "span_and_rest", cued=config.cued_spans)
 
     @functools.lru_cache(maxsize=2)
     def drawn(epoch: int):
         return ssm_examples(segments, spans, seed=config.seed, epoch=epoch, skip_repeated=config.skip_repeated_spans,
                             **form)
-    return InjectionData(segments.column("segment_id").to_pylist(), segments.column("text").to_pylist(), drawn,
-                         qa_pairs(wh, config) if config.qa_share else None,
-                         general_rows(wh, tokenizer, base.directory, config)
-                         if config.general_share or config.sparse_slots else None)
+    return drawn
 
 
 def qa_pairs(wh: Warehouse, config: InjectConfig) -> tuple[list[str], list[str]]:
