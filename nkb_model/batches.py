@@ -64,6 +64,10 @@ class PairBatches:
             self._epoch, self._order = epoch, order
         return (*self._ids, self._order)
 
+    def encoded(self, epoch: int = 0) -> tuple[list[list[int]], list[list[int]]]:
+        """The epoch's (input ids, target ids) of each example, as its batches read them."""
+        return self._encode(epoch)[:2]
+
     def rows(self, step: int) -> np.ndarray:
         """The indices of the epoch's examples that make up step `step`'s batch."""
         epoch, index = divmod(step, self.per_epoch)

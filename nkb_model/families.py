@@ -105,9 +105,12 @@ class EncoderDecoder(Family):
         """The decoder starts afresh: each answer's own tokens."""
         return tokenizer(answers, add_special_tokens=False)["input_ids"]
 
-    def qa_example(self, question: str) -> str:
+    def qa_example(self, question: str, documents: list[str] | None = None) -> str:
         """A question as a training input whose target is its answer: the paper's `question: …` (T5 is then
-        fine-tuned and asked in that form)."""
+        fine-tuned and asked in that form). A T5 never fine-tuned on questions has no form that reads documents."""
+        if documents is not None:
+            raise ValueError("an encoder-decoder base is fine-tuned on its questions before it is asked: it has no "
+                             "prompt to read a question's documents in")
         return f"question: {question}"
 
     answer_formats = ("plain", "sentinel")
@@ -202,11 +205,12 @@ class DecoderOnly(Family):
         from nkb_model.causal import encode_pairs
         return [target for _, target in encode_pairs(tokenizer, texts, answers, eos=False)]
 
-    def qa_example(self, question: str) -> str:
+    def qa_example(self, question: str, documents: list[str] | None = None) -> str:
         """A question as a training input whose target is its answer: asked as a decoder-only model is, in
-        lm-evaluation-harness's prompt (its zero-shot: the instruction, then `Q: …?` and `A:`)."""
+        lm-evaluation-harness's prompt (its zero-shot: the instruction, then `Q: …?` and `A:`); with `documents`,
+        after them, as the RAG row reads them."""
         from nkb_model.fewshot import fewshot_prompt
-        return fewshot_prompt([], question)
+        return fewshot_prompt([], question, documents)
 
     answer_formats = ("prompt",)
 

@@ -1,10 +1,10 @@
 """The injection recipe, in one object: given inject's settings and the data the stage read, `Injection` mounts what
 the variant's method trains, composes every step's batches (salient span masking drawn anew each epoch, on cached
 states where the blocks below the trained ones are frozen; general text at `general_share`; the QA steps at
-`qa_share`, mixed or first; each step held to the base's own text at `own_text_weight`) and what runs after each
-step (the updates of all but the slots most specific to the batch put back, `sparse_slots`; the slots kept within
-the FFN's scale, `slot_scale`). The inject stage reads the warehouse, calls it, trains and writes; nothing here reads
-a table."""
+`qa_share`, mixed or first, taught in part by the base reading each question's passage at `qa_teacher`; each step
+held to the base's own text at `own_text_weight`) and what runs after each step (the updates of all but the slots
+most specific to the batch put back, `sparse_slots`; the slots kept within the FFN's scale, `slot_scale`). The
+inject stage reads the warehouse, calls it, trains and writes; nothing here reads a table."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ class InjectionData:
     drawn: Callable[[int], Any]  # epoch -> its SSM examples: a table with segment_id, input, target
     questions: tuple[list[str], list[str]] | None = None  # the QA steps' questions and first answers
     general: np.ndarray | None = None  # general text packed as the base's pretraining packed it, its held-out rows out
+    passages: list[list[str]] | None = None  # each QA question's passage for its teacher (qa_teacher)
 
 
 @dataclass(frozen=True)
@@ -67,12 +68,13 @@ class Injection:
     def prepare(self, model, tokenizer, start: Path | None = None) -> Prepared:
         """Mount the method on `model` (its slots from `start`'s when given) and compose the steps."""
         own = self.own_text(model, tokenizer)  # before anything is mounted: the base's own writes
+        taught = self.taught_answers(model, tokenizer)  # and the base reading each question's passage
         made = variants()[self.settings.variant].trains(model, self.settings, start)
         self.device.hold(model)  # only what trains is saved: a frozen base may be held in bf16
-        trained, ssm, batches = self.batches(model, tokenizer, made.frozen_base, own)
+        trained, ssm, batches = self.batches(model, tokenizer, made.frozen_base, own, taught)
         return Prepared(made, trained, ssm, batches, self.after_step(model, trained, tokenizer))
 
-    def batches(self, model, tokenizer, frozen_base: bool = True, own=None):
+    def batches(self, model, tokenizer, frozen_base: bool = True, own=None, taught=None):
         """(what trains, the SSM batches, every step's batches)."""
         from nkb_model.base_model import Interleaved, Named, Sequenced
         s, kind = self.settings, family(model)
@@ -91,12 +93,17 @@ class Injection:
                                   s.general_share)
         if s.qa_share:
             qa = self.qa_batches(kind, tokenizer)
+            if taught is not None:
+                from nkb_model.answer_teacher import TaughtAnswers, WithTaughtAnswers
+                qa = WithTaughtAnswers(qa, taught)
             if trained is not model:  # the slots train on cached states: the questions' too
                 from nkb_model.prefix_cache import fixed_pairs_cached
                 qa = fixed_pairs_cached(qa, model, tokenizer, trained.k, self.device)
             qa = Named(qa, "qa_loss")
             batches = (Interleaved(batches, qa, s.qa_share) if s.qa_order == "mixed"
                        else Sequenced(qa, batches, round(s.qa_share * s.steps)))
+            if taught is not None:
+                trained = TaughtAnswers(trained, s.qa_teacher)
         if own is not None:
             from nkb_model.own_text import HeldToOwnText, WithOwnText
             kl_rows = s.own_text_kl_rows if s.own_text_kl else 0
@@ -133,6 +140,22 @@ class Injection:
         next-token)."""
         rows = self.data.general
         return kind.text_batches(rows, tokenizer, min(self.settings.general_batch_size, len(rows)), self.settings.seed)
+
+    def taught_answers(self, model, tokenizer):
+        """The base's next tokens at each QA answer's tokens, read after the question's passage (`qa_teacher`), or
+        None."""
+        s = self.settings
+        if not (s.qa_share and s.qa_teacher):
+            return None
+        from nkb_model.answer_teacher import teach_answers
+        kind = family(model)
+        asked, _ = self.data.questions
+        prompts = [kind.qa_example(q, passage) for q, passage in zip(asked, self.data.passages)]
+        _, targets = self.qa_batches(kind, tokenizer).encoded()  # the answers' tokens as the QA steps read them
+        model.to(self.device.device)
+        with self.progress(desc="the base reading each question's passage", unit=" question",
+                           total=len(prompts)) as bar:
+            return teach_answers(model, tokenizer, prompts, targets, self.device, progress=bar.update)
 
     def own_text(self, model, tokenizer):
         """Text the base writes, its FFNs' traffic on it at the trained blocks (`own_text_weight`) and its own next

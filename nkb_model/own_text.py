@@ -138,8 +138,13 @@ def teacher_kl(model: nn.Module, ids: torch.Tensor, top_ids: torch.Tensor, top_l
     """Mean over positions of KL(teacher ‖ model) over the teacher's top tokens and the rest of the vocabulary as one
     more outcome: exact where the model is the teacher, and the model pays for mass it moves off the top tokens."""
     logp = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits.float().log_softmax(-1)
-    student = logp.gather(-1, top_ids)
-    teacher = top_logp.float()
+    return top_kl(logp, top_ids, top_logp)
+
+
+def top_kl(logp: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(teacher ‖ model), the model's log-probabilities `logp` (..., vocabulary), the
+    teacher's top tokens `top_ids` and their log-probabilities (..., k), the rest of the vocabulary one more outcome."""
+    student, teacher = logp.gather(-1, top_ids), top_logp.float()
 
     def with_rest(top: torch.Tensor) -> torch.Tensor:  # log-probabilities of the top tokens, then of the rest
         rest = torch.log((1 - top.exp().sum(-1, keepdim=True)).clamp_min(1e-8))

@@ -99,18 +99,25 @@ def ffn_on_rows(ffn: nn.Module, where: torch.Tensor) -> Iterator[None]:
 
 def tail_loss(model: nn.Module, states: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
               k: int) -> torch.Tensor:
-    """The causal LM loss of sequences whose states entering block `k` are `states`: blocks k.., the final norm,
-    and the output head at the positions whose next token is a label (the head's other rows would be discarded).
-    The top block's FFN runs at those positions only: its output elsewhere reaches nothing but the head's
-    discarded rows (the blocks below feed every later position through attention, so they run in full)."""
+    """The causal LM loss of sequences whose states entering block `k` are `states` (`tail_logits`)."""
+    logits, targets = tail_logits(model, states, attention_mask, labels, k)
+    return F.cross_entropy(logits.float(), targets)
+
+
+def tail_logits(model: nn.Module, states: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+                k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, target ids) at the positions whose next token is a label, row by row, of sequences whose states
+    entering block `k` are `states`: blocks k.., the final norm, and the output head at those positions only (the
+    head's other rows would be discarded). The top block's FFN runs at those positions only: its output elsewhere
+    reaches nothing but the head's discarded rows (the blocks below feed every later position through attention, so
+    they run in full)."""
     targets = labels[:, 1:]
     where = targets != -100
     read = F.pad(where, (0, 1))  # the positions whose state the head reads
     top = get_ffn(model, block_names(model)[-1])
     with only_blocks(model, k), ffn_on_rows(top, read):
         hidden = model.model(inputs_embeds=states, attention_mask=attention_mask, use_cache=False).last_hidden_state
-    logits = model.lm_head(hidden[:, :-1][where])
-    return F.cross_entropy(logits.float(), targets[where])
+    return model.lm_head(hidden[:, :-1][where]), targets[where]
 
 
 class CachedTail(nn.Module):
@@ -128,6 +135,10 @@ class CachedTail(nn.Module):
         return SimpleNamespace(loss=tail_loss(self.model, batch["inputs_embeds"], batch["attention_mask"],
                                               batch["labels"], self.k))
 
+    def answer_logits(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, target ids) of a cached batch at its label positions, as `tail_loss` reads them."""
+        return tail_logits(self.model, batch["inputs_embeds"], batch["attention_mask"], batch["labels"], self.k)
+
 
 class CachedBatches:
     """`batch(step)`: the pair batches' step with its sequences read off the segment cache. `segments_of(epoch)`
@@ -139,7 +150,9 @@ class CachedBatches:
 
     def __call__(self, step: int) -> dict[str, torch.Tensor]:
         segments = self.segments_of(step // self.pairs.per_epoch)
-        return self.cache.batch(self.model, self.pairs(step), [segments[r] for r in self.pairs.rows(step)])
+        batch = self.pairs(step)
+        more = {key: value for key, value in batch.items() if key not in ("input_ids", "attention_mask", "labels")}
+        return {**self.cache.batch(self.model, batch, [segments[r] for r in self.pairs.rows(step)]), **more}
 
 
 def fixed_pairs_cached(pairs, model: nn.Module, tokenizer, k: int, device: Device) -> CachedBatches:

@@ -126,7 +126,8 @@ def made_up_data(config: InjectConfig, max_words: int, kind, tokenizer):
         reps = -(-GENERAL_SEQ_LEN * MADE_UP_SEGMENTS // len(tokens))
         general = np.array((tokens * reps)[:GENERAL_SEQ_LEN * MADE_UP_SEGMENTS]).reshape(-1, GENERAL_SEQ_LEN)
     return InjectionData(ids, texts, ssm_draws(segments, spans, unrepeated, kind),
-                         questions if config.qa_share else None, general)
+                         questions if config.qa_share else None, general,
+                         [[t] for t in texts] if config.qa_share and config.qa_teacher else None)
 
 
 def _span_words(text: str) -> list[tuple[int, int]]:

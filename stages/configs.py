@@ -534,7 +534,7 @@ class InjectConfig(TrainingConfig):
     later_settings = TrainingConfig.later_settings | {"start", "span_target", "cued_spans", "lora_rank", "qa_share",
                                                       "qa_order", "sparse_slots", "augmented",
                                                       "own_text_weight", "own_text_rows", "own_text_asked",
-                                                      "own_text_kl", "own_text_kl_rows", "slot_bias",
+                                                      "own_text_kl", "own_text_kl_rows", "qa_teacher", "slot_bias",
                                                       "knowledge_questions",
                                                       "qa_eos"}
     volatile = TrainingConfig.volatile | {"cache"}
@@ -605,6 +605,12 @@ class InjectConfig(TrainingConfig):
         "A decoder-only base: the QA steps' answers end with EOS, as fine-tuning's do, so that the model learns to "
         "stop after an answer it is asked for with no examples (greedy decoding stops at EOS or a line break); "
         "false: the answer alone, the model's own habit deciding where it stops (docs/decisions.md)."))
+    qa_teacher: float = Field(0.0, ge=0, le=1, description=(
+        "A decoder-only base: the share of the QA steps' loss taken from a teacher instead of the gold answer: the "
+        "base reading the question's passage in its prompt (a train question's top 3 retrieved documents, cut as "
+        "the RAG row's; a knowledge question's own segment), its next-token distribution over each answer token "
+        "(its top 32 tokens, the rest as one; `nkb_model.answer_teacher`): context distillation from retrieval. 0: "
+        "the gold answers alone; 1: the teacher alone."))
     own_text_weight: float = Field(0.0, ge=0, description=(
         "A decoder-only base: add to each step's loss this many times how far the trained blocks' FFNs write from "
         "what the base's wrote, on text the base wrote itself (sampled once before training; relative to the base's "

@@ -18,11 +18,11 @@ import pyarrow.compute as pc
 from nkb_model.architectures import DEFAULT_ARCH
 from nkb_model.families import Family, family, family_of, new_base, qa_pair
 from nkb_model.injection import Injection, InjectionData
-from nkb_model.methods import variants
+from nkb_model.methods import METHODS, variants
 from stages import reads
-from stages.configs import BaseModelConfig, FinetuneConfig, InjectConfig, PretrainingDataConfig
+from stages.configs import AskingStageConfig, BaseModelConfig, FinetuneConfig, InjectConfig, PretrainingDataConfig
 from stages.inputs import (AUGMENTED, PRETRAINING, corpora, corpus_texts, gen_examples, gen_inputs, one_corpus,
-                           packed_rows, qa_inputs, read_questions, segments_with_spans)
+                           packed_rows, qa_inputs, read_questions, retrieved_documents, segments_with_spans)
 from stages.models import (SourceModel, base_dir_of, model_at, model_dir, model_present, publish_model,
                            resumable_dir, source_model)
 from stages.progress import progress
@@ -31,6 +31,8 @@ from warehouse import StagedRun, StageResult, Warehouse, file_digest, fingerprin
 
 GENERAL_SEQ_LEN = 128  # general-text rows for injection into a base without held-out rows (e.g. t5-base)
 PRETRAINING_META = "nkb-pretraining.json"
+# qa_teacher's passage for a train question: what the RAG row reads, cut as the rows' prompts cut a document
+TEACHER_DOCUMENTS, TEACHER_WORDS = METHODS["rag"].documents, AskingStageConfig.model_fields["document_words"].default
 
 
 # ---- pretraining data ----------------------------------------------------------------------------
@@ -255,7 +257,9 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
                          "does)")
     base = source_model(wh, config.base_model)
     has_encoder = family_of(base.info.get("arch", DEFAULT_ARCH)).has_encoder
-    for setting in ("own_text_weight", "own_text_kl"):
+    if config.qa_teacher and not config.qa_share:
+        raise ValueError(f"qa_teacher={config.qa_teacher} teaches the QA steps; set qa_share= to have some")
+    for setting in ("own_text_weight", "own_text_kl", "qa_teacher"):
         if getattr(config, setting) and has_encoder:
             raise ValueError(f"{setting}={getattr(config, setting)} needs a decoder-only base (one that writes text "
                              f"from its start token); {config.base_model} has an encoder")
@@ -267,6 +271,7 @@ def inject(wh: Warehouse, config: InjectConfig, force: bool = False) -> StageRes
         reads.model(base), knowledge, reads.mark(f"start:{previous.info['built_by']}") if previous else reads.NOTHING,
         reads.corpus(wh, config.general_corpus) if config.general_share or config.sparse_slots else reads.NOTHING,
         reads.questions(wh, None, "train") if config.qa_share else reads.NOTHING,
+        reads.retrievals(wh) if config.qa_share and config.qa_teacher else reads.NOTHING,
         reads.knowledge_questions(wh, config.corpus) if config.knowledge_questions else reads.NOTHING,
         reads.spans(wh, config.corpus, AUGMENTED) if config.augmented else reads.NOTHING], identity={"name": name})
     target = model_dir(wh, name, declared.fingerprint)
@@ -334,7 +339,8 @@ def injection_data(wh: Warehouse, config: InjectConfig, model, tokenizer, base: 
                          ssm_draws(segments, spans, config, family(model)),
                          qa_pairs(wh, config) if config.qa_share else None,
                          general_rows(wh, tokenizer, base.directory, config)
-                         if config.general_share or config.sparse_slots else None)
+                         if config.general_share or config.sparse_slots else None,
+                         qa_passages(wh, config, segments) if config.qa_share and config.qa_teacher else None)
 
 
 def ssm_draws(segments: pa.Table, spans: pa.Table, config: InjectConfig, kind: Family):
@@ -361,6 +367,19 @@ def qa_pairs(wh: Warehouse, config: InjectConfig) -> tuple[list[str], list[str]]
         asked += more.column("question").to_pylist()
         answers += more.column("answer").to_pylist()
     return asked, answers
+
+
+def qa_passages(wh: Warehouse, config: InjectConfig, segments: pa.Table) -> list[list[str]]:
+    """Each QA step's question's passage, in `qa_pairs`' order, for the base to read as its teacher (qa_teacher): a
+    train question's top retrieved documents cut as the RAG row's, a knowledge question's own segment."""
+    ids = read_questions(wh, None, "train").column("question_id").to_pylist()
+    passages = [[" ".join(d.split()[:TEACHER_WORDS]) for d in docs]
+                for docs in retrieved_documents(wh, ids, TEACHER_DOCUMENTS)]
+    if config.knowledge_questions:
+        text_of = dict(zip(segments.column("segment_id").to_pylist(), segments.column("text").to_pylist()))
+        asked = wh.read("knowledge_questions", ["segment_id"], partitions=[config.corpus])
+        passages += [[text_of[s]] if s in text_of else [] for s in asked.column("segment_id").to_pylist()]
+    return passages
 
 
 def previous_injection(wh: Warehouse, name: str, knowledge_digest: str) -> SourceModel | None:

@@ -263,6 +263,32 @@ def test_knowledge_questions_join_the_qa_steps_only_when_asked_and_after_their_s
     assert training.inject(world, config).skipped
 
 
+def test_qa_teacher_reads_each_question_s_passage_and_teaches_a_decoder_only_base_s_qa_steps(world, tmp_path):
+    """qa_teacher: a train question's passage is its retrieved documents, cut as the RAG row's; a knowledge
+    question's is its own segment; the QA steps' recorded loss changes with the teacher's share; a T5 base, and no
+    QA steps, are refused with the reason."""
+    training.pretrain_base_model(world, TINY)
+    data.write_knowledge_questions(world, KnowledgeQuestionsConfig(corpus="sampleworld"))
+    _bring_tiny_llama(world, tmp_path, "taught")
+    plain = INJECT.model_copy(update={"base_model": "taught", "name": "taught+nkb", "qa_share": 0.5,
+                                      "knowledge_questions": True})
+    segments, _ = training.knowledge_segments(world, plain)
+    passages = training.qa_passages(world, plain, segments)
+    asked, answers = training.qa_pairs(world, plain)
+    train = read_questions(world, None, "train").column("question_id").to_pylist()
+    assert len(passages) == len(asked)
+    assert passages[:len(train)] == [[" ".join(d.split()[:training.TEACHER_WORDS]) for d in docs]
+                                     for docs in retrieved_documents(world, train, training.TEACHER_DOCUMENTS)]
+    assert all(len(p) == 1 and a in p[0] for p, a in zip(passages[len(train):], answers[len(train):]))
+    curves = [[r["value"] for r in run_metrics(world, training.inject(world, c).run.run_id, "qa_loss")]
+              for c in (plain, plain.model_copy(update={"qa_teacher": 1.0}))]
+    assert len(curves[0]) == len(curves[1]) == INJECT.steps // 2 and curves[0] != curves[1]
+    with pytest.raises(ValueError, match="qa_teacher=1.0 teaches the QA steps; set qa_share="):
+        training.inject(world, plain.model_copy(update={"qa_teacher": 1.0, "qa_share": 0.0}))
+    with pytest.raises(ValueError, match="qa_teacher=0.5 needs a decoder-only base"):
+        training.inject(world, INJECT.model_copy(update={"qa_share": 0.5, "qa_teacher": 0.5}))
+
+
 def test_inject_finetune_evaluate_end_to_end(world):
     training.pretrain_base_model(world, TINY)
     injected = training.inject(world, INJECT)
