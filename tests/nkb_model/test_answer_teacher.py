@@ -92,6 +92,7 @@ def test_the_cached_tail_gives_the_whole_models_loss_and_gradients(tokenizer):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # 60 training steps
 def test_slots_trained_toward_the_teacher_alone_move_the_model_toward_what_it_says_with_the_passage(tokenizer):
     base = tiny_llama(len(tokenizer))
     pairs, taught = taught_by(base, tokenizer, PASSAGES)
